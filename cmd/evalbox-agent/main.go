@@ -1,0 +1,105 @@
+// Command evalbox-agent is the guest agent that runs inside every sandbox,
+// usually as its first process. It serves the agent protocol
+// (internal/agentproto) on its stdin/stdout and exits when that connection
+// closes, after killing every process it started (everything, when it is
+// PID 1).
+//
+// It is built static (CGO_ENABLED=0) and imports only the standard
+// library, golang.org/x/sys, yamux and the agent packages.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/evalbox/evalbox/internal/agent"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	var cfg agent.Config
+	var logLevel slog.Level
+	flag.StringVar(&cfg.Workdir, "workdir", agent.DefaultWorkdir, "default working directory of processes (created if missing)")
+	flag.StringVar(&cfg.User, "user", "", "default user (name or uid) of processes and owner of written files (default: the agent's user)")
+	flag.Int64Var(&cfg.DefaultMaxOutput, "max-output", agent.DefaultMaxOutput, "default per-stream output cap in bytes")
+	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level (debug, info, warn, error)")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))
+	cfg.Logger = log
+
+	pid1 := os.Getpid() == 1
+	if !pid1 {
+		// Orphans of the processes we start are reparented to us, so that
+		// they are reaped here and found by the tree kill.
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			log.Warn("cannot become child subreaper", "err", err)
+		}
+	}
+	// A write to a closed stdout must fail with EPIPE, not kill the agent
+	// before it has killed its processes. (Notify, not Ignore: an ignored
+	// signal would stay ignored in every process the agent starts.)
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	conn, err := stdioConn()
+	if err != nil {
+		log.Error("agent: stdio", "err", err)
+		return 1
+	}
+	err = agent.Serve(ctx, conn, cfg)
+	if pid1 {
+		// The sandbox ends with us: take everything down first.
+		syscall.Kill(-1, syscall.SIGKILL)
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		log.Error("agent stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// stdio is the connection to the host: stdin and stdout.
+type stdio struct {
+	r, w *os.File
+}
+
+func (c stdio) Read(p []byte) (int, error)  { return c.r.Read(p) }
+func (c stdio) Write(p []byte) (int, error) { return c.w.Write(p) }
+func (c stdio) Close() error {
+	return errors.Join(c.r.Close(), c.w.Close())
+}
+
+// stdioConn returns stdin/stdout as the connection. Pipes and sockets are
+// switched to non-blocking mode so that Go's poller serves them (Close
+// then interrupts a pending read), and pipes get a 1 MiB buffer for
+// throughput when the kernel allows it.
+func stdioConn() (stdio, error) {
+	files := [2]*os.File{}
+	for i, fd := range []int{0, 1} {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return stdio{}, fmt.Errorf("fd %d: %w", fd, err)
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFIFO:
+			unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, 1<<20)
+			unix.SetNonblock(fd, true)
+		case unix.S_IFSOCK:
+			unix.SetNonblock(fd, true)
+		}
+		files[i] = os.NewFile(uintptr(fd), []string{"stdin", "stdout"}[i])
+	}
+	return stdio{r: files[0], w: files[1]}, nil
+}

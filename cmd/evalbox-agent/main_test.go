@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"debug/elf"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/agentproto"
+)
+
+// buildAgent builds the agent static into a temporary directory.
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "evalbox-agent")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// procConn is the host's end of the agent's stdin/stdout.
+type procConn struct {
+	w io.WriteCloser
+	r io.ReadCloser
+}
+
+func (c procConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
+func (c procConn) Write(p []byte) (int, error) { return c.w.Write(p) }
+func (c procConn) Close() error                { return errors.Join(c.w.Close(), c.r.Close()) }
+
+func TestAgentBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the agent")
+	}
+	bin := buildAgent(t)
+	assertStatic(t, bin)
+
+	workdir := filepath.Join(t.TempDir(), "work")
+	cmd := exec.Command(bin, "--workdir", workdir, "--log-level", "debug")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			t.Error("agent process not collected")
+		}
+	})
+
+	c, err := agentproto.Dial(procConn{w: stdin, r: stdout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx); err != nil {
+		t.Fatalf("ping: %v", err)
+	}
+
+	var out bytes.Buffer
+	exit, err := c.Exec(ctx, agentproto.ExecRequest{Shell: "pwd; echo $EVALBOX_PROC | wc -c"}, nil, &out, nil)
+	if err != nil || exit.ExitCode != 0 || out.String() != workdir+"\n13\n" {
+		t.Fatalf("exec: %+v %q %v", exit, out.String(), err)
+	}
+
+	// Signals keep their default disposition in children (the agent
+	// handles SIGPIPE itself but must not pass on an ignored one).
+	out.Reset()
+	if _, err := c.Exec(ctx, agentproto.ExecRequest{Shell: "grep SigIgn /proc/self/status"}, nil, &out, nil); err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(strings.TrimPrefix(out.String(), "SigIgn:")) != "0000000000000000" {
+		t.Fatalf("child inherits ignored signals: %q", out.String())
+	}
+
+	// Orphans are reparented to the agent (a subreaper) and reaped.
+	out.Reset()
+	if _, err := c.Exec(ctx, agentproto.ExecRequest{Shell: "(sleep 1 >/dev/null 2>&1 & echo $!) ; exit 0"}, nil, &out, nil); err != nil {
+		t.Fatal(err)
+	}
+	orphan, _ := strconv.Atoi(strings.TrimSpace(out.String()))
+	if ppid := parentOf(orphan); ppid != cmd.Process.Pid {
+		t.Fatalf("orphan %d has parent %d, want the agent %d", orphan, ppid, cmd.Process.Pid)
+	}
+	for deadline := time.Now().Add(5 * time.Second); processExists(orphan); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("orphan %d not reaped (zombie of the agent?)", orphan)
+		}
+	}
+
+	// Files over the real transport.
+	p := filepath.Join(t.TempDir(), "f")
+	data := bytes.Repeat([]byte("evalbox"), 300_000)
+	if _, err := c.WriteFile(ctx, p, bytes.NewReader(data), agentproto.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, r, err := c.OpenFile(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(r)
+	r.Close()
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back %d bytes: %v", len(got), err)
+	}
+
+	// A background process still running when the connection closes is
+	// killed, and the agent exits.
+	bg, err := c.Start(ctx, agentproto.ExecRequest{Argv: []string{"sleep", "1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	select {
+	case <-exited:
+		if waitErr != nil {
+			t.Fatalf("agent exit: %v\nlogs:\n%s", waitErr, logs.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent did not exit when its connection closed")
+	}
+	if processExists(bg.Pid) {
+		t.Fatalf("background process %d outlived the agent", bg.Pid)
+	}
+	if !strings.Contains(logs.String(), "agent stopped") {
+		t.Errorf("logs:\n%s", logs.String())
+	}
+}
+
+// assertStatic checks that bin has no program interpreter and no dynamic
+// libraries.
+func assertStatic(t *testing.T, bin string) {
+	t.Helper()
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Fatal("agent binary is dynamically linked (has PT_INTERP)")
+		}
+	}
+	if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
+		t.Fatalf("agent binary needs %v", libs)
+	}
+}
+
+// TestAgentDeps checks that the agent, which ships into every sandbox,
+// imports nothing but the standard library, x/sys, yamux and the agent
+// packages.
+func TestAgentDeps(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := []string{
+		"github.com/evalbox/evalbox/cmd/evalbox-agent",
+		"github.com/evalbox/evalbox/internal/agent",
+		"github.com/evalbox/evalbox/internal/agentproto",
+		"github.com/hashicorp/yamux",
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if !slices.Contains(allowed, dep) && !strings.HasPrefix(dep, "golang.org/x/sys/") {
+			t.Errorf("agent depends on %s", dep)
+		}
+	}
+}
+
+// parentOf returns the parent pid of pid (0 if unknown).
+func parentOf(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	ppid, _ := strconv.Atoi(fields[1])
+	return ppid
+}
+
+// processExists reports whether pid exists at all (a zombie counts).
+func processExists(pid int) bool {
+	return syscall.Kill(pid, 0) == nil
+}

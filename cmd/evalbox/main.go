@@ -1,0 +1,37 @@
+// Command evalbox is the evalbox server (`evalbox serve`), its command line
+// client, and its benchmarks (`evalbox bench`).
+package main
+
+import (
+	"context"
+	"github.com/evalbox/evalbox/internal/bench"
+	"github.com/evalbox/evalbox/internal/cli"
+	"github.com/evalbox/evalbox/internal/runtime/namespaces"
+	"github.com/evalbox/evalbox/internal/sandbox"
+	"github.com/evalbox/evalbox/internal/server"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+func main() {
+	// A namespaces sandbox's init stage is this binary re-executed: it must
+	// run before anything else (and never returns there).
+	namespaces.Init()
+	cli.ServeFunc = serve
+	cli.Execute(bench.Command())
+}
+
+// serve maps the CLI's serve flags onto the server.
+func serve(ctx context.Context, c cli.ServeConfig) error {
+	pools := make([]server.PoolSpec, 0, len(c.Pool))
+	for _, p := range c.Pool {
+		pools = append(pools, server.PoolSpec{Template: p.Template, Runtime: p.Runtime, Size: p.Size})
+	}
+	return server.Run(ctx, server.Config{
+		DataDir: c.DataDir, Listen: c.Listen, Runsc: c.RunscPath, Agent: c.AgentPath,
+		TemplatesDir: c.TemplatesDir, Mirror: c.Mirror,
+		Builtins: []string{"base", "python"}, Runtimes: c.Runtimes, Pools: pools,
+		Limits:  client.Limits{MaxSandboxes: c.MaxSandboxes, MaxConcurrentExec: c.MaxConcurrentExecs},
+		Service: sandbox.Config{DefaultTimeout: c.DefaultTimeout, MaxTimeout: c.MaxTimeout, MaxFileBytes: c.MaxFileBytes},
+		Logger:  c.Logger,
+	})
+}

@@ -1,0 +1,222 @@
+// Package agentproto is the one definition of the protocol between the host
+// (node) and the guest agent that runs inside every sandbox.
+//
+// # Transport
+//
+// The protocol runs over any reliable byte stream (an io.ReadWriteCloser):
+// the agent's stdin/stdout pipes, a unix socket, later vsock. The stream is
+// multiplexed with yamux (github.com/hashicorp/yamux): the host is the yamux
+// client, the agent the yamux server. Every call opens its own yamux stream,
+// so a slow download never blocks an exec, and each stream has its own flow
+// control.
+//
+// # Frames
+//
+// Inside a stream both sides exchange frames:
+//
+//	+--------+----------------------+-----------------+
+//	| kind   | length (uint32, BE)  | payload         |
+//	| 1 byte | 4 bytes              | length bytes    |
+//	+--------+----------------------+-----------------+
+//
+// The host's first frame is always KindRequest with a JSON Request. The
+// agent's last frame is always KindResponse with a JSON Response (whose Error
+// is set when the call failed). Between them, depending on Request.Op:
+//
+//	OpExec     host→agent: KindStdin*, KindStdinClose, KindSignal (JSON SignalRequest)
+//	           agent→host: KindStdout*, KindStderr*, then KindResponse{Exit}
+//	           Closing the stream before the response kills the process tree.
+//	OpStart    agent→host: KindResponse{Proc} (background process; output is
+//	           kept by the agent up to the output cap)
+//	OpAttach   agent→host: replays buffered output then follows it as
+//	           KindStdout/KindStderr, then KindResponse{Exit} when it ends.
+//	           Closing the stream detaches (the process keeps running).
+//	OpWait     agent→host: KindResponse{Exit} when the process ends.
+//	OpSignal   KindResponse{} after the signal is delivered to the process group.
+//	OpList     KindResponse{Procs}
+//	OpWriteFile host→agent: KindData* then KindEnd; agent→host: KindResponse{File}
+//	           (the agent may answer early with an Error, e.g. too large:
+//	           the host then stops sending). Closing the stream before
+//	           KindEnd aborts the upload; nothing is left behind.
+//	OpReadFile agent→host: KindResponse{File} (stat, before any data; Error
+//	           if the file cannot be opened), then KindData*, then KindEnd
+//	           (or a second KindResponse with Error if reading fails midway).
+//	           Closing the stream before KindEnd stops the transfer.
+//	OpStat, OpListDir, OpMkdir, OpRemove, OpPing: KindResponse only.
+//
+// A frame payload is at most MaxFrame bytes.
+package agentproto
+
+import "time"
+
+// Frame kinds.
+const (
+	KindRequest    byte = 'R'
+	KindResponse   byte = 'X'
+	KindStdin      byte = 'I'
+	KindStdinClose byte = 'C'
+	KindStdout     byte = 'O'
+	KindStderr     byte = 'E'
+	KindSignal     byte = 'S'
+	KindData       byte = 'D'
+	KindEnd        byte = 'Z'
+)
+
+// MaxFrame is the largest frame payload either side sends or accepts.
+const MaxFrame = 1 << 20
+
+// Operations.
+const (
+	OpPing      = "ping"
+	OpExec      = "exec"
+	OpStart     = "start"
+	OpAttach    = "attach"
+	OpWait      = "wait"
+	OpSignal    = "signal"
+	OpList      = "list"
+	OpWriteFile = "write_file"
+	OpReadFile  = "read_file"
+	OpStat      = "stat"
+	OpListDir   = "list_dir"
+	OpMkdir     = "mkdir"
+	OpRemove    = "remove"
+)
+
+// Process statuses, as reported in ExitInfo.Status.
+const (
+	StatusRunning  = "running"
+	StatusExited   = "exited"    // ended by itself; ExitCode is its exit code
+	StatusTimedOut = "timed_out" // killed (whole tree) when its timeout passed
+	StatusKilled   = "killed"    // ended by a signal (sent by a user or the kernel, e.g. OOM)
+	StatusError    = "error"     // could not be started (no such file, bad user, ...)
+)
+
+// Error codes the agent returns in Response.Error.Code.
+const (
+	CodeBadRequest = "bad_request" // malformed request or path
+	CodeNotFound   = "not_found"   // no such file / process
+	CodeExists     = "conflict"    // path exists (mkdir without parents over a file, ...)
+	CodePermission = "permission_denied"
+	CodeIsDir      = "is_directory"
+	CodeNotDir     = "not_directory"
+	CodeNoSpace    = "no_space"  // ENOSPC / EDQUOT while writing
+	CodeTooLarge   = "too_large" // upload longer than Request.MaxBytes
+	CodeInternal   = "internal"
+)
+
+// Request is the first frame of every stream.
+type Request struct {
+	Op string `json:"op"`
+
+	// OpExec, OpStart.
+	Exec *ExecRequest `json:"exec,omitempty"`
+
+	// OpAttach, OpWait, OpSignal: the process id returned by OpStart.
+	ProcID string `json:"proc_id,omitempty"`
+	// OpSignal: signal number (e.g. 15, 9).
+	Signal int `json:"signal,omitempty"`
+
+	// File operations. Path must be absolute and clean of NUL bytes; it is
+	// cleaned (path.Clean) by the agent before use.
+	Path string `json:"path,omitempty"`
+	// OpWriteFile, OpMkdir: permission bits (0 = 0644 for files, 0755 for dirs).
+	Mode uint32 `json:"mode,omitempty"`
+	// OpMkdir: create parents; OpRemove: remove a directory tree;
+	// OpWriteFile: create missing parent directories.
+	Recursive bool `json:"recursive,omitempty"`
+	// OpWriteFile: refuse (CodeTooLarge) when more than this many bytes
+	// arrive; 0 = no limit.
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+	// OpWriteFile, OpMkdir: owner of the created file and parents ("" =
+	// the sandbox default user).
+	User string `json:"user,omitempty"`
+}
+
+// ExecRequest describes a process to run.
+type ExecRequest struct {
+	// Exactly one of Argv or Shell. Shell runs as /bin/sh -c Shell.
+	Argv  []string `json:"argv,omitempty"`
+	Shell string   `json:"shell,omitempty"`
+	// Working directory ("" = the sandbox default workdir).
+	Cwd string `json:"cwd,omitempty"`
+	// Extra environment on top of the sandbox's default environment.
+	Env map[string]string `json:"env,omitempty"`
+	// User name or numeric uid ("" = the sandbox default user).
+	User string `json:"user,omitempty"`
+	// Stdin: the host will send KindStdin frames (OpExec only). Without it the
+	// process reads /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
+	// Timeout in milliseconds; 0 = none. At the timeout the whole process
+	// tree (including double-forked daemons started by it) is killed and the
+	// status is StatusTimedOut, with the output produced so far.
+	TimeoutMs int64 `json:"timeout_ms,omitempty"`
+	// Per-stream output cap in bytes (stdout and stderr each); output past it
+	// is dropped (still drained) and the Truncated flag set. 0 = agent default.
+	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
+	// Tag is an optional caller label shown in OpList.
+	Tag string `json:"tag,omitempty"`
+}
+
+// SignalRequest is the payload of a KindSignal frame during OpExec.
+type SignalRequest struct {
+	Signal int `json:"signal"`
+}
+
+// ExitInfo is how a process ended.
+type ExitInfo struct {
+	Status string `json:"status"`
+	// ExitCode is the exit code for StatusExited, -1 otherwise.
+	ExitCode int `json:"exit_code"`
+	// Signal is the signal that ended the process (StatusKilled, and
+	// StatusTimedOut when the kill ended it).
+	Signal          int   `json:"signal,omitempty"`
+	DurationMs      int64 `json:"duration_ms"`
+	StdoutTruncated bool  `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool  `json:"stderr_truncated,omitempty"`
+	// Error explains StatusError (e.g. "exec: \"nope\": executable file not found").
+	Error string `json:"error,omitempty"`
+}
+
+// ProcInfo describes a process known to the agent (background or foreground).
+type ProcInfo struct {
+	ID        string    `json:"id"`
+	Pid       int       `json:"pid"`
+	Argv      []string  `json:"argv"`
+	Tag       string    `json:"tag,omitempty"`
+	StartedAt time.Time `json:"started_at"`
+	Running   bool      `json:"running"`
+	Exit      *ExitInfo `json:"exit,omitempty"`
+}
+
+// FileInfo describes a path inside the sandbox.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"`
+	Type    string    `json:"type"` // "file", "dir", "symlink", "other"
+	Size    int64     `json:"size"`
+	Mode    uint32    `json:"mode"` // permission bits
+	ModTime time.Time `json:"mod_time"`
+	// Target of a symlink.
+	Target string `json:"target,omitempty"`
+}
+
+// Error is a failed call.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Response is the last frame of every stream (for OpReadFile, also the first
+// one from the agent, followed by data).
+type Response struct {
+	Error *Error     `json:"error,omitempty"`
+	Exit  *ExitInfo  `json:"exit,omitempty"`
+	Proc  *ProcInfo  `json:"proc,omitempty"`
+	Procs []ProcInfo `json:"procs,omitempty"`
+	File  *FileInfo  `json:"file,omitempty"`
+	Files []FileInfo `json:"files,omitempty"`
+	// Bytes written by OpWriteFile.
+	Written int64 `json:"written,omitempty"`
+}

@@ -1,0 +1,266 @@
+// Package api serves the REST API under /v1 (api/openapi.yaml is its
+// contract): it authenticates the caller, validates input at the edge, and
+// maps requests onto the sandbox service, the store (teams, keys) and the
+// template registry. Errors are always {"error":{"code","message"}}.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/sandbox"
+	"github.com/evalbox/evalbox/internal/store"
+	"github.com/evalbox/evalbox/internal/template"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// Version is the server version reported by /v1/health.
+var Version = "dev"
+
+// Authenticator resolves a bearer header to a principal.
+type Authenticator interface {
+	Authenticate(ctx context.Context, header string) (auth.Principal, error)
+	Invalidate()
+}
+
+// Store is what the API needs of the state store directly (teams, keys).
+type Store interface {
+	CreateTeam(ctx context.Context, t client.Team) (client.Team, error)
+	GetTeam(ctx context.Context, id string) (client.Team, error)
+	ListTeams(ctx context.Context) ([]client.Team, error)
+	UpdateTeamLimits(ctx context.Context, id string, l client.Limits) (client.Team, error)
+	InsertKey(ctx context.Context, k store.Key) (store.Key, error)
+	ListKeys(ctx context.Context, teamID string) ([]store.Key, error)
+	RevokeKey(ctx context.Context, teamID, id string) (store.Key, error)
+}
+
+// Server is the HTTP API.
+type Server struct {
+	svc       *sandbox.Service
+	store     Store
+	auth      Authenticator
+	templates *template.Registry
+	runtimes  []string
+	defaults  client.Limits
+	log       *slog.Logger
+	mux       *http.ServeMux
+}
+
+// Config configures the API.
+type Config struct {
+	Service   *sandbox.Service
+	Store     Store
+	Auth      Authenticator
+	Templates *template.Registry
+	Runtimes  []string
+	// DefaultLimits are given to teams created without limits.
+	DefaultLimits client.Limits
+	Logger        *slog.Logger
+}
+
+// New returns the API handler.
+func New(cfg Config) *Server {
+	s := &Server{svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
+		runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux()}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.routes()
+	return s
+}
+
+func (s *Server) routes() {
+	s.mux.HandleFunc("GET /v1/health", s.health)
+	a := func(h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
+		return s.authed(h)
+	}
+	s.mux.HandleFunc("POST /v1/sandboxes", a(s.createSandbox))
+	s.mux.HandleFunc("GET /v1/sandboxes", a(s.listSandboxes))
+	s.mux.HandleFunc("DELETE /v1/sandboxes", a(s.bulkDeleteSandboxes))
+	s.mux.HandleFunc("GET /v1/sandboxes/{id}", a(s.getSandbox))
+	s.mux.HandleFunc("DELETE /v1/sandboxes/{id}", a(s.deleteSandbox))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/timeout", a(s.setTimeout))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/exec", a(s.exec))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/processes", a(s.startProcess))
+	s.mux.HandleFunc("GET /v1/sandboxes/{id}/processes", a(s.listProcesses))
+	s.mux.HandleFunc("GET /v1/sandboxes/{id}/processes/{pid}", a(s.getProcess))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/processes/{pid}/wait", a(s.waitProcess))
+	s.mux.HandleFunc("GET /v1/sandboxes/{id}/processes/{pid}/stream", a(s.streamProcess))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/processes/{pid}/signal", a(s.signalProcess))
+	s.mux.HandleFunc("DELETE /v1/sandboxes/{id}/processes/{pid}", a(s.killProcess))
+	s.mux.HandleFunc("PUT /v1/sandboxes/{id}/files", a(s.writeFile))
+	s.mux.HandleFunc("GET /v1/sandboxes/{id}/files", a(s.readFile))
+	s.mux.HandleFunc("DELETE /v1/sandboxes/{id}/files", a(s.removeFile))
+	s.mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", a(s.statFile))
+	s.mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", a(s.listFiles))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", a(s.mkdir))
+	s.mux.HandleFunc("POST /v1/teams", a(s.createTeam))
+	s.mux.HandleFunc("GET /v1/teams", a(s.listTeams))
+	s.mux.HandleFunc("GET /v1/teams/{id}", a(s.getTeam))
+	s.mux.HandleFunc("PATCH /v1/teams/{id}", a(s.updateTeam))
+	s.mux.HandleFunc("POST /v1/keys", a(s.createKey))
+	s.mux.HandleFunc("GET /v1/keys", a(s.listKeys))
+	s.mux.HandleFunc("DELETE /v1/keys/{id}", a(s.revokeKey))
+	s.mux.HandleFunc("GET /v1/templates", a(s.listTemplates))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, errorf(client.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// ServeHTTP implements http.Handler, logging each request.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+	s.mux.ServeHTTP(rw, r)
+	level := slog.LevelDebug
+	if rw.status >= 500 {
+		level = slog.LevelError
+	}
+	s.log.Log(r.Context(), level, "http", "method", r.Method, "route", r.Pattern, "status", rw.status,
+		"duration", time.Since(start))
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status      int
+	wroteHeader bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wroteHeader {
+		w.status, w.wroteHeader = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	w.wroteHeader = true
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush lets streaming handlers flush through the wrapper.
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap gives http.ResponseController the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) authed(h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p, err := s.auth.Authenticate(r.Context(), r.Header.Get("Authorization"))
+		if err != nil {
+			if errors.Is(err, auth.ErrUnauthorized) {
+				writeError(w, errorf(client.CodeUnauthorized, "missing or invalid API key"))
+				return
+			}
+			writeError(w, err)
+			return
+		}
+		h(w, r, p)
+	}
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, client.Health{Status: "ok", Version: Version, Runtimes: s.runtimes})
+}
+
+// apiError is an error with a stable code raised by the API layer itself.
+func errorf(code, format string, args ...any) *sandbox.Error {
+	return &sandbox.Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+var statusOf = map[string]int{
+	client.CodeBadRequest:        http.StatusBadRequest,
+	client.CodeUnauthorized:      http.StatusUnauthorized,
+	client.CodeForbidden:         http.StatusForbidden,
+	client.CodeNotFound:          http.StatusNotFound,
+	client.CodeConflict:          http.StatusConflict,
+	client.CodeTooManySandboxes:  http.StatusTooManyRequests,
+	client.CodeRateLimited:       http.StatusTooManyRequests,
+	client.CodePayloadTooLarge:   http.StatusRequestEntityTooLarge,
+	client.CodeSandboxNotRunning: http.StatusConflict,
+	client.CodeTimeout:           http.StatusRequestTimeout,
+	client.CodeUnavailable:       http.StatusServiceUnavailable,
+	client.CodeInternal:          http.StatusInternalServerError,
+	sandbox.CodeNoSpace:          http.StatusInsufficientStorage,
+}
+
+// writeError answers err with its code; unknown errors are internal and
+// their text is not shown to the caller.
+func writeError(w http.ResponseWriter, err error) {
+	var se *sandbox.Error
+	var body client.ErrorBody
+	status := http.StatusInternalServerError
+	switch {
+	case errors.As(err, &se):
+		body.Error = client.ErrorDetail{Code: se.Code, Message: se.Message}
+		if st, ok := statusOf[se.Code]; ok {
+			status = st
+		}
+		if se.RetryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(se.RetryAfter))
+		}
+	case errors.Is(err, context.Canceled):
+		// The client went away; nobody reads this.
+		body.Error = client.ErrorDetail{Code: client.CodeBadRequest, Message: "request cancelled"}
+		status = 499
+	case errors.Is(err, context.DeadlineExceeded):
+		body.Error = client.ErrorDetail{Code: client.CodeTimeout, Message: "deadline exceeded"}
+		status = http.StatusGatewayTimeout
+	default:
+		slog.Error("internal error", "err", err)
+		body.Error = client.ErrorDetail{Code: client.CodeInternal, Message: "internal error"}
+	}
+	writeJSON(w, status, body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// maxJSONBody bounds JSON request bodies.
+const maxJSONBody = 4 << 20
+
+// decode reads one JSON object with no unknown fields and nothing after it.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		return errorf(client.CodeBadRequest, "Content-Type must be application/json, got %q", ct)
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return errorf(client.CodePayloadTooLarge, "request body is over %d bytes", maxJSONBody)
+		}
+		if errors.Is(err, io.EOF) {
+			return errorf(client.CodeBadRequest, "request body is empty; expected a JSON object")
+		}
+		return errorf(client.CodeBadRequest, "invalid JSON body: %s", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	if dec.More() {
+		return errorf(client.CodeBadRequest, "invalid JSON body: data after the object")
+	}
+	return nil
+}
+
+func requireAdmin(p auth.Principal) error {
+	if !p.Admin {
+		return errorf(client.CodeForbidden, "this needs an admin key")
+	}
+	return nil
+}

@@ -1,0 +1,283 @@
+package cli
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/evalbox/evalbox/pkg/client"
+	"github.com/spf13/cobra"
+)
+
+func newKeysCmd(a *app) *cobra.Command {
+	cmd := groupCommand(&cobra.Command{
+		Use:   "keys",
+		Short: "Manage API keys",
+	})
+
+	var (
+		req          client.CreateKeyRequest
+		createJSON   bool
+		listJSON     bool
+		createTeamID string
+	)
+	create := &cobra.Command{
+		Use:   "create --name NAME [--team TEAM_ID]",
+		Short: "Create an API key and print its secret (shown only once)",
+		Long: `Create an API key and print its secret, which is shown only this once.
+The key belongs to the caller's team; --team (another team) needs an admin key.`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if req.Name == "" {
+				return usagef(cmd, "--name is required")
+			}
+			req.TeamID = createTeamID
+			k, err := a.client().CreateKey(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if createJSON {
+				return printJSON(out(cmd), k)
+			}
+			_, err = fmt.Fprintln(out(cmd), k.Key)
+			return err
+		},
+	}
+	create.Flags().StringVar(&req.Name, "name", "", "name of the key (required)")
+	create.Flags().StringVar(&createTeamID, "team", "", "team of the key (default: the caller's)")
+	create.Flags().BoolVar(&createJSON, "json", false, "print the key record (with its secret) as JSON")
+
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List API keys (an admin key sees all teams')",
+		Args:    args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			keys, err := a.client().ListKeys(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if listJSON {
+				if keys == nil {
+					keys = []client.APIKey{}
+				}
+				return printJSON(out(cmd), client.KeyList{Keys: keys})
+			}
+			t := newTable(out(cmd), "ID", "NAME", "TEAM", "PREFIX", "ADMIN", "CREATED", "REVOKED")
+			for _, k := range keys {
+				revoked := "-"
+				if k.RevokedAt != nil {
+					revoked = timeCell(*k.RevokedAt)
+				}
+				t.row(k.ID, k.Name, k.TeamID, k.Prefix, strconv.FormatBool(k.Admin), timeCell(k.CreatedAt), revoked)
+			}
+			return t.flush()
+		},
+	}
+	ls.Flags().BoolVar(&listJSON, "json", false, "print the list as JSON")
+
+	revoke := &cobra.Command{
+		Use:   "revoke KEY_ID...",
+		Short: "Revoke API keys by id",
+		Args:  args(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c := a.client()
+			for _, id := range ids {
+				if err := c.RevokeKey(cmd.Context(), id); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(create, ls, revoke)
+	return cmd
+}
+
+func newTeamsCmd(a *app) *cobra.Command {
+	cmd := groupCommand(&cobra.Command{
+		Use:   "teams",
+		Short: "Manage teams and their limits (admin key only)",
+	})
+
+	var (
+		maxSandboxes, maxExecs int
+		asJSON                 bool
+	)
+	printTeam := func(cmd *cobra.Command, t *client.Team) error {
+		if asJSON {
+			return printJSON(out(cmd), t)
+		}
+		_, err := fmt.Fprintln(out(cmd), t.ID)
+		return err
+	}
+	create := &cobra.Command{
+		Use:   "create NAME [--max-sandboxes N] [--max-execs N]",
+		Short: "Create a team and print its id",
+		Long:  "Create a team and print its id. Limits left out take the server's defaults.",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			req := client.CreateTeamRequest{Name: argv[0]}
+			if maxSandboxes > 0 || maxExecs > 0 {
+				req.Limits = &client.Limits{MaxSandboxes: maxSandboxes, MaxConcurrentExec: maxExecs}
+			}
+			t, err := a.client().CreateTeam(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			return printTeam(cmd, t)
+		},
+	}
+	update := &cobra.Command{
+		Use:   "update TEAM_ID [--max-sandboxes N] [--max-execs N]",
+		Short: "Change a team's limits",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			fl := cmd.Flags()
+			if !fl.Changed("max-sandboxes") && !fl.Changed("max-execs") {
+				return usagef(cmd, "give --max-sandboxes and/or --max-execs")
+			}
+			c := a.client()
+			t, err := c.GetTeam(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			lim := t.Limits
+			if fl.Changed("max-sandboxes") {
+				lim.MaxSandboxes = maxSandboxes
+			}
+			if fl.Changed("max-execs") {
+				lim.MaxConcurrentExec = maxExecs
+			}
+			if t, err = c.UpdateTeam(cmd.Context(), argv[0], client.UpdateTeamRequest{Limits: lim}); err != nil {
+				return err
+			}
+			return printTeam(cmd, t)
+		},
+	}
+	for _, c := range []*cobra.Command{create, update} {
+		c.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "limit of running sandboxes")
+		c.Flags().IntVar(&maxExecs, "max-execs", 0, "limit of concurrent commands")
+		c.Flags().BoolVar(&asJSON, "json", false, "print the team as JSON")
+	}
+
+	get := &cobra.Command{
+		Use:   "get TEAM_ID",
+		Short: "Show a team",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			t, err := a.client().GetTeam(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(out(cmd), t)
+			}
+			return teamTable(cmd, []client.Team{*t})
+		},
+	}
+	get.Flags().BoolVar(&asJSON, "json", false, "print the team as JSON")
+
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List teams",
+		Args:    args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			teams, err := a.client().ListTeams(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if teams == nil {
+					teams = []client.Team{}
+				}
+				return printJSON(out(cmd), client.TeamList{Teams: teams})
+			}
+			return teamTable(cmd, teams)
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print the list as JSON")
+	cmd.AddCommand(create, ls, get, update)
+	return cmd
+}
+
+func teamTable(cmd *cobra.Command, teams []client.Team) error {
+	t := newTable(out(cmd), "ID", "NAME", "MAX_SANDBOXES", "MAX_EXECS", "CREATED")
+	for _, tm := range teams {
+		t.row(tm.ID, tm.Name, strconv.Itoa(tm.Limits.MaxSandboxes), strconv.Itoa(tm.Limits.MaxConcurrentExec), timeCell(tm.CreatedAt))
+	}
+	return t.flush()
+}
+
+func newTemplateCmd(a *app) *cobra.Command {
+	cmd := groupCommand(&cobra.Command{
+		Use:     "template",
+		Aliases: []string{"templates"},
+		Short:   "Inspect templates",
+	})
+	var asJSON bool
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the templates sandboxes can be created from",
+		Args:    args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			tmpls, err := a.client().ListTemplates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if tmpls == nil {
+					tmpls = []client.Template{}
+				}
+				return printJSON(out(cmd), client.TemplateList{Templates: tmpls})
+			}
+			t := newTable(out(cmd), "NAME", "DIGEST", "SIZE", "CPU", "MEMORY_MB", "DISK_MB", "BUILT")
+			for _, tm := range tmpls {
+				t.row(tm.Name, shortDigest(tm.Digest), humanBytes(tm.SizeBytes), strconv.FormatFloat(tm.CPU, 'g', -1, 64),
+					strconv.Itoa(tm.MemoryMB), strconv.Itoa(tm.DiskMB), timeCell(tm.BuiltAt))
+			}
+			return t.flush()
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print the list as JSON")
+	cmd.AddCommand(ls, newTemplateInitCmd())
+	return cmd
+}
+
+// shortDigest keeps "algo:" and 12 hex digits.
+func shortDigest(d string) string {
+	algo, hex, ok := strings.Cut(d, ":")
+	if !ok {
+		algo, hex = "", d
+	} else {
+		algo += ":"
+	}
+	if len(hex) > 12 {
+		hex = hex[:12]
+	}
+	return orDash(algo + hex)
+}
+
+func newHealthCmd(a *app) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "health",
+		Short: "Check that the server is up",
+		Args:  args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			h, err := a.client().Health(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(out(cmd), h)
+			}
+			_, err = fmt.Fprintf(out(cmd), "%s (version %s, runtimes: %s)\n", h.Status, h.Version, strings.Join(h.Runtimes, ", "))
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the health as JSON")
+	return cmd
+}

@@ -1,0 +1,311 @@
+package cli
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/evalbox/evalbox/pkg/client"
+	"github.com/spf13/cobra"
+)
+
+func newSandboxCmd(a *app) *cobra.Command {
+	cmd := groupCommand(&cobra.Command{
+		Use:     "sandbox",
+		Aliases: []string{"sb"},
+		Short:   "Create, inspect and use sandboxes",
+	})
+	cmd.AddCommand(
+		newSandboxCreateCmd(a),
+		newSandboxListCmd(a),
+		newSandboxGetCmd(a),
+		newSandboxRmCmd(a),
+		newSandboxTimeoutCmd(a),
+		newSandboxExecCmd(a),
+		newSandboxCpCmd(a),
+		newSandboxPsCmd(a),
+		newSandboxKillCmd(a),
+	)
+	return cmd
+}
+
+func newSandboxCreateCmd(a *app) *cobra.Command {
+	var (
+		req           client.CreateSandboxRequest
+		timeout, wait seconds
+		env, md       []string
+		asJSON        bool
+	)
+	cmd := &cobra.Command{
+		Use:   "create [flags]",
+		Short: "Create a sandbox and print its id",
+		Long: `Create a sandbox and print its id once it runs (the whole object with --json).
+
+With --wait, when the team is at its sandbox limit the request queues up to
+that long for a slot instead of failing with too_many_sandboxes.`,
+		Example: `  id=$(evalbox sandbox create --template python --timeout 10m --metadata run=r1)`,
+		Args:    args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if req.Env, err = parseKV(cmd, "env", env); err != nil {
+				return err
+			}
+			if req.Metadata, err = parseKV(cmd, "metadata", md); err != nil {
+				return err
+			}
+			req.Timeout = wholeSeconds(time.Duration(timeout))
+			req.WaitSeconds = wholeSeconds(time.Duration(wait))
+			sb, err := a.client().CreateSandbox(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(out(cmd), sb)
+			}
+			_, err = fmt.Fprintln(out(cmd), sb.ID)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&req.Template, "template", "t", "base", "template to create the sandbox from")
+	f.StringVar(&req.Runtime, "runtime", "", "runtime: gvisor or namespaces (default: the server's)")
+	f.Var(&timeout, "timeout", "TTL in seconds or as a duration (default: the server's)")
+	f.Float64Var(&req.CPU, "cpu", 0, "vCPUs (default: the template's)")
+	f.IntVar(&req.MemoryMB, "memory-mb", 0, "memory limit in MiB (default: the template's)")
+	f.IntVar(&req.DiskMB, "disk-mb", 0, "writable disk in MiB (default: the template's)")
+	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	f.StringArrayVarP(&md, "metadata", "m", nil, "metadata KEY=VALUE (repeatable)")
+	f.StringVar(&req.Network, "network", "", "network: none or outbound (default none)")
+	f.Var(&wait, "wait", "queue up to this long when the team is at its sandbox limit")
+	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+func newSandboxListCmd(a *app) *cobra.Command {
+	var (
+		md     []string
+		all    bool
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:     "ls [flags]",
+		Aliases: []string{"list"},
+		Short:   "List sandboxes (running ones unless --all)",
+		Args:    args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			filter, err := parseKV(cmd, "metadata", md)
+			if err != nil {
+				return err
+			}
+			sbs, err := a.client().ListSandboxes(cmd.Context(), client.ListOptions{Metadata: filter, All: all})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if sbs == nil {
+					sbs = []client.Sandbox{}
+				}
+				return printJSON(out(cmd), client.SandboxList{Sandboxes: sbs})
+			}
+			t := newTable(out(cmd), "ID", "TEMPLATE", "RUNTIME", "STATE", "CREATED", "EXPIRES", "METADATA")
+			for _, sb := range sbs {
+				t.row(sb.ID, sb.Template, sb.Runtime, sb.State, timeCell(sb.CreatedAt), timeCell(sb.ExpiresAt), kvCell(sb.Metadata))
+			}
+			return t.flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVarP(&md, "metadata", "m", nil, "only sandboxes with metadata KEY=VALUE (repeatable, all must match)")
+	f.BoolVarP(&all, "all", "a", false, "also list sandboxes that ended")
+	f.BoolVar(&asJSON, "json", false, "print the list as JSON")
+	return cmd
+}
+
+func newSandboxGetCmd(a *app) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "get ID",
+		Short: "Show a sandbox",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			sb, err := a.client().GetSandbox(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(out(cmd), sb)
+			}
+			tmpl := sb.Template
+			if sb.TemplateDigest != "" {
+				tmpl += " (" + sb.TemplateDigest + ")"
+			}
+			rt := sb.Runtime
+			if sb.RuntimeVersion != "" {
+				rt += " " + sb.RuntimeVersion
+			}
+			t := newTable(out(cmd), "ID", sb.ID)
+			t.row("Team", sb.TeamID)
+			t.row("Template", tmpl)
+			t.row("Runtime", rt)
+			t.row("State", sb.State)
+			t.row("CPU", strconv.FormatFloat(sb.CPU, 'g', -1, 64))
+			t.row("Memory", strconv.Itoa(sb.MemoryMB)+" MiB")
+			t.row("Disk", strconv.Itoa(sb.DiskMB)+" MiB")
+			t.row("Network", sb.Network)
+			t.row("Metadata", kvCell(sb.Metadata))
+			t.row("Env", orDash(strings.Join(sb.EnvKeys, ",")))
+			t.row("Created", timeCell(sb.CreatedAt))
+			t.row("Expires", timeCell(sb.ExpiresAt))
+			if sb.EndedAt != nil {
+				t.row("Ended", timeCell(*sb.EndedAt)+" "+sb.EndReason)
+			}
+			t.row("From pool", strconv.FormatBool(sb.FromPool))
+			return t.flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+func newSandboxRmCmd(a *app) *cobra.Command {
+	var (
+		md     []string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:     "rm (ID... | --metadata KEY=VALUE...)",
+		Aliases: []string{"delete"},
+		Short:   "Delete sandboxes by id, or all running ones whose metadata matches",
+		Long: `Delete sandboxes by id, or all running ones whose metadata matches.
+Prints the ids deleted, one a line (a DeleteResult with --json). With several
+ids, every id is tried; the exit status is 1 if any failed.`,
+		Args: args(cobra.ArbitraryArgs),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			filter, err := parseKV(cmd, "metadata", md)
+			if err != nil {
+				return err
+			}
+			if (len(ids) == 0) == (len(filter) == 0) {
+				return usagef(cmd, "give sandbox ids or --metadata, not both nor neither")
+			}
+			c := a.client()
+			var res client.DeleteResult
+			var failed int
+			if len(filter) > 0 {
+				if res.Deleted, err = c.DeleteSandboxes(cmd.Context(), filter); err != nil {
+					return err
+				}
+			} else {
+				for _, id := range ids {
+					if err := c.DeleteSandbox(cmd.Context(), id); err != nil {
+						if len(ids) == 1 {
+							return err
+						}
+						_, msg := exitStatus(err)
+						fmt.Fprintf(cmd.ErrOrStderr(), "evalbox: %s\n", oneLine(msg))
+						failed++
+						continue
+					}
+					res.Deleted = append(res.Deleted, id)
+				}
+			}
+			if res.Deleted == nil {
+				res.Deleted = []string{}
+			}
+			if asJSON {
+				err = printJSON(out(cmd), res)
+			} else {
+				for _, id := range res.Deleted {
+					fmt.Fprintln(out(cmd), id)
+				}
+			}
+			if err == nil && failed > 0 {
+				err = &exitError{code: ExitError}
+			}
+			return err
+		},
+	}
+	cmd.Flags().StringArrayVarP(&md, "metadata", "m", nil, "delete the running sandboxes with metadata KEY=VALUE (repeatable, all must match)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	return cmd
+}
+
+func newSandboxTimeoutCmd(a *app) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "timeout ID SECONDS",
+		Short: "Set a running sandbox to expire SECONDS from now",
+		Long:  "Set a running sandbox to expire SECONDS (or a duration: 10m) from now, bounded by the server's maximum.",
+		Args:  args(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			d, err := parseSeconds(argv[1])
+			if err != nil || d <= 0 {
+				return usagef(cmd, "SECONDS %q: want a positive number of seconds or a duration", argv[1])
+			}
+			sb, err := a.client().SetTimeout(cmd.Context(), argv[0], d)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(out(cmd), sb)
+			}
+			_, err = fmt.Fprintf(out(cmd), "%s expires at %s\n", sb.ID, timeCell(sb.ExpiresAt))
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+func newSandboxPsCmd(a *app) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ps ID",
+		Short: "List a sandbox's background processes",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			ps, err := a.client().ListProcesses(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if ps == nil {
+					ps = []client.Process{}
+				}
+				return printJSON(out(cmd), client.ProcessList{Processes: ps})
+			}
+			t := newTable(out(cmd), "ID", "PID", "STATUS", "EXIT", "STARTED", "TAG", "COMMAND")
+			for _, p := range ps {
+				status, exit := client.StatusRunning, "-"
+				if !p.Running && p.Result != nil {
+					status, exit = p.Result.Status, strconv.Itoa(p.Result.ExitCode)
+				}
+				t.row(p.ID, strconv.Itoa(p.Pid), status, exit, timeCell(p.StartedAt), orDash(p.Tag), strings.Join(p.Argv, " "))
+			}
+			return t.flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the list as JSON")
+	return cmd
+}
+
+func newSandboxKillCmd(a *app) *cobra.Command {
+	var sig string
+	cmd := &cobra.Command{
+		Use:   "kill ID PROCESS_ID",
+		Short: "Kill a background process and its tree (or send --signal)",
+		Long: `Without --signal, SIGKILL the background process and its whole process tree.
+With --signal, send that signal (a name like TERM or SIGTERM, or a number) to the process only.`,
+		Args: args(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c := a.client()
+			if sig != "" {
+				return c.SignalProcess(cmd.Context(), argv[0], argv[1], sig)
+			}
+			return c.KillProcess(cmd.Context(), argv[0], argv[1])
+		},
+	}
+	cmd.Flags().StringVarP(&sig, "signal", "s", "", "signal to send instead of killing the tree (TERM, SIGINT, 15, …)")
+	return cmd
+}

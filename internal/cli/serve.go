@@ -1,0 +1,166 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// ServeConfig is what `evalbox serve` passes to ServeFunc.
+type ServeConfig struct {
+	// DataDir holds the server's state (database, sandboxes, templates).
+	DataDir string
+	// Listen is the API's TCP address (host:port).
+	Listen string
+	// RunscPath and AgentPath locate the runsc and guest agent binaries;
+	// empty lets the server find them.
+	RunscPath string
+	AgentPath string
+	// TemplatesDir holds the templates; empty = the server's default under
+	// DataDir.
+	TemplatesDir string
+	// DefaultTimeout and MaxTimeout bound a sandbox's TTL.
+	DefaultTimeout time.Duration
+	MaxTimeout     time.Duration
+	// MaxSandboxes and MaxConcurrentExecs are the default limits of a team.
+	MaxSandboxes       int
+	MaxConcurrentExecs int
+	// MaxFileBytes is the largest file upload (413 past it).
+	MaxFileBytes int64
+	// Pool lists the warm pools to keep filled.
+	Pool []PoolSpec
+	// Runtimes lists the runtimes to enable (empty = all available).
+	Runtimes []string
+	// Mirror is the Debian mirror built-in templates are bootstrapped from
+	// (empty = the host's apt sources).
+	Mirror string
+	// LogLevel is the minimum level logged; Logger logs to stderr at it.
+	LogLevel slog.Level
+	Logger   *slog.Logger
+}
+
+// PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
+// (empty Runtime = the server's default).
+type PoolSpec struct {
+	Template string
+	Runtime  string
+	Size     int
+}
+
+// ServeFunc runs the server until ctx is cancelled, then shuts it down
+// gracefully and returns. cmd/evalbox sets it (to a call of the server
+// package's Run); while it is nil, `evalbox serve` fails.
+var ServeFunc func(ctx context.Context, cfg ServeConfig) error
+
+// Defaults of `evalbox serve`.
+const (
+	DefaultDataDir        = "/var/lib/evalbox"
+	DefaultListen         = "127.0.0.1:8700"
+	DefaultTimeout        = 5 * time.Minute
+	DefaultMaxTimeout     = 24 * time.Hour
+	DefaultMaxSandboxes   = 20
+	DefaultMaxExecs       = 64
+	DefaultMaxFileBytes   = 1 << 30
+	defaultLogLevelString = "info"
+)
+
+func newServeCmd() *cobra.Command {
+	cfg := ServeConfig{}
+	var (
+		defTimeout   = seconds(DefaultTimeout)
+		maxTimeout   = seconds(DefaultMaxTimeout)
+		maxFileBytes = byteSize(DefaultMaxFileBytes)
+		pool         string
+		logLevel     string
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the evalbox server (API, sandboxes, warm pools)",
+		Long: `Run the evalbox server: the REST API on --listen, with its state in --data-dir.
+
+SIGINT or SIGTERM shuts it down gracefully; a second signal kills it.
+
+--pool keeps warm sandboxes ready, as TEMPLATE[:RUNTIME]=SIZE pairs separated
+by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if cfg.Pool, err = parsePool(pool); err != nil {
+				return usagef(cmd, "--pool: %v", err)
+			}
+			if err := cfg.LogLevel.UnmarshalText([]byte(logLevel)); err != nil {
+				return usagef(cmd, "--log-level %q: want debug, info, warn or error", logLevel)
+			}
+			cfg.DefaultTimeout = time.Duration(defTimeout)
+			cfg.MaxTimeout = time.Duration(maxTimeout)
+			cfg.MaxFileBytes = int64(maxFileBytes)
+			if cfg.DefaultTimeout <= 0 || cfg.MaxTimeout < cfg.DefaultTimeout {
+				return usagef(cmd, "want 0 < --default-timeout (%v) <= --max-timeout (%v)", cfg.DefaultTimeout, cfg.MaxTimeout)
+			}
+			if cfg.MaxSandboxes <= 0 || cfg.MaxConcurrentExecs <= 0 || cfg.MaxFileBytes <= 0 {
+				return usagef(cmd, "--max-sandboxes, --max-execs and --max-file-bytes must be positive")
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: cfg.LogLevel}))
+			if ServeFunc == nil {
+				return errors.New("this evalbox binary was built without a server (cli.ServeFunc is not set)")
+			}
+			err = ServeFunc(cmd.Context(), cfg)
+			if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
+				// Shut down by a signal, as asked.
+				return nil
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", DefaultDataDir, "directory for the server's state")
+	f.StringVar(&cfg.Listen, "listen", DefaultListen, "address of the API (host:port)")
+	f.StringVar(&cfg.RunscPath, "runsc", "", "path of the runsc binary (default: found by the server)")
+	f.StringVar(&cfg.AgentPath, "agent", "", "path of the guest agent binary (default: found by the server)")
+	f.StringVar(&cfg.TemplatesDir, "templates-dir", "", "directory of the templates (default: under --data-dir)")
+	f.Var(&defTimeout, "default-timeout", "sandbox TTL when a create request gives none (seconds or a duration)")
+	f.Var(&maxTimeout, "max-timeout", "longest sandbox TTL (seconds or a duration)")
+	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "a team's default limit of running sandboxes")
+	f.IntVar(&cfg.MaxConcurrentExecs, "max-execs", DefaultMaxExecs, "a team's default limit of concurrent commands")
+	f.Var(&maxFileBytes, "max-file-bytes", "largest file upload (bytes, or 512MiB, 2G)")
+	f.StringVar(&pool, "pool", "", `warm pools, e.g. "base:gvisor=4,python:namespaces=2"`)
+	f.StringSliceVar(&cfg.Runtimes, "runtimes", nil, "runtimes to enable, e.g. gvisor,namespaces (default: all)")
+	f.StringVar(&cfg.Mirror, "mirror", os.Getenv("EVALBOX_DEBIAN_MIRROR"), "Debian mirror for the built-in templates (default: the host's apt sources; env EVALBOX_DEBIAN_MIRROR)")
+	f.StringVar(&logLevel, "log-level", defaultLogLevelString, "debug, info, warn or error")
+	return cmd
+}
+
+// parsePool parses "tmpl[:runtime]=size,…".
+func parsePool(s string) ([]PoolSpec, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out []PoolSpec
+	seen := map[[2]string]bool{}
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		lhs, size, ok := strings.Cut(item, "=")
+		if !ok {
+			return nil, fmt.Errorf("%q: want TEMPLATE[:RUNTIME]=SIZE", item)
+		}
+		tmpl, rt, _ := strings.Cut(lhs, ":")
+		n, err := strconv.Atoi(size)
+		if tmpl == "" || err != nil || n < 0 {
+			return nil, fmt.Errorf("%q: want TEMPLATE[:RUNTIME]=SIZE with SIZE >= 0", item)
+		}
+		key := [2]string{tmpl, rt}
+		if seen[key] {
+			return nil, fmt.Errorf("%q: pool given twice", lhs)
+		}
+		seen[key] = true
+		out = append(out, PoolSpec{Template: tmpl, Runtime: rt, Size: n})
+	}
+	return out, nil
+}

@@ -1,0 +1,339 @@
+// Package node runs sandboxes on one host: it starts them through a runtime
+// driver, connects to their guest agent, keeps a warm pool of ready
+// sandboxes per (template, runtime, shape), and tears everything down by id.
+// It knows nothing of teams, quotas or the API: the control plane
+// (internal/sandbox) drives it, in-process on one machine and, later, over
+// the network on a fleet.
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/agentproto"
+	"github.com/evalbox/evalbox/internal/runtime"
+	"github.com/evalbox/evalbox/internal/template"
+)
+
+// ErrUnknownRuntime is returned for a runtime name the node does not run.
+var ErrUnknownRuntime = errors.New("unknown runtime")
+
+// Shape is the resources of a sandbox.
+type Shape struct {
+	CPU      float64
+	MemoryMB int
+	DiskMB   int
+	Pids     int
+	Network  string
+}
+
+// PoolKey says which sandboxes are interchangeable in the warm pool.
+type PoolKey struct {
+	Template string
+	Runtime  string
+	Shape    Shape
+}
+
+func (k PoolKey) String() string {
+	return fmt.Sprintf("%s/%s/cpu=%g,mem=%d,disk=%d,pids=%d,net=%s", k.Template, k.Runtime,
+		k.Shape.CPU, k.Shape.MemoryMB, k.Shape.DiskMB, k.Shape.Pids, k.Shape.Network)
+}
+
+// Config configures a Node.
+type Config struct {
+	Runtimes  []runtime.Runtime
+	Templates *template.Registry
+	// AgentPath is the host path of the static evalbox-agent binary.
+	AgentPath string
+	// StateDir holds one directory per live sandbox.
+	StateDir string
+	// StartTimeout bounds a cold start, agent handshake included.
+	StartTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// Node runs sandboxes on this host.
+type Node struct {
+	cfg      Config
+	log      *slog.Logger
+	runtimes map[string]runtime.Runtime
+
+	mu    sync.Mutex
+	live  map[string]*Sandbox
+	pools map[PoolKey]*pool
+
+	wg     sync.WaitGroup
+	closed chan struct{}
+}
+
+// Sandbox is one live sandbox on this node.
+type Sandbox struct {
+	ID             string
+	Template       *template.Template
+	Runtime        string
+	RuntimeVersion string
+	Shape          Shape
+	// StartedAt is when the sandbox was started (for pooled ones, before
+	// they were claimed).
+	StartedAt time.Time
+	// FromPool is set when a Create was served from the warm pool.
+	FromPool bool
+	// Agent is the session with the guest agent.
+	Agent *agentproto.Client
+
+	rt       runtime.Sandbox
+	stateDir string
+	once     sync.Once
+	pooled   bool // waiting in the warm pool (guarded by Node.mu)
+}
+
+// Done is closed when the sandbox's agent session ends (the sandbox died or
+// was destroyed).
+func (s *Sandbox) Done() <-chan struct{} { return s.Agent.Done() }
+
+// Usage reports host resources used by the sandbox.
+func (s *Sandbox) Usage(ctx context.Context) (runtime.Usage, error) { return s.rt.Usage(ctx) }
+
+// New returns a node. Call Sweep once before use to remove what a previous
+// process left, and Close to stop it.
+func New(cfg Config) (*Node, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = 60 * time.Second
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	n := &Node{
+		cfg: cfg, log: cfg.Logger,
+		runtimes: map[string]runtime.Runtime{},
+		live:     map[string]*Sandbox{},
+		pools:    map[PoolKey]*pool{},
+		closed:   make(chan struct{}),
+	}
+	for _, r := range cfg.Runtimes {
+		n.runtimes[r.Name()] = r
+	}
+	return n, nil
+}
+
+// Runtimes lists the runtime names this node runs, sorted.
+func (n *Node) Runtimes() []string {
+	var names []string
+	for name := range n.runtimes {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Runtime returns a driver by name.
+func (n *Node) Runtime(name string) (runtime.Runtime, bool) {
+	r, ok := n.runtimes[name]
+	return r, ok
+}
+
+// Sweep removes every sandbox a previous process of this node left behind
+// (runtime state, cgroups, processes, state directories). Nothing of them
+// can be reattached: their agent sessions were pipes of that process.
+func (n *Node) Sweep(ctx context.Context) ([]string, error) {
+	n.mu.Lock()
+	keep := func(id string) bool { _, ok := n.live[id]; return ok }
+	n.mu.Unlock()
+	var removed []string
+	var errs []error
+	for _, r := range n.runtimes {
+		ids, err := r.Sweep(ctx, func(id string) bool {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			return keep(id)
+		})
+		removed = append(removed, ids...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	entries, _ := os.ReadDir(n.cfg.StateDir)
+	for _, e := range entries {
+		n.mu.Lock()
+		live := keep(e.Name())
+		n.mu.Unlock()
+		if !live {
+			if err := os.RemoveAll(filepath.Join(n.cfg.StateDir, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// NewID returns a fresh sandbox id.
+func NewID() string {
+	var b [10]byte
+	_, _ = rand.Read(b[:])
+	return "sb-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// Create returns a running sandbox of key's template, runtime and shape:
+// claimed from the warm pool when one is ready, else cold-started.
+func (n *Node) Create(ctx context.Context, key PoolKey) (*Sandbox, error) {
+	if _, ok := n.runtimes[key.Runtime]; !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownRuntime, key.Runtime)
+	}
+	if sb := n.claim(key); sb != nil {
+		return sb, nil
+	}
+	return n.start(ctx, key)
+}
+
+// start cold-starts a sandbox. On error nothing is left behind.
+func (n *Node) start(ctx context.Context, key PoolKey) (_ *Sandbox, err error) {
+	rt, ok := n.runtimes[key.Runtime]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownRuntime, key.Runtime)
+	}
+	tpl, err := n.cfg.Templates.Get(key.Template)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.StartTimeout)
+	defer cancel()
+	id := NewID()
+	stateDir := filepath.Join(n.cfg.StateDir, id)
+	if err := os.Mkdir(stateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	sb := &Sandbox{ID: id, Template: tpl, Runtime: rt.Name(), RuntimeVersion: rt.Version(),
+		Shape: key.Shape, StartedAt: time.Now(), stateDir: stateDir}
+	n.mu.Lock()
+	n.live[id] = sb
+	n.mu.Unlock()
+	defer func() {
+		if err != nil {
+			n.destroy(context.WithoutCancel(ctx), sb)
+		}
+	}()
+	env := make([]string, 0, len(tpl.Defaults.Env))
+	for k, v := range tpl.Defaults.Env {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	rsb, err := rt.Start(ctx, runtime.Spec{
+		ID: id, RootFS: tpl.RootFS, AgentPath: n.cfg.AgentPath,
+		AgentArgs: []string{"--workdir", tpl.Defaults.Workdir, "--user", tpl.Defaults.User},
+		Env:       env, StateDir: stateDir,
+		CPU: key.Shape.CPU, MemoryMB: key.Shape.MemoryMB, DiskMB: key.Shape.DiskMB, Pids: key.Shape.Pids,
+		Network: key.Shape.Network, Hostname: id,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node: start %s: %w", id, err)
+	}
+	sb.rt = rsb
+	agent, err := agentproto.Dial(rsb.Conn())
+	if err != nil {
+		return nil, fmt.Errorf("node: agent %s: %w", id, err)
+	}
+	sb.Agent = agent
+	if err := agent.Ping(ctx); err != nil {
+		return nil, fmt.Errorf("node: agent %s did not answer: %w", id, err)
+	}
+	return sb, nil
+}
+
+// Get returns a live sandbox by id (pooled ones are not returned).
+func (n *Node) Get(id string) (*Sandbox, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	sb, ok := n.live[id]
+	if !ok || sb.Agent == nil || sb.pooled {
+		return nil, false
+	}
+	return sb, true
+}
+
+// Destroy kills a sandbox and removes everything of it. Unknown ids are not
+// an error (it is idempotent).
+func (n *Node) Destroy(ctx context.Context, id string) error {
+	n.mu.Lock()
+	sb, ok := n.live[id]
+	n.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return n.destroy(ctx, sb)
+}
+
+func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
+	var err error
+	sb.once.Do(func() {
+		if sb.Agent != nil {
+			_ = sb.Agent.Close()
+		}
+		if sb.rt != nil {
+			err = sb.rt.Destroy(ctx)
+		}
+		if rmErr := os.RemoveAll(sb.stateDir); rmErr != nil {
+			err = errors.Join(err, rmErr)
+		}
+		n.mu.Lock()
+		delete(n.live, sb.ID)
+		n.mu.Unlock()
+		if err != nil {
+			n.log.Error("destroy sandbox", "sandbox", sb.ID, "err", err)
+		}
+	})
+	return err
+}
+
+// Leftovers lists what the host still holds for a sandbox id, across
+// runtimes and the node's own state. Empty after Destroy.
+func (n *Node) Leftovers(id string) []string {
+	var left []string
+	for _, r := range n.runtimes {
+		left = append(left, r.Leftovers(id)...)
+	}
+	if _, err := os.Stat(filepath.Join(n.cfg.StateDir, id)); err == nil {
+		left = append(left, "state dir "+filepath.Join(n.cfg.StateDir, id))
+	}
+	return left
+}
+
+// Close stops pool refills and destroys every sandbox of the node.
+func (n *Node) Close(ctx context.Context) error {
+	select {
+	case <-n.closed:
+		return nil
+	default:
+	}
+	close(n.closed)
+	n.wg.Wait()
+	n.mu.Lock()
+	all := make([]*Sandbox, 0, len(n.live))
+	for _, sb := range n.live {
+		all = append(all, sb)
+	}
+	n.mu.Unlock()
+	var wg sync.WaitGroup
+	errs := make([]error, len(all))
+	for i, sb := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = n.destroy(ctx, sb)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,130 @@
+package node
+
+import (
+	"context"
+	"time"
+)
+
+// pool keeps up to target ready sandboxes of one PoolKey. A pooled sandbox
+// is handed out once and never returns to the pool: every trial starts
+// from a fresh sandbox.
+type pool struct {
+	key    PoolKey
+	target int
+	ready  []*Sandbox // oldest first
+	kick   chan struct{}
+}
+
+// SetPool sets how many ready sandboxes of key the node keeps (0 stops
+// refilling; ready ones stay until claimed or Close). Refills happen in
+// the background, one start at a time per pool.
+func (n *Node) SetPool(key PoolKey, target int) {
+	n.mu.Lock()
+	p, ok := n.pools[key]
+	if !ok {
+		p = &pool{key: key, kick: make(chan struct{}, 1)}
+		n.pools[key] = p
+		n.wg.Add(1)
+		go n.refill(p)
+	}
+	p.target = target
+	n.mu.Unlock()
+	p.poke()
+}
+
+func (p *pool) poke() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// PoolReady reports how many ready sandboxes of key the pool holds.
+func (n *Node) PoolReady(key PoolKey) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if p, ok := n.pools[key]; ok {
+		return len(p.ready)
+	}
+	return 0
+}
+
+// claim takes the oldest live ready sandbox of key, or returns nil.
+func (n *Node) claim(key PoolKey) *Sandbox {
+	n.mu.Lock()
+	p, ok := n.pools[key]
+	if !ok {
+		n.mu.Unlock()
+		return nil
+	}
+	var dead []*Sandbox
+	var got *Sandbox
+	for len(p.ready) > 0 {
+		sb := p.ready[0]
+		p.ready[0] = nil
+		p.ready = p.ready[1:]
+		select {
+		case <-sb.Done():
+			dead = append(dead, sb)
+			continue
+		default:
+		}
+		sb.FromPool = true
+		sb.pooled = false
+		got = sb
+		break
+	}
+	n.mu.Unlock()
+	p.poke()
+	for _, sb := range dead {
+		n.log.Warn("pooled sandbox died before claim", "sandbox", sb.ID)
+		_ = n.destroy(context.Background(), sb)
+	}
+	return got
+}
+
+// refill keeps p at its target until the node closes.
+func (n *Node) refill(p *pool) {
+	defer n.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-n.closed
+		cancel()
+	}()
+	backoff := time.Second
+	for {
+		select {
+		case <-n.closed:
+			return
+		case <-p.kick:
+		}
+		for {
+			n.mu.Lock()
+			need := p.target - len(p.ready)
+			n.mu.Unlock()
+			if need <= 0 {
+				break
+			}
+			sb, err := n.start(ctx, p.key)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				n.log.Error("warm pool start failed", "pool", p.key.String(), "err", err, "retry_in", backoff)
+				select {
+				case <-n.closed:
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(backoff*2, 30*time.Second)
+				continue
+			}
+			backoff = time.Second
+			n.mu.Lock()
+			sb.pooled = true
+			p.ready = append(p.ready, sb)
+			n.mu.Unlock()
+		}
+	}
+}

@@ -1,0 +1,752 @@
+// Package cgroups manages the per-sandbox control groups of evalbox.
+//
+// Every sandbox gets one cgroup named by its id under a common parent
+// (by default "evalbox"). On cgroup v1 hosts that is one directory in each
+// of the cpu, memory, pids and freezer hierarchies; on cgroup v2 hosts it is
+// one directory in the unified hierarchy, with the cpu, memory and pids
+// controllers enabled in the parent's cgroup.subtree_control. The version is
+// detected once by New from /proc/self/mountinfo: if the memory controller is
+// mounted as a v1 hierarchy the host is treated as v1 (this includes
+// "hybrid" hosts whose cgroup2 mount has no controllers), otherwise the
+// cgroup2 mount is used.
+//
+// A Cgroup is created with its limits before the sandbox's first process
+// starts, and that process is placed in it before it runs untrusted code:
+// on v2 it is born inside (CLONE_INTO_CGROUP, see PrepareClone), on v1 the
+// caller writes its pid with AddProc while the child still waits for the
+// go-ahead. All descendants inherit the cgroup.
+package cgroups
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Version is a cgroup hierarchy version.
+type Version int
+
+// Cgroup versions.
+const (
+	V1 Version = 1
+	V2 Version = 2
+)
+
+// DefaultParent is the name of the cgroup under which sandboxes live.
+const DefaultParent = "evalbox"
+
+// cpuPeriodUs is the CFS period used for CPU quotas (the kernel default).
+const cpuPeriodUs = 100000
+
+// Controllers used on v1 hosts; each is a separate directory per cgroup.
+var v1Controllers = []string{"cpu", "memory", "pids", "freezer"}
+
+// Controllers enabled for sandboxes on v2 hosts.
+var v2Controllers = []string{"cpu", "memory", "pids"}
+
+// ErrExist is returned by Create when a cgroup with that id already exists.
+var ErrExist = errors.New("cgroup already exists")
+
+// Limits are the resource limits of one cgroup. Zero values mean no limit.
+type Limits struct {
+	// CPU is the CPU bandwidth in cores (0.5 = half a core).
+	CPU float64
+	// MemoryBytes caps memory (anonymous, page cache, tmpfs pages). Swap
+	// is capped so that the cgroup gets no swap beyond it.
+	MemoryBytes int64
+	// Pids caps the number of tasks (processes and threads).
+	Pids int
+}
+
+// Manager creates and finds sandbox cgroups under one parent.
+type Manager struct {
+	version Version
+	// parents maps a controller name to the parent directory of the
+	// sandbox cgroups in its hierarchy. On v2 every controller maps to the
+	// same directory.
+	parents map[string]string
+	// dirs are the distinct parent directories (one on v2).
+	dirs []string
+	// killFile is true when cgroup.kill is available (v2, Linux ≥ 5.14).
+	killFile bool
+}
+
+// New detects the host's cgroup version and makes sure the parent cgroup
+// exists (and, on v2, that the cpu, memory and pids controllers are enabled
+// for its children). parent is a relative path in the hierarchy; "" means
+// DefaultParent.
+func New(parent string) (*Manager, error) {
+	if parent == "" {
+		parent = DefaultParent
+	}
+	if err := checkRelPath(parent); err != nil {
+		return nil, err
+	}
+	mounts, err := readCgroupMounts()
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := mounts.v1["memory"]; ok {
+		roots := make(map[string]string, len(v1Controllers))
+		for _, c := range v1Controllers {
+			mp, ok := mounts.v1[c]
+			if !ok {
+				return nil, fmt.Errorf("cgroups: v1 host without a %q hierarchy", c)
+			}
+			roots[c] = mp
+		}
+		return newV1(roots, parent)
+	}
+	if mounts.v2 == "" {
+		return nil, errors.New("cgroups: no cgroup v1 memory hierarchy and no cgroup2 mount found")
+	}
+	return newV2(mounts.v2, parent, v2Controllers)
+}
+
+// newV1 builds a v1 manager from controller → hierarchy mount point.
+func newV1(roots map[string]string, parent string) (*Manager, error) {
+	m := &Manager{version: V1, parents: make(map[string]string, len(roots))}
+	for c, root := range roots {
+		dir := filepath.Join(root, parent)
+		m.parents[c] = dir
+		if !slices.Contains(m.dirs, dir) {
+			m.dirs = append(m.dirs, dir)
+		}
+	}
+	slices.Sort(m.dirs)
+	for _, dir := range m.dirs {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("cgroups: create parent: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// newV2 builds a v2 manager for the hierarchy mounted at root, enabling
+// controllers for the children of parent (and on the way down to it).
+func newV2(root, parent string, controllers []string) (*Manager, error) {
+	dir := filepath.Join(root, parent)
+	if len(controllers) > 0 {
+		avail, err := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
+		if err != nil {
+			return nil, fmt.Errorf("cgroups: %w", err)
+		}
+		have := strings.Fields(string(avail))
+		for _, c := range controllers {
+			if !slices.Contains(have, c) {
+				return nil, fmt.Errorf("cgroups: controller %q not available in %s (cgroup.controllers: %q)", c, root, strings.TrimSpace(string(avail)))
+			}
+		}
+	}
+	// Enable the controllers in every cgroup from the root down to parent
+	// (inclusive), creating the missing directories.
+	enable := make([]byte, 0, 32)
+	for i, c := range controllers {
+		if i > 0 {
+			enable = append(enable, ' ')
+		}
+		enable = append(enable, '+')
+		enable = append(enable, c...)
+	}
+	cur := root
+	parts := strings.Split(parent, "/")
+	for i := 0; i <= len(parts); i++ {
+		if i > 0 {
+			cur = filepath.Join(cur, parts[i-1])
+			if err := os.Mkdir(cur, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+				return nil, fmt.Errorf("cgroups: create parent: %w", err)
+			}
+		}
+		if len(enable) == 0 {
+			continue
+		}
+		if err := enableControllers(cur, controllers, enable); err != nil {
+			return nil, err
+		}
+	}
+	m := &Manager{version: V2, parents: make(map[string]string, len(v1Controllers)), dirs: []string{dir}}
+	for _, c := range v1Controllers {
+		m.parents[c] = dir
+	}
+	if _, err := os.Stat(filepath.Join(root, parent, "cgroup.kill")); err == nil {
+		m.killFile = true
+	}
+	return m, nil
+}
+
+// enableControllers makes sure every controller is listed in dir's
+// cgroup.subtree_control.
+func enableControllers(dir string, controllers []string, enable []byte) error {
+	cur, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	if err != nil {
+		return fmt.Errorf("cgroups: %w", err)
+	}
+	have := strings.Fields(string(cur))
+	missing := false
+	for _, c := range controllers {
+		if !slices.Contains(have, c) {
+			missing = true
+			break
+		}
+	}
+	if !missing {
+		return nil
+	}
+	if err := writeFile(filepath.Join(dir, "cgroup.subtree_control"), enable); err != nil {
+		if errors.Is(err, syscall.EBUSY) {
+			return fmt.Errorf("cgroups: cannot enable controllers in %s: it has member processes (cgroup v2 \"no internal processes\" rule; move them to a leaf or choose another parent): %w", dir, err)
+		}
+		return fmt.Errorf("cgroups: enable controllers in %s: %w", dir, err)
+	}
+	return nil
+}
+
+// Open is New(parent) followed by Manager.Open(id), for callers that
+// touch a cgroup only now and then (each call detects the hierarchy).
+func Open(parent, id string) (*Cgroup, error) {
+	m, err := New(parent)
+	if err != nil {
+		return nil, err
+	}
+	return m.Open(id)
+}
+
+// List is New(parent) followed by Manager.List.
+func List(parent string) ([]string, error) {
+	m, err := New(parent)
+	if err != nil {
+		return nil, err
+	}
+	return m.List()
+}
+
+// Exists is New(parent) followed by Manager.Exists.
+func Exists(parent, id string) bool {
+	m, err := New(parent)
+	return err == nil && m.Exists(id)
+}
+
+// Dirs returns the parent directories of the sandbox cgroups (one per
+// hierarchy on v1, one on v2).
+func (m *Manager) Dirs() []string { return slices.Clone(m.dirs) }
+
+// Version reports the cgroup version in use.
+func (m *Manager) Version() Version { return m.version }
+
+// Create creates the cgroup id with the given limits. If any step fails,
+// nothing is left behind. It returns an error wrapping ErrExist when the
+// cgroup already exists.
+func (m *Manager) Create(id string, l Limits) (*Cgroup, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	c := m.cgroup(id)
+	var made []string
+	for _, dir := range c.dirs {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			removeDirs(made)
+			if errors.Is(err, fs.ErrExist) {
+				return nil, fmt.Errorf("cgroups: %s: %w", id, ErrExist)
+			}
+			return nil, fmt.Errorf("cgroups: create %s: %w", id, err)
+		}
+		made = append(made, dir)
+	}
+	if err := c.setLimits(l); err != nil {
+		removeDirs(made)
+		return nil, fmt.Errorf("cgroups: %s: %w", id, err)
+	}
+	return c, nil
+}
+
+// Open returns a handle on an existing cgroup (for example one left by a
+// previous run). It does not check that the cgroup exists.
+func (m *Manager) Open(id string) (*Cgroup, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	return m.cgroup(id), nil
+}
+
+// Exists reports whether any directory of cgroup id exists.
+func (m *Manager) Exists(id string) bool {
+	if checkID(id) != nil {
+		return false
+	}
+	for _, dir := range m.dirs {
+		if _, err := os.Lstat(filepath.Join(dir, id)); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// List returns the ids of all cgroups under the parent, in any hierarchy,
+// sorted.
+func (m *Manager) List() ([]string, error) {
+	var ids []string
+	for _, dir := range m.dirs {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			return nil, fmt.Errorf("cgroups: list: %w", err)
+		}
+		for _, e := range ents {
+			if e.IsDir() && !slices.Contains(ids, e.Name()) {
+				ids = append(ids, e.Name())
+			}
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+func (m *Manager) cgroup(id string) *Cgroup {
+	c := &Cgroup{m: m, id: id}
+	for _, d := range m.dirs {
+		c.dirs = append(c.dirs, filepath.Join(d, id))
+	}
+	return c
+}
+
+// Cgroup is one sandbox's cgroup.
+type Cgroup struct {
+	m    *Manager
+	id   string
+	dirs []string
+}
+
+// ID returns the cgroup's name.
+func (c *Cgroup) ID() string { return c.id }
+
+// Paths returns the cgroup's directories (one per hierarchy).
+func (c *Cgroup) Paths() []string { return slices.Clone(c.dirs) }
+
+// dir returns the cgroup's directory in the hierarchy of controller ctrl.
+func (c *Cgroup) dir(ctrl string) string { return filepath.Join(c.m.parents[ctrl], c.id) }
+
+func (c *Cgroup) setLimits(l Limits) error {
+	v2 := c.m.version == V2
+	if l.CPU > 0 {
+		quota := int64(l.CPU * cpuPeriodUs)
+		quota = max(quota, 1000)
+		if v2 {
+			if err := writeFile(filepath.Join(c.dir("cpu"), "cpu.max"), fmt.Appendf(nil, "%d %d", quota, cpuPeriodUs)); err != nil {
+				return err
+			}
+		} else {
+			if err := writeFile(filepath.Join(c.dir("cpu"), "cpu.cfs_period_us"), strconv.AppendInt(nil, cpuPeriodUs, 10)); err != nil {
+				return err
+			}
+			if err := writeFile(filepath.Join(c.dir("cpu"), "cpu.cfs_quota_us"), strconv.AppendInt(nil, quota, 10)); err != nil {
+				return err
+			}
+		}
+	}
+	if l.MemoryBytes > 0 {
+		mem := strconv.AppendInt(nil, l.MemoryBytes, 10)
+		if v2 {
+			if err := writeFile(filepath.Join(c.dir("memory"), "memory.max"), mem); err != nil {
+				return err
+			}
+			// memory.swap.max is swap on top of memory.max: none.
+			if err := writeOptional(filepath.Join(c.dir("memory"), "memory.swap.max"), []byte("0")); err != nil {
+				return err
+			}
+		} else {
+			if err := writeFile(filepath.Join(c.dir("memory"), "memory.limit_in_bytes"), mem); err != nil {
+				return err
+			}
+			// memsw is memory+swap: equal to the memory limit means no swap.
+			if err := writeOptional(filepath.Join(c.dir("memory"), "memory.memsw.limit_in_bytes"), mem); err != nil {
+				return err
+			}
+		}
+	}
+	if l.Pids > 0 {
+		if err := writeFile(filepath.Join(c.dir("pids"), "pids.max"), strconv.AppendInt(nil, int64(l.Pids), 10)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PrepareClone arranges for the process started with attr to be born inside
+// the cgroup when the host supports it (cgroup v2: CLONE_INTO_CGROUP). It
+// reports whether it did; if not, the caller must call AddProc with the new
+// pid before the process runs untrusted code. The returned function
+// releases what PrepareClone opened; call it after the process started.
+func (c *Cgroup) PrepareClone(attr *syscall.SysProcAttr) (inside bool, release func(), err error) {
+	if c.m.version != V2 {
+		return false, func() {}, nil
+	}
+	fd, err := unix.Open(c.dirs[0], unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, nil, fmt.Errorf("cgroups: open %s: %w", c.id, err)
+	}
+	attr.UseCgroupFD = true
+	attr.CgroupFD = fd
+	return true, func() { unix.Close(fd) }, nil
+}
+
+// AddProc moves the process pid (all its threads) into the cgroup.
+func (c *Cgroup) AddProc(pid int) error {
+	b := strconv.AppendInt(nil, int64(pid), 10)
+	for _, dir := range c.dirs {
+		if err := writeFile(filepath.Join(dir, "cgroup.procs"), b); err != nil {
+			return fmt.Errorf("cgroups: add %d to %s: %w", pid, c.id, err)
+		}
+	}
+	return nil
+}
+
+// Procs returns the pids (in the caller's pid namespace) of the processes
+// in the cgroup.
+func (c *Cgroup) Procs() ([]int, error) {
+	return readPids(filepath.Join(c.dir("freezer"), "cgroup.procs"))
+}
+
+// MemoryUsage returns the memory charged to the cgroup, in bytes.
+func (c *Cgroup) MemoryUsage() (int64, error) {
+	name := "memory.usage_in_bytes"
+	if c.m.version == V2 {
+		name = "memory.current"
+	}
+	b, err := os.ReadFile(filepath.Join(c.dir("memory"), name))
+	if err != nil {
+		return 0, fmt.Errorf("cgroups: %w", err)
+	}
+	n, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("cgroups: parse %s: %w", name, err)
+	}
+	return n, nil
+}
+
+// KillAll SIGKILLs every process in the cgroup, including ones forked while
+// it runs, and returns once the cgroup has no live process or ctx is done.
+// A cgroup that does not exist is empty.
+func (c *Cgroup) KillAll(ctx context.Context) error {
+	if c.m.killFile {
+		err := writeFile(filepath.Join(c.dirs[0], "cgroup.kill"), []byte("1"))
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("cgroups: kill %s: %w", c.id, err)
+		}
+		return c.waitEmpty(ctx)
+	}
+	// Freeze so that nothing forks while we signal, kill every member,
+	// thaw so the signals are delivered, and repeat until empty.
+	for b := newBackoff(); ; {
+		pids, err := c.Procs()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("cgroups: kill %s: %w", c.id, err)
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		if err := c.freeze(ctx, true); err != nil {
+			return err
+		}
+		pids, err = c.Procs()
+		if err == nil {
+			for _, pid := range pids {
+				// ESRCH: already gone.
+				_ = unix.Kill(pid, unix.SIGKILL)
+			}
+		}
+		if terr := c.freeze(ctx, false); terr != nil {
+			return terr
+		}
+		if err != nil {
+			return fmt.Errorf("cgroups: kill %s: %w", c.id, err)
+		}
+		if err := b.wait(ctx); err != nil {
+			return fmt.Errorf("cgroups: kill %s: %w", c.id, err)
+		}
+	}
+}
+
+// freeze freezes (or thaws) the cgroup. When freezing it waits, up to a
+// short bound, for the freeze to complete; tasks stuck in uninterruptible
+// sleep may keep it from completing, and the caller kills them anyway.
+func (c *Cgroup) freeze(ctx context.Context, on bool) error {
+	var file, want string
+	var val []byte
+	if c.m.version == V2 {
+		file, want = filepath.Join(c.dirs[0], "cgroup.freeze"), "frozen 1"
+		val = []byte("0")
+		if on {
+			val = []byte("1")
+		}
+	} else {
+		file, want = filepath.Join(c.dir("freezer"), "freezer.state"), "FROZEN"
+		val = []byte("THAWED")
+		if on {
+			val = []byte("FROZEN")
+		}
+	}
+	if err := writeFile(file, val); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("cgroups: freeze %s: %w", c.id, err)
+	}
+	if !on {
+		return nil
+	}
+	state := file
+	if c.m.version == V2 {
+		state = filepath.Join(c.dirs[0], "cgroup.events")
+	}
+	b := newBackoff()
+	for i := 0; i < 40; i++ {
+		s, err := os.ReadFile(state)
+		if err != nil || bytes.Contains(s, []byte(want)) {
+			return nil
+		}
+		if err := b.wait(ctx); err != nil {
+			return fmt.Errorf("cgroups: freeze %s: %w", c.id, err)
+		}
+	}
+	return nil
+}
+
+// waitEmpty waits until the cgroup has no process.
+func (c *Cgroup) waitEmpty(ctx context.Context) error {
+	for b := newBackoff(); ; {
+		pids, err := c.Procs()
+		if errors.Is(err, fs.ErrNotExist) || (err == nil && len(pids) == 0) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("cgroups: %s: %w", c.id, err)
+		}
+		if err := b.wait(ctx); err != nil {
+			return fmt.Errorf("cgroups: %s still has %d processes: %w", c.id, len(pids), err)
+		}
+	}
+}
+
+// Remove removes the cgroup's directories, retrying while exiting tasks
+// drain. The cgroup must have no live process (see KillAll). Removing a
+// cgroup that does not exist succeeds.
+func (c *Cgroup) Remove(ctx context.Context) error {
+	for _, dir := range c.dirs {
+		for b := newBackoff(); ; {
+			err := unix.Rmdir(dir)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				break
+			}
+			if !errors.Is(err, unix.EBUSY) {
+				return fmt.Errorf("cgroups: remove %s: %w", dir, err)
+			}
+			if werr := b.wait(ctx); werr != nil {
+				return fmt.Errorf("cgroups: remove %s: %w (%w)", dir, err, werr)
+			}
+		}
+	}
+	return nil
+}
+
+// Destroy kills every process in the cgroup (KillAll) and removes it
+// (Remove).
+func (c *Cgroup) Destroy(ctx context.Context) error {
+	if err := c.KillAll(ctx); err != nil {
+		return err
+	}
+	return c.Remove(ctx)
+}
+
+// backoff is an exponential sleep from 50µs to 10ms, bounded by a context.
+type backoff struct{ d time.Duration }
+
+func newBackoff() backoff { return backoff{d: 50 * time.Microsecond} }
+
+func (b *backoff) wait(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t := time.NewTimer(b.d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	}
+	b.d = min(2*b.d, 10*time.Millisecond)
+	return nil
+}
+
+func removeDirs(dirs []string) {
+	for _, d := range dirs {
+		_ = unix.Rmdir(d)
+	}
+}
+
+// writeFile writes b to an existing cgroup file in a single write.
+func writeFile(path string, b []byte) error {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	if _, err := unix.Write(fd, b); err != nil {
+		return &fs.PathError{Op: "write", Path: path, Err: err}
+	}
+	return nil
+}
+
+// writeOptional is writeFile that ignores a missing file.
+func writeOptional(path string, b []byte) error {
+	if err := writeFile(path, b); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+func readPids(path string) ([]int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for line := range bytes.FieldsSeq(b) {
+		pid, err := strconv.Atoi(string(line))
+		if err != nil {
+			return nil, fmt.Errorf("parse %s: %w", path, err)
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
+}
+
+func checkID(id string) error {
+	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\x00") || len(id) > 128 {
+		return fmt.Errorf("cgroups: invalid id %q", id)
+	}
+	return nil
+}
+
+func checkRelPath(p string) error {
+	if filepath.IsAbs(p) || filepath.Clean(p) != p || p == "." || strings.HasPrefix(p, "..") {
+		return fmt.Errorf("cgroups: invalid parent %q (want a clean relative path)", p)
+	}
+	return nil
+}
+
+// cgroupMounts are the cgroup hierarchies visible in our mount namespace.
+type cgroupMounts struct {
+	v1 map[string]string // controller → mount point
+	v2 string            // the cgroup2 mount point (prefers /sys/fs/cgroup)
+}
+
+func readCgroupMounts() (cgroupMounts, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return cgroupMounts{}, fmt.Errorf("cgroups: %w", err)
+	}
+	defer f.Close()
+	return parseMountinfo(f)
+}
+
+func parseMountinfo(r io.Reader) (cgroupMounts, error) {
+	m := cgroupMounts{v1: map[string]string{}}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		// 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		pf, sf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 5 || len(sf) < 3 {
+			continue
+		}
+		mp := unescapeMount(pf[4])
+		switch sf[0] {
+		case "cgroup":
+			for opt := range strings.SplitSeq(sf[2], ",") {
+				if slices.Contains(v1Controllers, opt) {
+					if _, dup := m.v1[opt]; !dup {
+						m.v1[opt] = mp
+					}
+				}
+			}
+		case "cgroup2":
+			if m.v2 == "" || mp == "/sys/fs/cgroup" {
+				m.v2 = mp
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return cgroupMounts{}, fmt.Errorf("cgroups: read mountinfo: %w", err)
+	}
+	return m, nil
+}
+
+// unescapeMount decodes the octal escapes (\040 etc.) of mountinfo paths.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// RemoveParent removes parent from every cgroup hierarchy of the host (v1
+// hierarchies of any controller, and cgroup2), once no sandbox cgroup is
+// left in it. Runtimes call it when they stop, so that nothing of an
+// evalbox instance stays in the cgroup trees.
+func RemoveParent(parent string) error {
+	if err := checkRelPath(parent); err != nil {
+		return err
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("cgroups: %w", err)
+	}
+	var errs []error
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		pf, sf := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(pf) < 5 || len(sf) < 1 || (sf[0] != "cgroup" && sf[0] != "cgroup2") {
+			continue
+		}
+		dir := filepath.Join(unescapeMount(pf[4]), parent)
+		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("cgroups: remove %s: %w", dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}

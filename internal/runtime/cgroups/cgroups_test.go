@@ -1,0 +1,365 @@
+package cgroups
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("cgroup tests need root")
+	}
+}
+
+// testParent returns a parent name unique to this test run and removes the
+// parent directories at the end.
+func testParent(t *testing.T) string {
+	return fmt.Sprintf("evalbox-test-%d-%s", os.Getpid(), strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")))
+}
+
+func cleanupManager(t *testing.T, m *Manager) {
+	t.Cleanup(func() {
+		for _, d := range m.dirs {
+			if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
+				t.Errorf("remove test parent %s: %v", d, err)
+			}
+		}
+	})
+}
+
+func newTestManager(t *testing.T) *Manager {
+	t.Helper()
+	requireRoot(t)
+	m, err := New(testParent(t))
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	cleanupManager(t, m)
+	return m
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// startBlocked starts sh running script after a line arrives on its stdin,
+// so the caller can place it in a cgroup before it does anything.
+func startBlocked(t *testing.T, attr *syscall.SysProcAttr, script string) (*exec.Cmd, io.WriteCloser) {
+	t.Helper()
+	cmd := exec.Command("/bin/sh", "-c", "read go; "+script)
+	cmd.SysProcAttr = attr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd, in
+}
+
+func readInt(t *testing.T, path string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseInt(strings.Fields(string(b))[0], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestLifecycle(t *testing.T) {
+	m := newTestManager(t)
+	ctx := ctxT(t)
+	const id = "life-1"
+	c, err := m.Create(id, Limits{CPU: 0.5, MemoryBytes: 64 << 20, Pids: 16})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	if _, err := m.Create(id, Limits{}); !errors.Is(err, ErrExist) {
+		t.Fatalf("second Create: got %v, want ErrExist", err)
+	}
+	if !m.Exists(id) {
+		t.Fatal("Exists = false after Create")
+	}
+	ids, err := m.List()
+	if err != nil || !slices.Equal(ids, []string{id}) {
+		t.Fatalf("List = %v, %v", ids, err)
+	}
+
+	// Limits landed in the files.
+	switch m.Version() {
+	case V1:
+		if q := readInt(t, filepath.Join(c.dir("cpu"), "cpu.cfs_quota_us")); q != 50000 {
+			t.Errorf("cfs_quota_us = %d", q)
+		}
+		if v := readInt(t, filepath.Join(c.dir("memory"), "memory.limit_in_bytes")); v != 64<<20 {
+			t.Errorf("memory.limit_in_bytes = %d", v)
+		}
+		if p := filepath.Join(c.dir("memory"), "memory.memsw.limit_in_bytes"); fileExists(p) {
+			if v := readInt(t, p); v != 64<<20 {
+				t.Errorf("memsw = %d", v)
+			}
+		}
+	case V2:
+		if q := readInt(t, filepath.Join(c.dirs[0], "cpu.max")); q != 50000 {
+			t.Errorf("cpu.max quota = %d", q)
+		}
+		if v := readInt(t, filepath.Join(c.dirs[0], "memory.max")); v != 64<<20 {
+			t.Errorf("memory.max = %d", v)
+		}
+	}
+	if v := readInt(t, filepath.Join(c.dir("pids"), "pids.max")); v != 16 {
+		t.Errorf("pids.max = %d", v)
+	}
+
+	// A process joins before it runs, and its children follow it.
+	attr := &syscall.SysProcAttr{}
+	inside, release, err := c.PrepareClone(attr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, in := startBlocked(t, attr, "sleep 100 & sleep 100 & wait")
+	release()
+	if !inside {
+		if err := c.AddProc(cmd.Process.Pid); err != nil {
+			t.Fatalf("AddProc: %v", err)
+		}
+	}
+	io.WriteString(in, "go\n")
+	waitFor(t, func() bool {
+		pids, _ := c.Procs()
+		return len(pids) == 3
+	}, "3 processes in the cgroup")
+	pids, _ := c.Procs()
+	if !slices.Contains(pids, cmd.Process.Pid) {
+		t.Fatalf("Procs = %v, want to contain %d", pids, cmd.Process.Pid)
+	}
+	if n, err := c.MemoryUsage(); err != nil || n <= 0 {
+		t.Fatalf("MemoryUsage = %d, %v", n, err)
+	}
+
+	if err := c.KillAll(ctx); err != nil {
+		t.Fatalf("KillAll: %v", err)
+	}
+	if pids, err := c.Procs(); err != nil || len(pids) != 0 {
+		t.Fatalf("after KillAll Procs = %v, %v", pids, err)
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("wait: %v, want killed by SIGKILL", err)
+	}
+	if err := c.Remove(ctx); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	if err := c.Remove(ctx); err != nil {
+		t.Fatalf("second Remove: %v", err)
+	}
+	if m.Exists(id) {
+		t.Fatal("Exists after Remove")
+	}
+	for _, p := range c.Paths() {
+		if fileExists(p) {
+			t.Fatalf("%s still exists", p)
+		}
+	}
+}
+
+// A limit the kernel rejects makes Create fail and leave nothing behind.
+func TestCreateFailureLeavesNothing(t *testing.T) {
+	m := newTestManager(t)
+	if _, err := m.Create("bad-limits", Limits{CPU: 1e12, Pids: 3}); err == nil {
+		t.Fatal("Create with an absurd CPU quota succeeded")
+	}
+	for _, id := range []string{"", ".", "..", "a/b"} {
+		if _, err := m.Create(id, Limits{}); err == nil {
+			t.Errorf("Create(%q) succeeded", id)
+		}
+	}
+	if ids, err := m.List(); err != nil || len(ids) != 0 {
+		t.Fatalf("leftovers: %v, %v", ids, err)
+	}
+}
+
+func TestPidsLimit(t *testing.T) {
+	m := newTestManager(t)
+	ctx := ctxT(t)
+	c, err := m.Create("pids", Limits{Pids: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Remove(ctx)
+	defer c.KillAll(ctx)
+	attr := &syscall.SysProcAttr{}
+	inside, release, err := c.PrepareClone(attr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Try to start 10 sleepers; at most 4 tasks (sh included) may exist.
+	cmd := exec.Command("/bin/sh", "-c", "read go; for i in 1 2 3 4 5 6 7 8 9 10; do sleep 30 & done; echo started; wait")
+	cmd.SysProcAttr = attr
+	in, _ := cmd.StdinPipe()
+	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if !inside {
+		if err := c.AddProc(cmd.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	io.WriteString(in, "go\n")
+	in.Close()
+	// dash gives up on the first failed fork ("Cannot fork").
+	waitFor(t, func() bool {
+		b, _ := os.ReadFile(out.Name())
+		return strings.Contains(string(b), "fork")
+	}, "a fork failure")
+	if b, _ := os.ReadFile(out.Name()); strings.Contains(string(b), "started") {
+		t.Fatalf("all 10 forks succeeded: %q", b)
+	}
+	if pids, _ := c.Procs(); len(pids) > 4 || len(pids) == 0 {
+		t.Fatalf("%d processes in a cgroup limited to 4", len(pids))
+	}
+	if err := c.KillAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+}
+
+// TestV2Mechanics exercises the cgroup v2 code path (CLONE_INTO_CGROUP,
+// cgroup.kill, the freezer fallback, removal) on a hybrid host's cgroup2
+// mount, which has no controllers, so no limits are set.
+func TestV2Mechanics(t *testing.T) {
+	requireRoot(t)
+	mounts, err := readCgroupMounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mounts.v2 == "" {
+		t.Skip("no cgroup2 mount")
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(mounts.v2, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		t.Skip("cgroup2 mount not usable")
+	}
+	m, err := newV2(mounts.v2, testParent(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleanupManager(t, m)
+	ctx := ctxT(t)
+	for _, useKill := range []bool{true, false} {
+		if useKill && !m.killFile {
+			continue
+		}
+		m.killFile = useKill
+		id := fmt.Sprintf("v2-kill-%v", useKill)
+		c, err := m.Create(id, Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		attr := &syscall.SysProcAttr{}
+		inside, release, err := c.PrepareClone(attr)
+		if err != nil || !inside {
+			t.Fatalf("PrepareClone = %v, %v", inside, err)
+		}
+		cmd, in := startBlocked(t, attr, "sleep 100 & sleep 100 & wait")
+		release()
+		// Born inside: already a member before it was released.
+		pids, err := c.Procs()
+		if err != nil || !slices.Equal(pids, []int{cmd.Process.Pid}) {
+			t.Fatalf("Procs = %v, %v, want [%d]", pids, err, cmd.Process.Pid)
+		}
+		io.WriteString(in, "go\n")
+		waitFor(t, func() bool { p, _ := c.Procs(); return len(p) == 3 }, "3 processes")
+		if err := c.KillAll(ctx); err != nil {
+			t.Fatalf("KillAll(cgroup.kill=%v): %v", useKill, err)
+		}
+		cmd.Wait()
+		if err := c.Remove(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if m.Exists(id) {
+			t.Fatal("exists after Remove")
+		}
+	}
+}
+
+func TestParseMountinfo(t *testing.T) {
+	const hybrid = `25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+26 25 0:23 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+27 25 0:24 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
+28 25 0:25 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+29 25 0:26 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+30 25 0:27 / /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer
+31 25 0:28 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd
+`
+	m, err := parseMountinfo(strings.NewReader(hybrid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"cpu": "/sys/fs/cgroup/cpu,cpuacct", "memory": "/sys/fs/cgroup/memory", "pids": "/sys/fs/cgroup/pids", "freezer": "/sys/fs/cgroup/freezer"}
+	if fmt.Sprint(m.v1) != fmt.Sprint(want) || m.v2 != "/sys/fs/cgroup/unified" {
+		t.Fatalf("hybrid: %+v", m)
+	}
+	const unified = `30 1 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
+40 1 0:26 / /mnt/my\040cg rw - cgroup2 cgroup2 rw
+`
+	m, err = parseMountinfo(strings.NewReader(unified))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.v1) != 0 || m.v2 != "/sys/fs/cgroup" {
+		t.Fatalf("unified: %+v", m)
+	}
+	if got := unescapeMount(`/mnt/my\040cg`); got != "/mnt/my cg" {
+		t.Fatalf("unescape = %q", got)
+	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

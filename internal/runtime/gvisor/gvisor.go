@@ -1,0 +1,388 @@
+// Package gvisor is the default runtime driver: every sandbox is a gVisor
+// sandbox started with runsc (platform systrap), whose application kernel
+// (the Sentry) stands between the sandboxed code and the host kernel.
+//
+// Per sandbox the driver writes an OCI bundle into the sandbox's state
+// directory and runs `runsc run --detach`: the agent's stdin/stdout are pipes
+// that runsc donates to the sandbox, so the host talks to the agent with no
+// process of its own in between. The template root filesystem is the lower
+// layer of runsc's in-sandbox overlay whose upper layer lives in sandbox
+// memory and is capped at the disk limit (--overlay2=root:memory,size=…);
+// the template directory is never written. cgroup limits (cpu, memory, pids)
+// are applied by runsc on the host, under a per-instance parent (Config.CgroupParent).
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"debug/buildinfo"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/runtime"
+	"github.com/evalbox/evalbox/internal/runtime/cgroups"
+)
+
+// DefaultCgroupParent is the default Config.CgroupParent.
+const DefaultCgroupParent = "evalbox-gvisor"
+
+// Config configures the driver.
+type Config struct {
+	// Runsc is the path of the runsc binary (built static from the pinned
+	// gvisor.dev/gvisor module).
+	Runsc string
+	// RootDir is runsc's state root (--root); one per server data dir.
+	RootDir string
+	// Platform is the runsc platform (default "systrap").
+	Platform string
+	// CgroupParent is the cgroup under which every sandbox's cgroup lives;
+	// one per evalbox instance, so that Sweep never touches another's.
+	CgroupParent string
+	Logger       *slog.Logger
+}
+
+// Runtime is the gVisor driver.
+type Runtime struct {
+	cfg     Config
+	version string
+	log     *slog.Logger
+}
+
+// New checks that runsc can run and returns the driver.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.Platform == "" {
+		cfg.Platform = "systrap"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = DefaultCgroupParent
+	}
+	if _, err := os.Stat(cfg.Runsc); err != nil {
+		return nil, fmt.Errorf("gvisor: runsc: %w", err)
+	}
+	if err := os.MkdirAll(cfg.RootDir, 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	return &Runtime{cfg: cfg, version: runscVersion(cfg.Runsc), log: cfg.Logger}, nil
+}
+
+// runscVersion reads the gvisor module version compiled into runsc.
+func runscVersion(path string) string {
+	info, err := buildinfo.ReadFile(path)
+	if err != nil {
+		return "runsc/unknown"
+	}
+	if info.Main.Path == "gvisor.dev/gvisor" && info.Main.Version != "" && info.Main.Version != "(devel)" {
+		return "runsc/" + info.Main.Version
+	}
+	for _, d := range info.Deps {
+		if d.Path == "gvisor.dev/gvisor" {
+			return "runsc/" + d.Version
+		}
+	}
+	return "runsc/unknown"
+}
+
+// Name implements runtime.Runtime.
+func (r *Runtime) Name() string { return "gvisor" }
+
+// Version implements runtime.Runtime.
+func (r *Runtime) Version() string { return r.version }
+
+func (r *Runtime) globalArgs(network string, diskMB int) []string {
+	net := "none"
+	if network == runtime.NetworkOutbound {
+		net = "sandbox"
+	}
+	args := []string{
+		"--root", r.cfg.RootDir,
+		"--platform=" + r.cfg.Platform,
+		"--network=" + net,
+	}
+	if diskMB > 0 {
+		args = append(args, fmt.Sprintf("--overlay2=root:memory,size=%dm", diskMB))
+	}
+	return args
+}
+
+// Start implements runtime.Runtime.
+func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandbox, err error) {
+	if spec.Network == runtime.NetworkOutbound {
+		// Outbound networking needs a per-sandbox netns with veth and NAT;
+		// it is not built yet, and we will not fake it with host networking.
+		return nil, fmt.Errorf("gvisor: network %q: %w", spec.Network, errors.ErrUnsupported)
+	}
+	bundle := filepath.Join(spec.StateDir, "bundle")
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	cfg, err := json.Marshal(ociSpec(spec, r.cfg.CgroupParent))
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: spec: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), cfg, 0o600); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+
+	// stdin: host writes, agent reads. stdout: agent writes, host reads.
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	agentLog, err := os.OpenFile(filepath.Join(spec.StateDir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		outR.Close()
+		outW.Close()
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	args := append(r.globalArgs(spec.Network, spec.DiskMB),
+		"--log", filepath.Join(spec.StateDir, "runsc.log"),
+		"run", "--detach", "--bundle", bundle, spec.ID)
+	cmd := exec.CommandContext(ctx, r.cfg.Runsc, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, agentLog
+	cmd.Env = []string{}
+	runErr := cmd.Run()
+	inR.Close()
+	outW.Close()
+	agentLog.Close()
+	sb := &sandbox{r: r, id: spec.ID, stateDir: spec.StateDir, in: inW, out: outR}
+	if runErr != nil {
+		tail := logTail(filepath.Join(spec.StateDir, "runsc.log"))
+		_ = sb.Destroy(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("gvisor: runsc run: %w: %s", runErr, tail)
+	}
+	return sb, nil
+}
+
+// logTail returns the last lines of a runsc log, for error messages.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 3 {
+		lines = lines[len(lines)-3:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+type sandbox struct {
+	r        *Runtime
+	id       string
+	stateDir string
+	in       *os.File
+	out      *os.File
+
+	destroyOnce sync.Once
+	destroyErr  error
+}
+
+type pipeConn struct {
+	r *os.File
+	w *os.File
+}
+
+func (c pipeConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
+func (c pipeConn) Write(p []byte) (int, error) { return c.w.Write(p) }
+func (c pipeConn) Close() error {
+	return errors.Join(c.w.Close(), c.r.Close())
+}
+
+func (s *sandbox) Conn() io.ReadWriteCloser { return pipeConn{r: s.out, w: s.in} }
+
+// Destroy implements runtime.Sandbox.
+func (s *sandbox) Destroy(ctx context.Context) error {
+	s.destroyOnce.Do(func() {
+		s.in.Close()
+		s.out.Close()
+		s.destroyErr = s.r.remove(ctx, s.id)
+	})
+	return s.destroyErr
+}
+
+// remove force-deletes a container: runsc kills the sandbox and gofer,
+// removes its cgroup and state.
+func (r *Runtime) remove(ctx context.Context, id string) error {
+	ctx = context.WithoutCancel(ctx)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		out, err := exec.CommandContext(ctx, r.cfg.Runsc, "--root", r.cfg.RootDir, "delete", "--force", id).CombinedOutput()
+		if err == nil || bytes.Contains(out, []byte("does not exist")) || bytes.Contains(out, []byte("not found")) {
+			lastErr = nil
+			break
+		}
+		lastErr = fmt.Errorf("gvisor: runsc delete %s: %w: %s", id, err, bytes.TrimSpace(out))
+		time.Sleep(50 * time.Millisecond)
+	}
+	// runsc already killed the processes; make sure, by pid, and drop the
+	// cgroup if runsc left it.
+	for _, pid := range r.pidsOf(id) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if cg, err := cgroups.Open(r.cfg.CgroupParent, id); err == nil {
+		if err := cg.Destroy(ctx); err != nil && lastErr == nil {
+			lastErr = fmt.Errorf("gvisor: %w", err)
+		}
+	}
+	return lastErr
+}
+
+// Usage implements runtime.Sandbox.
+func (s *sandbox) Usage(ctx context.Context) (runtime.Usage, error) {
+	var u runtime.Usage
+	if cg, err := cgroups.Open(s.r.cfg.CgroupParent, s.id); err == nil {
+		u.MemoryBytes, _ = cg.MemoryUsage()
+	}
+	for _, pid := range s.r.pidsOf(s.id) {
+		u.RSSBytes += rssOf(pid)
+	}
+	return u, nil
+}
+
+// pidsOf lists host processes that belong to container id: runsc's sandbox
+// and gofer processes carry the container id and our --root in argv.
+func (r *Runtime) pidsOf(id string) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	self := os.Getpid()
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(cmdline) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		if !strings.HasSuffix(args[0], "runsc") && !strings.Contains(args[0], "runsc-") {
+			continue
+		}
+		var hasRoot, hasID bool
+		for i, a := range args {
+			if a == r.cfg.RootDir || a == "--root="+r.cfg.RootDir || (a == "--root" && i+1 < len(args) && args[i+1] == r.cfg.RootDir) {
+				hasRoot = true
+			}
+			if a == id || strings.HasSuffix(a, "="+id) || strings.HasSuffix(a, "/"+id) {
+				hasID = true
+			}
+		}
+		if hasRoot && hasID {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func rssOf(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+// Sweep implements runtime.Runtime: it force-deletes every container in
+// runsc's root that keep rejects, then any cgroup left under CgroupParent.
+func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]string, error) {
+	var removed []string
+	var errs []error
+	ids := map[string]bool{}
+	out, err := exec.CommandContext(ctx, r.cfg.Runsc, "--root", r.cfg.RootDir, "list", "--quiet").Output()
+	if err == nil {
+		for _, id := range strings.Fields(string(out)) {
+			ids[id] = true
+		}
+	}
+	if cgIDs, err := cgroups.List(r.cfg.CgroupParent); err == nil {
+		for _, id := range cgIDs {
+			ids[id] = true
+		}
+	}
+	for id := range ids {
+		if keep(id) {
+			continue
+		}
+		if err := r.remove(ctx, id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, id)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// Leftovers implements runtime.Runtime.
+func (r *Runtime) Leftovers(id string) []string {
+	var left []string
+	for _, pid := range r.pidsOf(id) {
+		left = append(left, fmt.Sprintf("process %d", pid))
+	}
+	if _, err := os.Stat(filepath.Join(r.cfg.RootDir, id)); err == nil {
+		left = append(left, "runsc state "+filepath.Join(r.cfg.RootDir, id))
+	}
+	if entries, _ := filepath.Glob(filepath.Join(r.cfg.RootDir, "*"+id+"*")); len(entries) > 0 {
+		for _, e := range entries {
+			left = append(left, "runsc state "+e)
+		}
+	}
+	if cgroups.Exists(r.cfg.CgroupParent, id) {
+		left = append(left, "cgroup "+r.cfg.CgroupParent+"/"+id)
+	}
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, line := range strings.Split(string(mi), "\n") {
+			if strings.Contains(line, id) {
+				left = append(left, "mount "+line)
+			}
+		}
+	}
+	return left
+}
+
+// Close releases what the driver keeps for all its sandboxes: the parent
+// cgroup, and the shared empty network namespace runsc bind-mounts in its
+// root for --network=none. Call it after every sandbox is destroyed.
+func (r *Runtime) Close() error {
+	err := cgroups.RemoveParent(r.cfg.CgroupParent)
+	p := filepath.Join(r.cfg.RootDir, "null-netns")
+	if _, serr := os.Stat(p); serr != nil {
+		return err
+	}
+	if uerr := syscall.Unmount(p, syscall.MNT_DETACH); uerr != nil && !errors.Is(uerr, syscall.EINVAL) {
+		return errors.Join(err, fmt.Errorf("gvisor: unmount %s: %w", p, uerr))
+	}
+	return errors.Join(err, os.Remove(p))
+}

@@ -1,0 +1,76 @@
+package gvisor
+
+import (
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/evalbox/evalbox/internal/runtime"
+)
+
+// cpuPeriod is the CFS period used to express fractional cores.
+const cpuPeriod = 100_000
+
+// sentryOverheadMB is added to the memory cgroup limit for the Sentry and
+// gofer themselves, on top of what the sandbox may use for its processes and
+// its in-memory overlay (the disk).
+const sentryOverheadMB = 96
+
+// capabilities granted to the agent (root inside the sandbox). They are
+// capabilities of the gVisor kernel, not of the host.
+var capabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+	"CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
+}
+
+// ociSpec builds the OCI runtime spec runsc starts the sandbox from.
+func ociSpec(s runtime.Spec, cgroupParent string) *specs.Spec {
+	args := append([]string{runtime.AgentGuestPath}, s.AgentArgs...)
+	memLimit := int64(s.MemoryMB+s.DiskMB+sentryOverheadMB) << 20
+	swap := memLimit
+	pids := int64(s.Pids)
+	shares := uint64(1024)
+	sp := &specs.Spec{
+		Version:  specs.Version,
+		Hostname: s.Hostname,
+		Root:     &specs.Root{Path: s.RootFS, Readonly: false},
+		Process: &specs.Process{
+			Args: args,
+			Env:  s.Env,
+			Cwd:  "/",
+			User: specs.User{UID: 0, GID: 0},
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: capabilities, Effective: capabilities, Permitted: capabilities,
+			},
+			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}},
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: runtime.AgentGuestPath, Type: "bind", Source: s.AgentPath, Options: []string{"rbind", "ro"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: "/" + cgroupParent + "/" + s.ID,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+			},
+			Resources: &specs.LinuxResources{
+				Memory: &specs.LinuxMemory{Limit: &memLimit, Swap: &swap},
+				CPU:    &specs.LinuxCPU{Shares: &shares},
+			},
+		},
+	}
+	if s.Pids > 0 {
+		sp.Linux.Resources.Pids = &specs.LinuxPids{Limit: pids}
+	}
+	if s.CPU > 0 {
+		quota := int64(s.CPU * cpuPeriod)
+		period := uint64(cpuPeriod)
+		sp.Linux.Resources.CPU.Quota = &quota
+		sp.Linux.Resources.CPU.Period = &period
+	}
+	return sp
+}

@@ -1,0 +1,579 @@
+package namespaces
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/evalbox/evalbox/internal/runtime"
+	"github.com/evalbox/evalbox/internal/runtime/cgroups"
+)
+
+// Name is the runtime's API name.
+const Name = "namespaces"
+
+// driverVersion is bumped when the sandbox environment changes in a way a
+// result may depend on (mounts, capabilities, seccomp rules).
+const driverVersion = "namespaces/1"
+
+// guestIface is the name of the sandbox's network interface (outbound).
+const guestIface = "eth0"
+
+// DefaultCgroupParent is the default Config.CgroupParent.
+const DefaultCgroupParent = "evalbox-namespaces"
+
+// AgentLogName is the file in Spec.StateDir that receives the agent's
+// stderr (and the init stage's, should it crash).
+const AgentLogName = "agent.log"
+
+// Config configures the namespaces runtime. The zero value is usable.
+type Config struct {
+	// CgroupParent is the parent cgroup of all sandboxes (relative to the
+	// hierarchy root); default "evalbox-namespaces" (each driver has its
+	// own parent, so that one driver's Sweep never touches another's).
+	CgroupParent string
+	// Logger receives operational logs; default slog.Default().
+	Logger *slog.Logger
+
+	// OutboundPool is the IPv4 range from which outbound sandboxes get
+	// their /30 links; default 10.200.0.0/16.
+	OutboundPool netip.Prefix
+	// DNS are the resolvers written to an outbound sandbox's
+	// /etc/resolv.conf and allowed through the egress filter (port 53);
+	// default: the host's non-loopback IPv4 nameservers.
+	DNS []netip.Addr
+	// AgentLogLimit caps StateDir/agent.log (the agent's stderr) in bytes;
+	// output beyond it is discarded. Default 8 MiB.
+	AgentLogLimit int64
+
+	// EgressDeny are the destinations an outbound sandbox may not reach
+	// (except DNS above). Nil means the default: RFC 1918, CGNAT,
+	// loopback, link-local, multicast, reserved and other special ranges,
+	// plus every IPv4 subnet the host is attached to. Traffic to the host
+	// itself is always dropped.
+	EgressDeny []netip.Prefix
+}
+
+// Runtime is the namespaces sandbox driver. It is safe for concurrent use.
+type Runtime struct {
+	parent   string // cgroup parent
+	cg       *cgroups.Manager
+	log      *slog.Logger
+	version  string
+	filter   []byte // assembled seccomp program
+	net      *network
+	logLimit int64
+
+	mu       sync.Mutex
+	live     map[string]*Sandbox // started and not destroyed
+	starting map[string]struct{} // ids inside Start
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New returns a namespaces runtime. It needs root (CAP_SYS_ADMIN and
+// friends in the initial user namespace) and a cgroup v1 or v2 host.
+func New(cfg Config) (*Runtime, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("namespaces: runtime needs root")
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = DefaultCgroupParent
+	}
+	cg, err := cgroups.New(cfg.CgroupParent)
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	filter, err := buildSeccomp()
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		return nil, fmt.Errorf("namespaces: uname: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	n, err := newNetwork(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	return &Runtime{
+		parent:   cfg.CgroupParent,
+		cg:       cg,
+		log:      log,
+		version:  fmt.Sprintf("%s linux/%s cgroup/v%d", driverVersion, unix.ByteSliceToString(uts.Release[:]), cg.Version()),
+		filter:   filter,
+		net:      n,
+		logLimit: cmp.Or(cfg.AgentLogLimit, 8<<20),
+		live:     make(map[string]*Sandbox),
+		starting: make(map[string]struct{}),
+	}, nil
+}
+
+// Close removes the runtime's parent cgroup once its sandboxes are gone
+// (call it after destroying them all).
+func (r *Runtime) Close() error {
+	return cgroups.RemoveParent(r.parent)
+}
+
+// Name returns "namespaces".
+func (r *Runtime) Name() string { return Name }
+
+// Version returns the driver version, kernel release and cgroup version,
+// e.g. "namespaces/1 linux/6.1.0 cgroup/v2".
+func (r *Runtime) Version() string { return r.version }
+
+// validID reports whether id matches ^[a-z0-9][a-z0-9-]{0,47}$ (checked
+// by hand: a package-level regexp would be compiled in every sandbox's
+// init stage too).
+func validID(id string) bool {
+	if len(id) == 0 || len(id) > 48 || id[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+func validate(spec *runtime.Spec) error {
+	if !validID(spec.ID) {
+		return fmt.Errorf("invalid sandbox id %q", spec.ID)
+	}
+	for _, p := range [][2]string{{"RootFS", spec.RootFS}, {"AgentPath", spec.AgentPath}, {"StateDir", spec.StateDir}} {
+		if !filepath.IsAbs(p[1]) {
+			return fmt.Errorf("%s must be an absolute path, got %q", p[0], p[1])
+		}
+	}
+	// Overlay mount options separate with ',' and ':'.
+	for _, p := range []string{spec.RootFS, spec.StateDir} {
+		if strings.ContainsAny(p, ",:\\") {
+			return fmt.Errorf("path %q contains one of , : \\", p)
+		}
+	}
+	if st, err := os.Stat(spec.RootFS); err != nil || !st.IsDir() {
+		return fmt.Errorf("root filesystem %q is not a directory", spec.RootFS)
+	}
+	if st, err := os.Stat(spec.StateDir); err != nil || !st.IsDir() {
+		return fmt.Errorf("state dir %q is not a directory", spec.StateDir)
+	}
+	if st, err := os.Stat(spec.AgentPath); err != nil || !st.Mode().IsRegular() {
+		return fmt.Errorf("agent %q is not a regular file", spec.AgentPath)
+	}
+	if spec.CPU < 0 || spec.MemoryMB < 0 || spec.DiskMB < 0 || spec.Pids < 0 {
+		return errors.New("negative limit")
+	}
+	switch spec.Network {
+	case "", runtime.NetworkNone, runtime.NetworkOutbound:
+	default:
+		return fmt.Errorf("unknown network mode %q", spec.Network)
+	}
+	if len(spec.Hostname) > 64 {
+		return fmt.Errorf("hostname %q too long", spec.Hostname)
+	}
+	return nil
+}
+
+// Start starts a sandbox whose first process (PID 1 of its namespaces) is
+// the agent. It returns once the agent has been exec'd; on error nothing of
+// the sandbox is left behind.
+func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandbox, retErr error) {
+	if err := validate(&spec); err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// The id is reserved while starting (Sweep leaves it alone) and the
+	// sandbox becomes live once started.
+	r.mu.Lock()
+	_, live := r.live[spec.ID]
+	_, starting := r.starting[spec.ID]
+	if live || starting {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("namespaces: sandbox %s already exists", spec.ID)
+	}
+	r.starting[spec.ID] = struct{}{}
+	r.mu.Unlock()
+	s := &Sandbox{rt: r, id: spec.ID, done: make(chan struct{})}
+
+	var cleanups []func()
+	defer func() {
+		if retErr != nil {
+			for _, f := range slices.Backward(cleanups) {
+				f()
+			}
+		}
+		r.mu.Lock()
+		delete(r.starting, spec.ID)
+		if retErr == nil {
+			r.live[spec.ID] = s
+		}
+		r.mu.Unlock()
+	}()
+
+	cg, err := r.cg.Create(spec.ID, cgroups.Limits{CPU: spec.CPU, MemoryBytes: int64(spec.MemoryMB) << 20, Pids: spec.Pids})
+	if err != nil {
+		if errors.Is(err, cgroups.ErrExist) {
+			return nil, fmt.Errorf("namespaces: %w (a leftover of an earlier run? Sweep removes it)", err)
+		}
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	s.cg = cg
+	cleanups = append(cleanups, func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := cg.KillAll(cctx); err != nil {
+			r.log.Error("namespaces: kill after failed start", "id", spec.ID, "err", err)
+		}
+		if err := cg.Remove(cctx); err != nil {
+			r.log.Error("namespaces: remove cgroup after failed start", "id", spec.ID, "err", err)
+		}
+	})
+
+	// The files the sandbox gets (its ends of the pipes, the control
+	// socket and the log) are closed in the host as soon as the child has
+	// them, so that EOF on the host ends means the sandbox is gone.
+	var childFiles []*os.File
+	closeChildFiles := func() {
+		for _, f := range childFiles {
+			f.Close()
+		}
+		childFiles = nil
+	}
+	defer closeChildFiles()
+	// The agent's stderr goes through a pipe into StateDir/agent.log, cut
+	// at r.logLimit bytes so that a chatty sandbox cannot fill the host disk.
+	logf, err := os.OpenFile(filepath.Join(spec.StateDir, AgentLogName), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: agent log: %w", err)
+	}
+	logR, logW, err := pipe(true)
+	if err != nil {
+		logf.Close()
+		return nil, err
+	}
+	childFiles = append(childFiles, logW)
+	s.logDone = make(chan struct{})
+	go copyLog(logf, logR, r.logLimit, s.logDone)
+	// The agent's stdin and stdout. The host ends are non-blocking (Go's
+	// poller, so Close unblocks a Read); the sandbox ends stay blocking.
+	inR, inW, err := pipe(false)
+	if err != nil {
+		return nil, err
+	}
+	childFiles = append(childFiles, inR)
+	outR, outW, err := pipe(true)
+	if err != nil {
+		inW.Close()
+		return nil, err
+	}
+	childFiles = append(childFiles, outW)
+	s.conn = &conn{r: outR, w: inW}
+	cleanups = append(cleanups, func() { s.conn.Close() })
+	// The control socket: config to the init stage, errors back.
+	socks, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: socketpair: %w", err)
+	}
+	if err := unix.SetNonblock(socks[0], true); err != nil {
+		unix.Close(socks[0])
+		unix.Close(socks[1])
+		return nil, fmt.Errorf("namespaces: socketpair: %w", err)
+	}
+	// Non-blocking: served by the poller, so ctx can cut the wait short.
+	ctl := os.NewFile(uintptr(socks[0]), "init-control")
+	defer ctl.Close()
+	childCtl := os.NewFile(uintptr(socks[1]), "init-control-child")
+	childFiles = append(childFiles, childCtl)
+
+	cmd := &exec.Cmd{
+		Path:       "/proc/self/exe",
+		Args:       []string{initArg0},
+		Env:        []string{},
+		Dir:        "/",
+		Stdin:      inR,
+		Stdout:     outW,
+		Stderr:     logW,
+		ExtraFiles: []*os.File{childCtl}, // fd 3 (initFD)
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags: unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
+			// The sandbox cannot outlive the host process that holds
+			// its pipes.
+			Pdeathsig: syscall.SIGKILL,
+		},
+	}
+	inside, release, err := cg.PrepareClone(cmd.SysProcAttr)
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	err = startOnForkThread(cmd)
+	release()
+	closeChildFiles()
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: start init: %w", err)
+	}
+	s.cmd = cmd
+	s.pid = cmd.Process.Pid
+	go s.wait()
+	cleanups = append(cleanups, func() {
+		_ = cmd.Process.Kill()
+		<-s.done
+	})
+	// The init stage waits for its config: only then does it run anything
+	// of the sandbox, so joining the cgroup now is in time.
+	if !inside {
+		if err := cg.AddProc(s.pid); err != nil {
+			return nil, fmt.Errorf("namespaces: %w", err)
+		}
+	}
+
+	icfg := initConfig{
+		RootFS:    spec.RootFS,
+		AgentPath: spec.AgentPath,
+		AgentArgs: spec.AgentArgs,
+		Env:       spec.Env,
+		Scratch:   spec.StateDir,
+		DiskMB:    spec.DiskMB,
+		ShmMB:     spec.MemoryMB,
+		Hostname:  cmp.Or(spec.Hostname, spec.ID),
+		Seccomp:   r.filter,
+	}
+	if spec.Network == runtime.NetworkOutbound {
+		lease, err := r.net.attach(ctx, spec.ID, s.pid)
+		if err != nil {
+			return nil, fmt.Errorf("namespaces: outbound network: %w", err)
+		}
+		s.lease = lease
+		cleanups = append(cleanups, func() { r.net.detach(lease) })
+		icfg.Outbound = true
+		icfg.ResolvConf = r.net.resolvConf()
+	}
+	if err := r.runInit(ctx, ctl, &icfg); err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	select {
+	case <-s.done:
+		return nil, fmt.Errorf("namespaces: sandbox exited during start: %v (see %s)", s.exitErr, filepath.Join(spec.StateDir, AgentLogName))
+	default:
+	}
+	return s, nil
+}
+
+// runInit sends the config to the init stage and waits until it execs the
+// agent (EOF) or reports an error.
+func (r *Runtime) runInit(ctx context.Context, ctl *os.File, icfg *initConfig) error {
+	b, err := json.Marshal(icfg)
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { ctl.SetDeadline(time.Now()) })
+	defer stop()
+	if _, err := ctl.Write(b); err != nil {
+		return fmt.Errorf("send init config: %w", err)
+	}
+	sc, err := ctl.SyscallConn()
+	if err != nil {
+		return err
+	}
+	if cerr := sc.Control(func(fd uintptr) { err = unix.Shutdown(int(fd), unix.SHUT_WR) }); cerr != nil || err != nil {
+		return fmt.Errorf("send init config: %w", errors.Join(cerr, err))
+	}
+	msg, err := io.ReadAll(io.LimitReader(ctl, 64<<10))
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("wait for init: %w", err)
+	}
+	if len(msg) > 0 {
+		return errors.New(string(msg))
+	}
+	return nil
+}
+
+// Sweep kills and removes every sandbox of this driver on the host whose id
+// keep rejects: its processes, cgroup and network link (a sandbox this
+// Runtime started is destroyed through its handle; ids inside Start are
+// skipped). It returns the ids it removed.
+func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]string, error) {
+	ids, err := r.cg.List()
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	netIDs, err := r.net.ids()
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	for _, id := range netIDs {
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	var removed []string
+	var errs []error
+	for _, id := range ids {
+		r.mu.Lock()
+		s := r.live[id]
+		_, starting := r.starting[id]
+		r.mu.Unlock()
+		if starting || keep(id) {
+			continue
+		}
+		if s != nil {
+			err = s.Destroy(ctx)
+		} else {
+			err = r.removeOrphan(ctx, id)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sweep %s: %w", id, err))
+			continue
+		}
+		r.log.Info("namespaces: swept sandbox", "id", id)
+		removed = append(removed, id)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// removeOrphan removes a sandbox this Runtime has no handle for.
+func (r *Runtime) removeOrphan(ctx context.Context, id string) error {
+	cg, err := r.cg.Open(id)
+	if err != nil {
+		return err
+	}
+	if err := cg.KillAll(ctx); err != nil {
+		return err
+	}
+	if err := r.net.removeID(id); err != nil {
+		return err
+	}
+	return cg.Remove(ctx)
+}
+
+// Leftovers lists what is left on the host of sandbox id: cgroup
+// directories, processes, network links, and mounts visible in the host
+// mount namespace. It is empty after Destroy.
+func (r *Runtime) Leftovers(id string) []string {
+	var out []string
+	var pids []int
+	if cg, err := r.cg.Open(id); err == nil {
+		for _, p := range cg.Paths() {
+			if _, err := os.Lstat(p); err == nil {
+				out = append(out, "cgroup "+p)
+			}
+		}
+		pids, _ = cg.Procs()
+		for _, pid := range pids {
+			out = append(out, fmt.Sprintf("process %d", pid))
+		}
+	}
+	r.mu.Lock()
+	s := r.live[id]
+	r.mu.Unlock()
+	if s != nil && !slices.Contains(pids, s.pid) {
+		select {
+		case <-s.done:
+		default:
+			out = append(out, fmt.Sprintf("process %d (sandbox init, not reaped)", s.pid))
+		}
+	}
+	out = append(out, r.net.leftovers(id)...)
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			if l := sc.Text(); strings.Contains(l, "/"+id+"/") || strings.Contains(l, "/"+id+" ") {
+				out = append(out, "mount "+l)
+			}
+		}
+	}
+	return out
+}
+
+// copyLog copies the agent's stderr into f until EOF, keeping at most
+// limit bytes, then closes both and done.
+func copyLog(f *os.File, r io.ReadCloser, limit int64, done chan<- struct{}) {
+	defer close(done)
+	defer r.Close()
+	defer f.Close()
+	n, err := io.Copy(f, io.LimitReader(r, limit))
+	if err != nil || n < limit {
+		return
+	}
+	if m, _ := io.Copy(io.Discard, r); m > 0 {
+		fmt.Fprintf(f, "\n[evalbox: agent log truncated, %d bytes discarded]\n", m)
+	}
+}
+
+// forkRequests are served by one goroutine locked to its OS thread for
+// the life of the process. Sandboxes are started there because their
+// parent-death signal fires when the *thread* that forked them exits, and
+// Go ends a thread when a goroutine exits while locked to it.
+var (
+	forkOnce     sync.Once
+	forkRequests chan forkRequest
+)
+
+type forkRequest struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func startOnForkThread(cmd *exec.Cmd) error {
+	forkOnce.Do(func() {
+		forkRequests = make(chan forkRequest)
+		go func() {
+			goruntime.LockOSThread() // never unlocked: the thread must live on
+			for req := range forkRequests {
+				req.done <- req.cmd.Start()
+			}
+		}()
+	})
+	done := make(chan error, 1)
+	forkRequests <- forkRequest{cmd: cmd, done: done}
+	return <-done
+}
+
+// pipe returns a close-on-exec pipe. The host's end (the read end if
+// hostReads) is non-blocking so that Go's poller serves it and Close
+// unblocks pending I/O; the sandbox's end stays blocking.
+func pipe(hostReads bool) (r, w *os.File, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, nil, fmt.Errorf("namespaces: pipe: %w", err)
+	}
+	host := p[1]
+	if hostReads {
+		host = p[0]
+	}
+	if err := unix.SetNonblock(host, true); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return nil, nil, fmt.Errorf("namespaces: pipe: %w", err)
+	}
+	return os.NewFile(uintptr(p[0]), "agent-pipe-r"), os.NewFile(uintptr(p[1]), "agent-pipe-w"), nil
+}

@@ -1,0 +1,93 @@
+// Package runtime defines the small interface every sandbox runtime driver
+// implements (gvisor, namespaces; later microvm). A driver turns a Spec into
+// a running, isolated sandbox whose first process is the guest agent, and
+// hands back a byte stream to that agent. It knows nothing of teams, the API
+// or the agent protocol.
+package runtime
+
+import (
+	"context"
+	"io"
+)
+
+// Network modes.
+const (
+	NetworkNone     = "none"     // loopback only
+	NetworkOutbound = "outbound" // NAT'd egress, no inbound
+)
+
+// Spec is what a driver needs to start one sandbox.
+type Spec struct {
+	// ID is unique among live sandboxes on this host: [a-z0-9-], ≤ 48 chars.
+	// Drivers use it to name their state (cgroups, runsc container ids, …)
+	// so that leftovers can be found and removed by id.
+	ID string
+	// RootFS is the template's root filesystem directory. Drivers must
+	// never modify it: every sandbox gets a copy-on-write layer on top.
+	RootFS string
+	// AgentPath is the host path of the static evalbox-agent binary. The
+	// driver makes it visible read-only at AgentGuestPath and starts it as
+	// the sandbox's first process with AgentArgs.
+	AgentPath string
+	AgentArgs []string
+	// Env is the environment of the agent (and so the default of every
+	// process it starts), as KEY=VALUE.
+	Env []string
+	// StateDir is a per-sandbox host directory the driver may use. It is
+	// created by the caller and removed after Destroy.
+	StateDir string
+
+	// Limits. CPU in cores (e.g. 0.5, 2), memory and disk in MiB, Pids as
+	// the maximum number of tasks.
+	CPU      float64
+	MemoryMB int
+	DiskMB   int
+	Pids     int
+
+	Network  string
+	Hostname string
+}
+
+// AgentGuestPath is where the agent binary appears inside every sandbox.
+const AgentGuestPath = "/.evalbox/agent"
+
+// Sandbox is one running sandbox.
+type Sandbox interface {
+	// Conn is the byte stream to the guest agent (its stdin/stdout).
+	Conn() io.ReadWriteCloser
+	// Destroy kills every process of the sandbox and removes everything
+	// the driver created for it (processes, mounts, cgroups, network
+	// namespaces, state). It is idempotent and safe to call concurrently.
+	Destroy(ctx context.Context) error
+	// Usage reports the host resources the sandbox uses now.
+	Usage(ctx context.Context) (Usage, error)
+}
+
+// Usage is a sandbox's host resource use.
+type Usage struct {
+	// MemoryBytes is the memory charged to the sandbox's cgroup.
+	MemoryBytes int64
+	// RSSBytes is the resident set size of its host processes (runsc
+	// sandbox + gofer, or the namespaced tree).
+	RSSBytes int64
+}
+
+// Runtime is a sandbox driver.
+type Runtime interface {
+	// Name is the runtime's API name ("gvisor", "namespaces").
+	Name() string
+	// Version identifies the driver build (e.g. the runsc version), recorded
+	// with every sandbox so a result says what it ran on.
+	Version() string
+	// Start starts a sandbox and returns once its agent process runs. On
+	// error nothing of the sandbox is left behind.
+	Start(ctx context.Context, spec Spec) (Sandbox, error)
+	// Sweep removes every sandbox of this driver that is still present on
+	// the host (after a crash or restart) and whose id keep rejects. It
+	// returns the ids it removed.
+	Sweep(ctx context.Context, keep func(id string) bool) ([]string, error)
+	// Leftovers lists what the driver still holds on the host for id
+	// (processes, mounts, cgroups, namespaces, files): empty after Destroy.
+	// Tests use it to assert that nothing leaks.
+	Leftovers(id string) []string
+}

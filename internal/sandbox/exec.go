@@ -1,0 +1,242 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/agentproto"
+	"github.com/evalbox/evalbox/internal/quota"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// agentExec builds the agent request for req in sandbox e.
+func (s *Service) agentExec(e *entry, req client.ExecRequest) (agentproto.ExecRequest, error) {
+	var out agentproto.ExecRequest
+	switch {
+	case req.Cmd != "" && len(req.Argv) > 0:
+		return out, errorf(client.CodeBadRequest, "give cmd or argv, not both")
+	case req.Cmd == "" && len(req.Argv) == 0:
+		return out, errorf(client.CodeBadRequest, "cmd or argv is required")
+	}
+	for _, a := range req.Argv {
+		if strings.ContainsRune(a, 0) {
+			return out, errorf(client.CodeBadRequest, "argv has a NUL byte")
+		}
+	}
+	if strings.ContainsRune(req.Cmd, 0) || strings.ContainsRune(req.Cwd, 0) || strings.ContainsRune(req.User, 0) {
+		return out, errorf(client.CodeBadRequest, "cmd, cwd and user must not contain NUL bytes")
+	}
+	if req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/") {
+		return out, errorf(client.CodeBadRequest, "cwd must be an absolute path, got %q", req.Cwd)
+	}
+	if err := validateEnv(req.Env); err != nil {
+		return out, err
+	}
+	if req.Timeout < 0 || math.IsNaN(req.Timeout) || req.Timeout > s.cfg.MaxTimeout.Seconds() {
+		return out, errorf(client.CodeBadRequest, "timeout must be between 0 and %d seconds", int(s.cfg.MaxTimeout.Seconds()))
+	}
+	if req.MaxOutputBytes < 0 {
+		return out, errorf(client.CodeBadRequest, "max_output_bytes must be ≥ 0")
+	}
+	env := e.env
+	if len(req.Env) > 0 {
+		env = maps.Clone(e.env)
+		if env == nil {
+			env = map[string]string{}
+		}
+		maps.Copy(env, req.Env)
+	}
+	timeout := time.Duration(req.Timeout * float64(time.Second))
+	if timeout == 0 {
+		s.mu.Lock()
+		timeout = time.Until(e.expires)
+		s.mu.Unlock()
+	}
+	maxOut := req.MaxOutputBytes
+	if maxOut == 0 {
+		maxOut = s.cfg.MaxOutputBytes
+	}
+	return agentproto.ExecRequest{
+		Argv: req.Argv, Shell: req.Cmd, Cwd: req.Cwd, Env: env, User: req.User,
+		Stdin: req.Stdin != nil, TimeoutMs: max(timeout.Milliseconds(), 1), MaxOutputBytes: maxOut, Tag: req.Tag,
+	}, nil
+}
+
+// execSlot admits one exec against the team's concurrent-exec limit.
+func (s *Service) execSlot(ctx context.Context, teamID string) (func(), error) {
+	team, err := s.Team(ctx, teamID)
+	if err != nil {
+		return nil, err
+	}
+	release, err := s.execSlots.Acquire(ctx, teamID, team.Limits.MaxConcurrentExec, s.cfg.ExecWait)
+	if errors.Is(err, quota.ErrLimit) {
+		return nil, &Error{Code: client.CodeRateLimited, RetryAfter: 1, Err: err,
+			Message: fmt.Sprintf("team %s is at its limit of %d concurrent execs", team.Name, team.Limits.MaxConcurrentExec)}
+	}
+	return release, err
+}
+
+// Exec runs a command to completion in a sandbox of the team, writing its
+// stdout and stderr to the writers as they come.
+func (s *Service) Exec(ctx context.Context, teamID, id string, req client.ExecRequest, stdout, stderr io.Writer) (client.ExecResult, error) {
+	e, err := s.lookup(ctx, teamID, id)
+	if err != nil {
+		return client.ExecResult{}, err
+	}
+	areq, err := s.agentExec(e, req)
+	if err != nil {
+		return client.ExecResult{}, err
+	}
+	release, err := s.execSlot(ctx, teamID)
+	if err != nil {
+		return client.ExecResult{}, err
+	}
+	defer release()
+	var stdin io.Reader
+	if req.Stdin != nil {
+		stdin = strings.NewReader(*req.Stdin)
+	}
+	exit, err := e.sb.Agent.Exec(ctx, areq, stdin, stdout, stderr)
+	if err != nil {
+		return client.ExecResult{}, s.agentErr(e, err)
+	}
+	return execResult(exit), nil
+}
+
+// agentErr maps an agent call error. A lost agent session means the
+// sandbox died: it is recorded as lost before the caller hears of it.
+func (s *Service) agentErr(e *entry, err error) error {
+	if errors.Is(err, agentproto.ErrSessionClosed) {
+		s.end(context.Background(), e, client.StateLost, reasonDied)
+		return &Error{Code: client.CodeSandboxNotRunning, Err: err,
+			Message: fmt.Sprintf("sandbox %s stopped while the call ran (it exited, was killed or ran out of memory)", e.row.ID)}
+	}
+	return fromAgent(e.row.ID, err)
+}
+
+func execResult(x agentproto.ExitInfo) client.ExecResult {
+	return client.ExecResult{
+		ExitCode: x.ExitCode, Status: x.Status, Signal: x.Signal, DurationMs: x.DurationMs,
+		StdoutTruncated: x.StdoutTruncated, StderrTruncated: x.StderrTruncated, Error: x.Error,
+	}
+}
+
+func process(p agentproto.ProcInfo) client.Process {
+	out := client.Process{ID: p.ID, Pid: p.Pid, Argv: p.Argv, Tag: p.Tag, StartedAt: p.StartedAt, Running: p.Running}
+	if p.Exit != nil {
+		r := execResult(*p.Exit)
+		out.Result = &r
+	}
+	return out
+}
+
+// StartProcess starts a background command. It is not bound to the exec
+// concurrency limit: it runs until it ends, is killed or the sandbox ends.
+func (s *Service) StartProcess(ctx context.Context, teamID, id string, req client.ExecRequest) (client.Process, error) {
+	e, err := s.lookup(ctx, teamID, id)
+	if err != nil {
+		return client.Process{}, err
+	}
+	if req.Stdin != nil {
+		return client.Process{}, errorf(client.CodeBadRequest, "stdin is not supported for background processes")
+	}
+	areq, err := s.agentExec(e, req)
+	if err != nil {
+		return client.Process{}, err
+	}
+	p, err := e.sb.Agent.Start(ctx, areq)
+	if err != nil {
+		return client.Process{}, s.agentErr(e, err)
+	}
+	return process(p), nil
+}
+
+// ListProcesses lists the sandbox's processes started through the API.
+func (s *Service) ListProcesses(ctx context.Context, teamID, id string) ([]client.Process, error) {
+	e, err := s.lookup(ctx, teamID, id)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := e.sb.Agent.List(ctx)
+	if err != nil {
+		return nil, s.agentErr(e, err)
+	}
+	out := make([]client.Process, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, process(p))
+	}
+	return out, nil
+}
+
+// GetProcess returns one process.
+func (s *Service) GetProcess(ctx context.Context, teamID, id, pid string) (client.Process, error) {
+	ps, err := s.ListProcesses(ctx, teamID, id)
+	if err != nil {
+		return client.Process{}, err
+	}
+	for _, p := range ps {
+		if p.ID == pid {
+			return p, nil
+		}
+	}
+	return client.Process{}, errorf(client.CodeNotFound, "process %s not found in sandbox %s", pid, id)
+}
+
+// AttachProcess replays a process's output so far and follows it until it
+// ends (or ctx ends).
+func (s *Service) AttachProcess(ctx context.Context, teamID, id, pid string, stdout, stderr io.Writer) (client.ExecResult, error) {
+	e, err := s.lookup(ctx, teamID, id)
+	if err != nil {
+		return client.ExecResult{}, err
+	}
+	exit, err := e.sb.Agent.Attach(ctx, pid, stdout, stderr)
+	if err != nil {
+		return client.ExecResult{}, s.agentErr(e, err)
+	}
+	return execResult(exit), nil
+}
+
+// SignalProcess sends a signal to a process's group.
+func (s *Service) SignalProcess(ctx context.Context, teamID, id, pid, signal string) error {
+	sig, err := ParseSignal(signal)
+	if err != nil {
+		return err
+	}
+	e, err := s.lookup(ctx, teamID, id)
+	if err != nil {
+		return err
+	}
+	if err := e.sb.Agent.Signal(ctx, pid, int(sig)); err != nil {
+		return s.agentErr(e, err)
+	}
+	return nil
+}
+
+// ParseSignal reads "SIGTERM", "TERM" or "15".
+func ParseSignal(s string) (syscall.Signal, error) {
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 1 || n > 64 {
+			return 0, errorf(client.CodeBadRequest, "signal %d out of range", n)
+		}
+		return syscall.Signal(n), nil
+	}
+	name := strings.TrimPrefix(strings.ToUpper(s), "SIG")
+	if sig, ok := signals[name]; ok {
+		return sig, nil
+	}
+	return 0, errorf(client.CodeBadRequest, "unknown signal %q", s)
+}
+
+var signals = map[string]syscall.Signal{
+	"HUP": syscall.SIGHUP, "INT": syscall.SIGINT, "QUIT": syscall.SIGQUIT, "KILL": syscall.SIGKILL,
+	"USR1": syscall.SIGUSR1, "USR2": syscall.SIGUSR2, "TERM": syscall.SIGTERM, "STOP": syscall.SIGSTOP,
+	"CONT": syscall.SIGCONT, "ALRM": syscall.SIGALRM, "PIPE": syscall.SIGPIPE,
+}

@@ -1,0 +1,566 @@
+// Package sandbox is the control plane's sandbox service: it validates
+// requests, admits them against the team's quotas, records every sandbox in
+// the store, asks the node to run it, enforces its TTL and ends it, also when
+// it dies on its own. Exec and file calls are checked against the caller's
+// team and forwarded to the sandbox's guest agent.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/node"
+	"github.com/evalbox/evalbox/internal/quota"
+	"github.com/evalbox/evalbox/internal/store"
+	"github.com/evalbox/evalbox/internal/template"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// Store is what the service needs of the state store.
+type Store interface {
+	InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sandbox, error)
+	GetSandbox(ctx context.Context, teamID, id string) (client.Sandbox, error)
+	ListSandboxes(ctx context.Context, teamID string, f store.SandboxFilter) ([]client.Sandbox, error)
+	SetExpiry(ctx context.Context, teamID, id string, t time.Time) error
+	MarkEnded(ctx context.Context, id, state, reason string, at time.Time) (bool, error)
+	ListByState(ctx context.Context, state string) ([]client.Sandbox, error)
+	GetTeam(ctx context.Context, id string) (client.Team, error)
+}
+
+// Node is what the service needs of the node that runs sandboxes.
+type Node interface {
+	Create(ctx context.Context, key node.PoolKey) (*node.Sandbox, error)
+	Destroy(ctx context.Context, id string) error
+	Runtimes() []string
+}
+
+// Config holds the service's limits and defaults.
+type Config struct {
+	DefaultRuntime string
+	DefaultTimeout time.Duration
+	MaxTimeout     time.Duration
+	// Per-sandbox maxima.
+	MaxCPU      float64
+	MaxMemoryMB int
+	MaxDiskMB   int
+	// Pids is the task limit of every sandbox.
+	Pids int
+	// MaxWait bounds wait_seconds of a create request.
+	MaxWait time.Duration
+	// ExecWait is how long an exec queues for a slot when the team is at
+	// its concurrent-exec limit before failing with rate_limited.
+	ExecWait time.Duration
+	// MaxOutputBytes is the default cap of stdout and stderr, each, of a
+	// buffered exec; MaxFileBytes the largest upload.
+	MaxOutputBytes int64
+	MaxFileBytes   int64
+	// ReapInterval is how often the TTL reaper looks for expired sandboxes.
+	ReapInterval time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.DefaultRuntime == "" {
+		c.DefaultRuntime = client.RuntimeGVisor
+	}
+	if c.DefaultTimeout == 0 {
+		c.DefaultTimeout = 5 * time.Minute
+	}
+	if c.MaxTimeout == 0 {
+		c.MaxTimeout = 24 * time.Hour
+	}
+	if c.MaxCPU == 0 {
+		c.MaxCPU = 8
+	}
+	if c.MaxMemoryMB == 0 {
+		c.MaxMemoryMB = 8192
+	}
+	if c.MaxDiskMB == 0 {
+		c.MaxDiskMB = 10240
+	}
+	if c.Pids == 0 {
+		c.Pids = 1024
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = 10 * time.Minute
+	}
+	if c.ExecWait == 0 {
+		c.ExecWait = 10 * time.Minute
+	}
+	if c.MaxOutputBytes == 0 {
+		c.MaxOutputBytes = 16 << 20
+	}
+	if c.MaxFileBytes == 0 {
+		c.MaxFileBytes = 1 << 30
+	}
+	if c.ReapInterval == 0 {
+		c.ReapInterval = time.Second
+	}
+}
+
+// Service is the control plane's sandbox service.
+type Service struct {
+	cfg       Config
+	store     Store
+	node      Node
+	templates *template.Registry
+	log       *slog.Logger
+
+	sandboxSlots *quota.Limiter
+	execSlots    *quota.Limiter
+
+	mu   sync.Mutex
+	live map[string]*entry
+
+	teamMu    sync.Mutex
+	teamCache map[string]cachedTeam
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+type cachedTeam struct {
+	team client.Team
+	at   time.Time
+}
+
+// entry is a running sandbox the service owns.
+type entry struct {
+	row     client.Sandbox
+	sb      *node.Sandbox
+	env     map[string]string // default env of every exec; values never stored nor logged
+	release func()            // gives the team's sandbox slot back
+	expires time.Time
+	ended   chan struct{}
+	endOnce sync.Once
+}
+
+// New returns the service. Call Recover once before serving and Close at
+// shutdown.
+func New(cfg Config, st Store, n Node, templates *template.Registry, log *slog.Logger) *Service {
+	cfg.setDefaults()
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Service{
+		cfg: cfg, store: st, node: n, templates: templates, log: log,
+		sandboxSlots: quota.NewLimiter(), execSlots: quota.NewLimiter(),
+		live: map[string]*entry{}, teamCache: map[string]cachedTeam{},
+		stop: make(chan struct{}),
+	}
+	s.wg.Add(1)
+	go s.reaper()
+	return s
+}
+
+// Config returns the effective configuration.
+func (s *Service) Config() Config { return s.cfg }
+
+// Recover marks every sandbox the store still lists as running, but that
+// this process does not run, as lost: after a restart their processes are
+// gone (the node sweeps what is left of them on the host).
+func (s *Service) Recover(ctx context.Context) error {
+	rows, err := s.store.ListByState(ctx, client.StateRunning)
+	if err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
+	for _, row := range rows {
+		s.mu.Lock()
+		_, live := s.live[row.ID]
+		s.mu.Unlock()
+		if live {
+			continue
+		}
+		if _, err := s.store.MarkEnded(ctx, row.ID, client.StateLost, "server restarted", time.Now()); err != nil {
+			return fmt.Errorf("recover %s: %w", row.ID, err)
+		}
+		s.log.Info("sandbox lost across restart", "sandbox", row.ID, "team", row.TeamID)
+	}
+	return nil
+}
+
+// Close ends every running sandbox (state "deleted", reason "server
+// shutdown") and stops the reaper.
+func (s *Service) Close(ctx context.Context) error {
+	close(s.stop)
+	s.wg.Wait()
+	s.mu.Lock()
+	all := slices.Collect(maps.Values(s.live))
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, e := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.end(ctx, e, client.StateDeleted, "server shutdown")
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// Team returns a team's record, cached for a few seconds: limits are read
+// on every create and exec.
+func (s *Service) Team(ctx context.Context, teamID string) (client.Team, error) {
+	s.teamMu.Lock()
+	c, ok := s.teamCache[teamID]
+	s.teamMu.Unlock()
+	if ok && time.Since(c.at) < 2*time.Second {
+		return c.team, nil
+	}
+	t, err := s.store.GetTeam(ctx, teamID)
+	if err != nil {
+		return client.Team{}, fmt.Errorf("team %s: %w", teamID, err)
+	}
+	s.teamMu.Lock()
+	s.teamCache[teamID] = cachedTeam{team: t, at: time.Now()}
+	s.teamMu.Unlock()
+	return t, nil
+}
+
+// ForgetTeam drops a team from the cache (after its limits changed).
+func (s *Service) ForgetTeam(teamID string) {
+	s.teamMu.Lock()
+	delete(s.teamCache, teamID)
+	s.teamMu.Unlock()
+}
+
+// Create validates req, admits it against the team's active-sandbox limit
+// (queueing up to req.WaitSeconds), starts the sandbox and records it. It
+// returns once the sandbox's agent answers; on error nothing is left.
+func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSandboxRequest) (client.Sandbox, error) {
+	key, tpl, ttl, err := s.validateCreate(req)
+	if err != nil {
+		return client.Sandbox{}, err
+	}
+	team, err := s.Team(ctx, teamID)
+	if err != nil {
+		return client.Sandbox{}, err
+	}
+	wait := time.Duration(req.WaitSeconds) * time.Second
+	release, err := s.sandboxSlots.Acquire(ctx, teamID, team.Limits.MaxSandboxes, wait)
+	if err != nil {
+		if errors.Is(err, quota.ErrLimit) {
+			return client.Sandbox{}, &Error{Code: client.CodeTooManySandboxes, RetryAfter: 1, Err: err,
+				Message: fmt.Sprintf("team %s has %d active sandboxes (its limit); delete one, or pass wait_seconds to queue", team.Name, team.Limits.MaxSandboxes)}
+		}
+		return client.Sandbox{}, err
+	}
+	sb, err := s.node.Create(ctx, key)
+	if err != nil {
+		release()
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return client.Sandbox{}, err
+		}
+		return client.Sandbox{}, &Error{Code: client.CodeUnavailable, Message: "sandbox failed to start: " + err.Error(), Err: err}
+	}
+	now := time.Now().UTC()
+	envKeys := slices.Sorted(maps.Keys(req.Env))
+	row := client.Sandbox{
+		ID: sb.ID, TeamID: teamID, Template: tpl.Name, TemplateDigest: tpl.Digest,
+		Runtime: sb.Runtime, RuntimeVersion: sb.RuntimeVersion, State: client.StateRunning,
+		CPU: key.Shape.CPU, MemoryMB: key.Shape.MemoryMB, DiskMB: key.Shape.DiskMB, Network: key.Shape.Network,
+		Metadata: req.Metadata, EnvKeys: envKeys, CreatedAt: now, ExpiresAt: now.Add(ttl), FromPool: sb.FromPool,
+	}
+	if row.Metadata == nil {
+		row.Metadata = map[string]string{}
+	}
+	row, err = s.store.InsertSandbox(context.WithoutCancel(ctx), row)
+	if err != nil {
+		_ = s.node.Destroy(context.WithoutCancel(ctx), sb.ID)
+		release()
+		return client.Sandbox{}, fmt.Errorf("record sandbox: %w", err)
+	}
+	e := &entry{row: row, sb: sb, env: req.Env, release: release, expires: row.ExpiresAt, ended: make(chan struct{})}
+	s.mu.Lock()
+	s.live[sb.ID] = e
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go s.watch(e)
+	s.log.Info("sandbox created", "sandbox", sb.ID, "team", teamID, "template", tpl.Name,
+		"runtime", sb.Runtime, "from_pool", sb.FromPool, "env_keys", len(envKeys))
+	return row, nil
+}
+
+// DefaultKey is the pool key of a create request that names only template
+// and runtime: the sandboxes a warm pool should hold.
+func (s *Service) DefaultKey(template, runtime string) (node.PoolKey, error) {
+	key, _, _, err := s.validateCreate(client.CreateSandboxRequest{Template: template, Runtime: runtime})
+	return key, err
+}
+
+func (s *Service) validateCreate(req client.CreateSandboxRequest) (node.PoolKey, *template.Template, time.Duration, error) {
+	var key node.PoolKey
+	if req.Template == "" {
+		return key, nil, 0, errorf(client.CodeBadRequest, "template is required")
+	}
+	tpl, err := s.templates.Get(req.Template)
+	if err != nil {
+		if errors.Is(err, template.ErrNotFound) {
+			return key, nil, 0, errorf(client.CodeNotFound, "template %q not found", req.Template)
+		}
+		return key, nil, 0, err
+	}
+	rt := req.Runtime
+	if rt == "" {
+		rt = s.cfg.DefaultRuntime
+	}
+	if !slices.Contains(s.node.Runtimes(), rt) {
+		return key, nil, 0, errorf(client.CodeBadRequest, "runtime %q is not available (have %s)", rt, strings.Join(s.node.Runtimes(), ", "))
+	}
+	ttl := s.cfg.DefaultTimeout
+	switch {
+	case req.Timeout < 0:
+		return key, nil, 0, errorf(client.CodeBadRequest, "timeout must be ≥ 0 seconds, got %d", req.Timeout)
+	case time.Duration(req.Timeout)*time.Second > s.cfg.MaxTimeout:
+		return key, nil, 0, errorf(client.CodeBadRequest, "timeout %ds is above the maximum %ds", req.Timeout, int(s.cfg.MaxTimeout.Seconds()))
+	case req.Timeout > 0:
+		ttl = time.Duration(req.Timeout) * time.Second
+	}
+	shape := node.Shape{CPU: tpl.Defaults.CPU, MemoryMB: tpl.Defaults.MemoryMB, DiskMB: tpl.Defaults.DiskMB,
+		Pids: s.cfg.Pids, Network: client.NetworkNone}
+	if req.CPU != 0 {
+		if req.CPU < 0.1 || req.CPU > s.cfg.MaxCPU {
+			return key, nil, 0, errorf(client.CodeBadRequest, "cpu must be between 0.1 and %g, got %g", s.cfg.MaxCPU, req.CPU)
+		}
+		shape.CPU = req.CPU
+	}
+	if req.MemoryMB != 0 {
+		if req.MemoryMB < 32 || req.MemoryMB > s.cfg.MaxMemoryMB {
+			return key, nil, 0, errorf(client.CodeBadRequest, "memory_mb must be between 32 and %d, got %d", s.cfg.MaxMemoryMB, req.MemoryMB)
+		}
+		shape.MemoryMB = req.MemoryMB
+	}
+	if req.DiskMB != 0 {
+		if req.DiskMB < 16 || req.DiskMB > s.cfg.MaxDiskMB {
+			return key, nil, 0, errorf(client.CodeBadRequest, "disk_mb must be between 16 and %d, got %d", s.cfg.MaxDiskMB, req.DiskMB)
+		}
+		shape.DiskMB = req.DiskMB
+	}
+	switch req.Network {
+	case "", client.NetworkNone:
+	case client.NetworkOutbound:
+		shape.Network = client.NetworkOutbound
+	default:
+		return key, nil, 0, errorf(client.CodeBadRequest, "network must be %q or %q, got %q", client.NetworkNone, client.NetworkOutbound, req.Network)
+	}
+	if req.WaitSeconds < 0 || time.Duration(req.WaitSeconds)*time.Second > s.cfg.MaxWait {
+		return key, nil, 0, errorf(client.CodeBadRequest, "wait_seconds must be between 0 and %d", int(s.cfg.MaxWait.Seconds()))
+	}
+	if err := validateEnv(req.Env); err != nil {
+		return key, nil, 0, err
+	}
+	if err := validateMetadata(req.Metadata); err != nil {
+		return key, nil, 0, err
+	}
+	key = node.PoolKey{Template: tpl.Name, Runtime: rt, Shape: shape}
+	return key, tpl, ttl, nil
+}
+
+func validateEnv(env map[string]string) error {
+	if len(env) > 256 {
+		return errorf(client.CodeBadRequest, "env has %d variables, at most 256", len(env))
+	}
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || len(k) > 256 {
+			return errorf(client.CodeBadRequest, "env name %q is not valid", k)
+		}
+		if strings.ContainsRune(v, 0) || len(v) > 32<<10 {
+			return errorf(client.CodeBadRequest, "env %s: value has a NUL byte or is over 32 KiB", k)
+		}
+	}
+	return nil
+}
+
+func validateMetadata(md map[string]string) error {
+	if len(md) > 64 {
+		return errorf(client.CodeBadRequest, "metadata has %d keys, at most 64", len(md))
+	}
+	for k, v := range md {
+		if k == "" || len(k) > 128 || strings.ContainsRune(k, 0) {
+			return errorf(client.CodeBadRequest, "metadata key %q is not valid (1–128 bytes)", k)
+		}
+		if len(v) > 1024 || strings.ContainsRune(v, 0) {
+			return errorf(client.CodeBadRequest, "metadata %s: value over 1024 bytes or with a NUL byte", k)
+		}
+	}
+	return nil
+}
+
+// reasonDied is the end reason of a sandbox whose agent went away.
+const reasonDied = "sandbox stopped unexpectedly (its agent exited, was killed or ran out of memory)"
+
+// watch ends e when its sandbox dies on its own.
+func (s *Service) watch(e *entry) {
+	defer s.wg.Done()
+	select {
+	case <-e.ended:
+	case <-e.sb.Done():
+		s.log.Warn("sandbox died", "sandbox", e.row.ID, "team", e.row.TeamID)
+		s.end(context.Background(), e, client.StateLost, reasonDied)
+	}
+}
+
+// end records e as ended, destroys it on the node and frees its slot. Only
+// the first call does anything.
+func (s *Service) end(ctx context.Context, e *entry, state, reason string) {
+	e.endOnce.Do(func() {
+		close(e.ended)
+		s.mu.Lock()
+		delete(s.live, e.row.ID)
+		s.mu.Unlock()
+		ctx = context.WithoutCancel(ctx)
+		if err := s.node.Destroy(ctx, e.row.ID); err != nil {
+			s.log.Error("destroy sandbox", "sandbox", e.row.ID, "err", err)
+		}
+		if _, err := s.store.MarkEnded(ctx, e.row.ID, state, reason, time.Now()); err != nil {
+			s.log.Error("record sandbox end", "sandbox", e.row.ID, "err", err)
+		}
+		e.release()
+		s.log.Info("sandbox ended", "sandbox", e.row.ID, "team", e.row.TeamID, "state", state, "reason", reason)
+	})
+}
+
+// reaper ends sandboxes whose TTL passed.
+func (s *Service) reaper() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case now := <-t.C:
+			s.mu.Lock()
+			var expired []*entry
+			for _, e := range s.live {
+				if now.After(e.expires) {
+					expired = append(expired, e)
+				}
+			}
+			s.mu.Unlock()
+			for _, e := range expired {
+				s.end(context.Background(), e, client.StateExpired, "timeout")
+			}
+		}
+	}
+}
+
+// lookup returns the running sandbox id of team, or the right error: a
+// sandbox of another team is not_found, an ended one sandbox_not_running.
+func (s *Service) lookup(ctx context.Context, teamID, id string) (*entry, error) {
+	s.mu.Lock()
+	e, ok := s.live[id]
+	s.mu.Unlock()
+	if ok && e.row.TeamID == teamID {
+		return e, nil
+	}
+	row, err := s.store.GetSandbox(ctx, teamID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errorf(client.CodeNotFound, "sandbox %s not found", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return nil, errorf(client.CodeSandboxNotRunning, "sandbox %s is %s (%s)", id, row.State, row.EndReason)
+}
+
+// Get returns a sandbox of the team.
+func (s *Service) Get(ctx context.Context, teamID, id string) (client.Sandbox, error) {
+	row, err := s.store.GetSandbox(ctx, teamID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return client.Sandbox{}, errorf(client.CodeNotFound, "sandbox %s not found", id)
+	}
+	return row, err
+}
+
+// List returns the team's sandboxes (running only unless all).
+func (s *Service) List(ctx context.Context, teamID string, metadata map[string]string, all bool) ([]client.Sandbox, error) {
+	f := store.SandboxFilter{Metadata: metadata}
+	if !all {
+		f.States = []string{client.StateRunning}
+	}
+	return s.store.ListSandboxes(ctx, teamID, f)
+}
+
+// Delete ends a sandbox of the team. Deleting an ended sandbox is a no-op;
+// another team's or an unknown id is not_found.
+func (s *Service) Delete(ctx context.Context, teamID, id string) error {
+	e, err := s.lookup(ctx, teamID, id)
+	if err != nil {
+		var ae *Error
+		if errors.As(err, &ae) && ae.Code == client.CodeSandboxNotRunning {
+			return nil
+		}
+		return err
+	}
+	s.end(ctx, e, client.StateDeleted, "deleted")
+	return nil
+}
+
+// DeleteByMetadata ends every running sandbox of the team whose metadata
+// matches all pairs of md (which must not be empty).
+func (s *Service) DeleteByMetadata(ctx context.Context, teamID string, md map[string]string) ([]string, error) {
+	if len(md) == 0 {
+		return nil, errorf(client.CodeBadRequest, "bulk delete needs at least one metadata filter")
+	}
+	rows, err := s.List(ctx, teamID, md, false)
+	if err != nil {
+		return nil, err
+	}
+	deleted := []string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, row := range rows {
+		s.mu.Lock()
+		e, ok := s.live[row.ID]
+		s.mu.Unlock()
+		if !ok {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.end(ctx, e, client.StateDeleted, "deleted")
+			mu.Lock()
+			deleted = append(deleted, row.ID)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	slices.Sort(deleted)
+	return deleted, nil
+}
+
+// SetTimeout sets a running sandbox's expiry to now + timeout.
+func (s *Service) SetTimeout(ctx context.Context, teamID, id string, timeout int) (client.Sandbox, error) {
+	if timeout <= 0 || time.Duration(timeout)*time.Second > s.cfg.MaxTimeout {
+		return client.Sandbox{}, errorf(client.CodeBadRequest, "timeout must be between 1 and %d seconds, got %d", int(s.cfg.MaxTimeout.Seconds()), timeout)
+	}
+	e, err := s.lookup(ctx, teamID, id)
+	if err != nil {
+		return client.Sandbox{}, err
+	}
+	exp := time.Now().UTC().Add(time.Duration(timeout) * time.Second)
+	if err := s.store.SetExpiry(ctx, teamID, id, exp); err != nil {
+		return client.Sandbox{}, err
+	}
+	s.mu.Lock()
+	e.expires = exp
+	e.row.ExpiresAt = exp
+	s.mu.Unlock()
+	return s.Get(ctx, teamID, id)
+}
+
+// Running reports how many sandboxes the service runs now.
+func (s *Service) Running() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.live)
+}

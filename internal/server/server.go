@@ -1,0 +1,234 @@
+// Package server assembles the embedded single-machine evalbox: SQLite state
+// in the data dir, the node in-process with its runtimes and warm pools, the
+// control-plane services and the REST API. `evalbox serve` runs it.
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/api"
+	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/node"
+	"github.com/evalbox/evalbox/internal/runtime"
+	"github.com/evalbox/evalbox/internal/runtime/gvisor"
+	"github.com/evalbox/evalbox/internal/runtime/namespaces"
+	"github.com/evalbox/evalbox/internal/sandbox"
+	"github.com/evalbox/evalbox/internal/store"
+	"github.com/evalbox/evalbox/internal/template"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// Config configures the server.
+type Config struct {
+	DataDir string
+	Listen  string
+	// Runsc and Agent are the paths of the runsc and evalbox-agent
+	// binaries (default: next to the running executable).
+	Runsc string
+	Agent string
+	// TemplatesDir holds templates (default <data-dir>/templates).
+	TemplatesDir string
+	// Mirror is the Debian mirror built-in templates are bootstrapped from
+	// (default: the host's apt sources).
+	Mirror string
+	// Builtins are built (if missing or stale) at start.
+	Builtins []string
+	// Runtimes to enable (default both; gvisor is skipped with a warning
+	// when runsc is missing).
+	Runtimes []string
+	// Pools lists the warm pools to keep filled, with the template's
+	// default shape.
+	Pools []PoolSpec
+	// Team defaults (for the admin team and teams created without limits).
+	Limits  client.Limits
+	Service sandbox.Config
+	Logger  *slog.Logger
+	// Ready, if set, is called with the bound address once the server
+	// accepts requests.
+	Ready func(addr string)
+}
+
+// PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
+// ("" = the default runtime).
+type PoolSpec struct {
+	Template string
+	Runtime  string
+	Size     int
+}
+
+// Run runs the server until ctx ends, then shuts it down gracefully:
+// in-flight requests finish (up to 30 s), every sandbox is destroyed and
+// recorded as ended.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.DataDir == "" {
+		return errors.New("server: data dir is required")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	exeDir := ""
+	if exe, err := os.Executable(); err == nil {
+		exeDir = filepath.Dir(exe)
+	}
+	if cfg.Agent == "" {
+		cfg.Agent = filepath.Join(exeDir, "evalbox-agent")
+	}
+	if cfg.Runsc == "" {
+		cfg.Runsc = filepath.Join(exeDir, "runsc")
+	}
+	if _, err := os.Stat(cfg.Agent); err != nil {
+		return fmt.Errorf("server: agent binary: %w (build cmd/evalbox-agent, or pass --agent)", err)
+	}
+	if cfg.TemplatesDir == "" {
+		cfg.TemplatesDir = filepath.Join(cfg.DataDir, "templates")
+	}
+	if cfg.Limits.MaxSandboxes == 0 {
+		cfg.Limits.MaxSandboxes = 20
+	}
+	if cfg.Limits.MaxConcurrentExec == 0 {
+		cfg.Limits.MaxConcurrentExec = 64
+	}
+	if len(cfg.Runtimes) == 0 {
+		cfg.Runtimes = []string{client.RuntimeGVisor, client.RuntimeNamespaces}
+	}
+
+	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "evalbox.db"))
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	defer st.Close()
+	created, err := auth.EnsureAdmin(ctx, st, cfg.DataDir, cfg.Limits)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	if created {
+		log.Info("created admin key", "file", filepath.Join(cfg.DataDir, "admin.key"))
+	}
+
+	templates, err := template.Open(cfg.TemplatesDir, log)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	for _, name := range cfg.Builtins {
+		if _, err := templates.EnsureBuiltin(ctx, name, cfg.Mirror, io.Discard); err != nil {
+			return fmt.Errorf("server: %w", err)
+		}
+	}
+
+	// Host-wide names (cgroup parents) carry the instance, so that two
+	// servers on one host never sweep each other's sandboxes.
+	instance := instanceID(cfg.DataDir)
+	var runtimes []runtime.Runtime
+	var closers []interface{ Close() error }
+	for _, name := range cfg.Runtimes {
+		switch name {
+		case client.RuntimeGVisor:
+			gv, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, RootDir: filepath.Join(cfg.DataDir, "runsc"),
+				CgroupParent: "evalbox-gv-" + instance, Logger: log})
+			if err != nil {
+				return fmt.Errorf("server: %w", err)
+			}
+			runtimes = append(runtimes, gv)
+			closers = append(closers, gv)
+		case client.RuntimeNamespaces:
+			ns, err := namespaces.New(namespaces.Config{CgroupParent: "evalbox-ns-" + instance, Logger: log})
+			if err != nil {
+				return fmt.Errorf("server: %w", err)
+			}
+			runtimes = append(runtimes, ns)
+			closers = append(closers, ns)
+		default:
+			return fmt.Errorf("server: unknown runtime %q", name)
+		}
+	}
+	defer func() {
+		// After the node destroyed every sandbox (deferred calls run last in, first out).
+		for _, c := range closers {
+			if err := c.Close(); err != nil {
+				log.Warn("closing runtime", "err", err)
+			}
+		}
+	}()
+
+	n, err := node.New(node.Config{Runtimes: runtimes, Templates: templates, AgentPath: cfg.Agent,
+		StateDir: filepath.Join(cfg.DataDir, "sandboxes"), Logger: log})
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	if removed, err := n.Sweep(ctx); err != nil {
+		log.Warn("sweeping leftovers", "err", err)
+	} else if len(removed) > 0 {
+		log.Info("removed leftover sandboxes", "count", len(removed))
+	}
+	svc := sandbox.New(cfg.Service, st, n, templates, log)
+	if err := svc.Recover(ctx); err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	for _, p := range cfg.Pools {
+		key, err := svc.DefaultKey(p.Template, p.Runtime)
+		if err != nil {
+			return fmt.Errorf("server: pool %s:%s: %w", p.Template, p.Runtime, err)
+		}
+		n.SetPool(key, p.Size)
+	}
+
+	handler := api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
+		Templates: templates, Runtimes: n.Runtimes(), DefaultLimits: cfg.Limits, Logger: log})
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("evalbox serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "runtimes", n.Runtimes())
+	if cfg.Ready != nil {
+		cfg.Ready(ln.Addr().String())
+	}
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	log.Info("shutting down")
+	shutCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutCtx); err != nil {
+		_ = srv.Close()
+	}
+	_ = svc.Close(shutCtx)
+	if err := n.Close(shutCtx); err != nil {
+		log.Error("closing node", "err", err)
+	}
+	if errors.Is(serveErr, http.ErrServerClosed) {
+		serveErr = nil
+	}
+	return serveErr
+}
+
+// instanceID names this server instance on the host: a short hash of its
+// absolute data dir.
+func instanceID(dataDir string) string {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		abs = dataDir
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return hex.EncodeToString(sum[:4])
+}

@@ -1,0 +1,90 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// migrations are the schema changes, applied in order. The database's
+// PRAGMA user_version is the number already applied. Append new entries;
+// never edit or reorder the existing ones.
+var migrations = []string{
+	// 1: teams, API keys, sandboxes.
+	`CREATE TABLE teams (
+		id                   TEXT PRIMARY KEY,
+		name                 TEXT NOT NULL UNIQUE,
+		created_at           INTEGER NOT NULL,
+		max_sandboxes        INTEGER NOT NULL,
+		max_concurrent_execs INTEGER NOT NULL
+	);
+	CREATE TABLE api_keys (
+		id         TEXT PRIMARY KEY,
+		team_id    TEXT NOT NULL REFERENCES teams(id),
+		name       TEXT NOT NULL,
+		prefix     TEXT NOT NULL,
+		hash       TEXT NOT NULL UNIQUE,
+		admin      INTEGER NOT NULL DEFAULT 0,
+		created_at INTEGER NOT NULL,
+		revoked_at INTEGER
+	);
+	CREATE INDEX api_keys_team ON api_keys(team_id, created_at);
+	CREATE TABLE sandboxes (
+		id              TEXT PRIMARY KEY,
+		team_id         TEXT NOT NULL REFERENCES teams(id),
+		template        TEXT NOT NULL,
+		template_digest TEXT NOT NULL DEFAULT '',
+		runtime         TEXT NOT NULL,
+		runtime_version TEXT NOT NULL DEFAULT '',
+		state           TEXT NOT NULL,
+		cpu             REAL NOT NULL,
+		memory_mb       INTEGER NOT NULL,
+		disk_mb         INTEGER NOT NULL,
+		network         TEXT NOT NULL,
+		metadata        TEXT NOT NULL DEFAULT '{}',
+		env_keys        TEXT NOT NULL DEFAULT '[]',
+		from_pool       INTEGER NOT NULL DEFAULT 0,
+		created_at      INTEGER NOT NULL,
+		expires_at      INTEGER NOT NULL,
+		ended_at        INTEGER,
+		end_reason      TEXT NOT NULL DEFAULT ''
+	);
+	CREATE INDEX sandboxes_team ON sandboxes(team_id, created_at);
+	CREATE INDEX sandboxes_state ON sandboxes(state, expires_at);`,
+}
+
+// migrate applies the pending migrations, all in one transaction, and
+// records the new schema version.
+func (s *Store) migrate(ctx context.Context) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		var v int
+		if err := tx.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
+			return fmt.Errorf("read schema version: %w", err)
+		}
+		if v > len(migrations) {
+			return fmt.Errorf("schema version %d is newer than this binary's %d", v, len(migrations))
+		}
+		if v == len(migrations) {
+			return nil
+		}
+		for i := v; i < len(migrations); i++ {
+			if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+				return fmt.Errorf("migration %d: %w", i+1, err)
+			}
+		}
+		// PRAGMA takes no parameters; the value is an int we control.
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, len(migrations))); err != nil {
+			return fmt.Errorf("set schema version: %w", err)
+		}
+		return nil
+	})
+}
+
+// SchemaVersion returns the number of migrations applied to the database.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	if err := s.r.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("store: schema version: %w", err)
+	}
+	return v, nil
+}

@@ -1,0 +1,248 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// Sandbox rows are client.Sandbox values: the table has exactly its fields.
+// Metadata and EnvKeys are stored as JSON; EnvKeys holds names only, never
+// values. Metadata reads back as a non-nil map, EnvKeys sorted.
+
+const sandboxCols = `id, team_id, template, template_digest, runtime, runtime_version, state,
+	cpu, memory_mb, disk_mb, network, metadata, env_keys, from_pool,
+	created_at, expires_at, ended_at, end_reason`
+
+// SandboxFilter selects sandboxes in ListSandboxes.
+type SandboxFilter struct {
+	// Metadata pairs must all match exactly.
+	Metadata map[string]string
+	// States, if not empty, keeps only sandboxes in one of these states.
+	States []string
+	// Limit caps the number returned; 0 means no cap.
+	Limit int
+}
+
+// InsertSandbox stores a sandbox and returns it as stored. An empty ID gets
+// a new "sb_…" id, an empty State "running" and a zero CreatedAt the current
+// time. A duplicate id is ErrConflict; an unknown team is ErrNotFound.
+func (s *Store) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sandbox, error) {
+	if sb.TeamID == "" {
+		return client.Sandbox{}, errors.New("store: insert sandbox: empty team")
+	}
+	if sb.ID == "" {
+		sb.ID = NewID("sb")
+	}
+	if sb.State == "" {
+		sb.State = client.StateRunning
+	}
+	if sb.CreatedAt.IsZero() {
+		sb.CreatedAt = now()
+	}
+	sb.CreatedAt, sb.ExpiresAt = norm(sb.CreatedAt), norm(sb.ExpiresAt)
+	if sb.EndedAt != nil {
+		t := norm(*sb.EndedAt)
+		sb.EndedAt = &t
+	}
+	if sb.Metadata == nil {
+		sb.Metadata = map[string]string{}
+	}
+	meta, err := json.Marshal(sb.Metadata)
+	if err != nil {
+		return client.Sandbox{}, fmt.Errorf("store: insert sandbox: %w", err)
+	}
+	envKeys := []byte("[]")
+	if len(sb.EnvKeys) == 0 {
+		sb.EnvKeys = nil
+	} else {
+		sb.EnvKeys = slices.Clone(sb.EnvKeys)
+		slices.Sort(sb.EnvKeys)
+		if envKeys, err = json.Marshal(sb.EnvKeys); err != nil {
+			return client.Sandbox{}, fmt.Errorf("store: insert sandbox: %w", err)
+		}
+	}
+	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sb.ID, sb.TeamID, sb.Template, sb.TemplateDigest, sb.Runtime, sb.RuntimeVersion, sb.State,
+		sb.CPU, sb.MemoryMB, sb.DiskMB, sb.Network, string(meta), string(envKeys), sb.FromPool,
+		toDB(sb.CreatedAt), toDB(sb.ExpiresAt), nullTime(sb.EndedAt), sb.EndReason)
+	if err != nil {
+		return client.Sandbox{}, fmt.Errorf("store: insert sandbox %s: %w", sb.ID, mapConstraint(err, "team"))
+	}
+	return sb, nil
+}
+
+// GetSandbox returns the team's sandbox with this id; another team's is
+// ErrNotFound.
+func (s *Store) GetSandbox(ctx context.Context, teamID, id string) (client.Sandbox, error) {
+	sb, err := scanSandbox(s.r.QueryRowContext(ctx,
+		`SELECT `+sandboxCols+` FROM sandboxes WHERE id = ? AND team_id = ?`, id, teamID))
+	if err != nil {
+		return client.Sandbox{}, fmt.Errorf("store: get sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// ListSandboxes returns the team's sandboxes that match f, newest first.
+func (s *Store) ListSandboxes(ctx context.Context, teamID string, f SandboxFilter) ([]client.Sandbox, error) {
+	var q strings.Builder
+	args := make([]any, 0, 1+len(f.States)+2*len(f.Metadata)+1)
+	q.WriteString(`SELECT ` + sandboxCols + ` FROM sandboxes WHERE team_id = ?`)
+	args = append(args, teamID)
+	if len(f.States) > 0 {
+		q.WriteString(` AND state IN (?` + strings.Repeat(`, ?`, len(f.States)-1) + `)`)
+		for _, st := range f.States {
+			args = append(args, st)
+		}
+	}
+	// json_each matches any key text exactly (json_extract paths would need
+	// quoting); metadata values are always JSON strings.
+	for k, v := range f.Metadata {
+		q.WriteString(` AND EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) m WHERE m.key = ? AND m.value = ?)`)
+		args = append(args, k, v)
+	}
+	q.WriteString(` ORDER BY created_at DESC, id DESC`)
+	if f.Limit > 0 {
+		q.WriteString(` LIMIT ?`)
+		args = append(args, f.Limit)
+	}
+	out, err := s.querySandboxes(ctx, q.String(), args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: list sandboxes: %w", err)
+	}
+	return out, nil
+}
+
+// SetExpiry sets when the team's running sandbox expires. An ended sandbox
+// is ErrNotRunning; another team's is ErrNotFound.
+func (s *Store) SetExpiry(ctx context.Context, teamID, id string, t time.Time) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var state string
+		err := tx.QueryRowContext(ctx, `SELECT state FROM sandboxes WHERE id = ? AND team_id = ?`, id, teamID).Scan(&state)
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		if state != client.StateRunning {
+			return ErrNotRunning
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ? WHERE id = ?`, toDB(t), id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("store: set expiry of %s: %w", id, err)
+	}
+	return nil
+}
+
+// MarkEnded moves a running sandbox to state (deleted, expired, lost) with
+// a reason and end time. It reports whether it changed the row: false if
+// the sandbox had already ended (or does not exist), so of several racing
+// callers exactly one wins.
+func (s *Store) MarkEnded(ctx context.Context, id, state, reason string, at time.Time) (bool, error) {
+	if state == client.StateRunning || state == "" {
+		return false, fmt.Errorf("store: mark %s ended: invalid end state %q", id, state)
+	}
+	res, err := s.w.ExecContext(ctx,
+		`UPDATE sandboxes SET state = ?, end_reason = ?, ended_at = ? WHERE id = ? AND state = ?`,
+		state, reason, toDB(at), id, client.StateRunning)
+	if err != nil {
+		return false, fmt.Errorf("store: mark %s ended: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("store: mark %s ended: %w", id, err)
+	}
+	return n == 1, nil
+}
+
+// ListByState returns the sandboxes of all teams in this state, oldest
+// first (e.g. the running ones, to recover them after a restart).
+func (s *Store) ListByState(ctx context.Context, state string) ([]client.Sandbox, error) {
+	out, err := s.querySandboxes(ctx,
+		`SELECT `+sandboxCols+` FROM sandboxes WHERE state = ? ORDER BY created_at, id`, state)
+	if err != nil {
+		return nil, fmt.Errorf("store: list %s sandboxes: %w", state, err)
+	}
+	return out, nil
+}
+
+// ListExpired returns the running sandboxes of all teams whose expiry is at
+// or before now, soonest expiry first.
+func (s *Store) ListExpired(ctx context.Context, now time.Time) ([]client.Sandbox, error) {
+	out, err := s.querySandboxes(ctx,
+		`SELECT `+sandboxCols+` FROM sandboxes WHERE state = ? AND expires_at <= ? ORDER BY expires_at, id`,
+		client.StateRunning, toDB(now))
+	if err != nil {
+		return nil, fmt.Errorf("store: list expired sandboxes: %w", err)
+	}
+	return out, nil
+}
+
+// CountByState returns how many of the team's sandboxes are in state.
+func (s *Store) CountByState(ctx context.Context, teamID, state string) (int, error) {
+	var n int
+	err := s.r.QueryRowContext(ctx,
+		`SELECT COUNT(*) FROM sandboxes WHERE team_id = ? AND state = ?`, teamID, state).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("store: count %s sandboxes: %w", state, err)
+	}
+	return n, nil
+}
+
+func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) ([]client.Sandbox, error) {
+	rows, err := s.r.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []client.Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+func scanSandbox(sc scanner) (client.Sandbox, error) {
+	var sb client.Sandbox
+	var meta, envKeys string
+	var created, expires int64
+	var ended sql.NullInt64
+	err := sc.Scan(&sb.ID, &sb.TeamID, &sb.Template, &sb.TemplateDigest, &sb.Runtime, &sb.RuntimeVersion, &sb.State,
+		&sb.CPU, &sb.MemoryMB, &sb.DiskMB, &sb.Network, &meta, &envKeys, &sb.FromPool,
+		&created, &expires, &ended, &sb.EndReason)
+	if errors.Is(err, sql.ErrNoRows) {
+		return client.Sandbox{}, ErrNotFound
+	}
+	if err != nil {
+		return client.Sandbox{}, err
+	}
+	if err := json.Unmarshal([]byte(meta), &sb.Metadata); err != nil {
+		return client.Sandbox{}, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
+	}
+	if sb.Metadata == nil {
+		sb.Metadata = map[string]string{}
+	}
+	if err := json.Unmarshal([]byte(envKeys), &sb.EnvKeys); err != nil {
+		return client.Sandbox{}, fmt.Errorf("sandbox %s env keys: %w", sb.ID, err)
+	}
+	if len(sb.EnvKeys) == 0 {
+		sb.EnvKeys = nil
+	}
+	sb.CreatedAt, sb.ExpiresAt, sb.EndedAt = fromDB(created), fromDB(expires), timePtr(ended)
+	return sb, nil
+}

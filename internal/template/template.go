@@ -1,0 +1,339 @@
+// Package template keeps the root filesystems sandboxes start from.
+//
+// A template is a directory <dir>/<name>/ holding rootfs/ (the root
+// filesystem, never written once built) and template.json (its digest and
+// defaults). The built-ins (base, python) are bootstrapped from the host's
+// Debian mirror with mmdebstrap and cached by the digest of their build
+// spec: they are rebuilt only when the spec changes.
+package template
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ErrNotFound is returned for an unknown template.
+var ErrNotFound = errors.New("template not found")
+
+// Template is a built template.
+type Template struct {
+	Name      string    `json:"name"`
+	Digest    string    `json:"digest"`
+	SizeBytes int64     `json:"size_bytes"`
+	BuiltAt   time.Time `json:"built_at"`
+	Defaults  Defaults  `json:"defaults"`
+	// RootFS is the absolute path of the root filesystem (not stored).
+	RootFS string `json:"-"`
+}
+
+// Defaults are what a sandbox of the template gets unless the request says
+// otherwise.
+type Defaults struct {
+	CPU      float64           `json:"cpu"`
+	MemoryMB int               `json:"memory_mb"`
+	DiskMB   int               `json:"disk_mb"`
+	Env      map[string]string `json:"env,omitempty"`
+	Workdir  string            `json:"workdir"`
+	User     string            `json:"user"`
+}
+
+// BuiltinSpec is how a built-in template is bootstrapped from Debian.
+type BuiltinSpec struct {
+	Name     string   `json:"name"`
+	Suite    string   `json:"suite"`
+	Variant  string   `json:"variant"`
+	Packages []string `json:"packages"`
+	Defaults Defaults `json:"defaults"`
+}
+
+var baseDefaults = Defaults{
+	CPU: 1, MemoryMB: 512, DiskMB: 1024, Workdir: "/work", User: "root",
+	Env: map[string]string{"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"},
+}
+
+// Builtins are the templates every installation has.
+var Builtins = map[string]BuiltinSpec{
+	"base": {Name: "base", Suite: "bookworm", Variant: "minbase",
+		Packages: []string{"bash", "coreutils", "ca-certificates"}, Defaults: baseDefaults},
+	"python": {Name: "python", Suite: "bookworm", Variant: "minbase",
+		Packages: []string{"bash", "coreutils", "ca-certificates", "python3", "python3-pip", "python3-venv"}, Defaults: baseDefaults},
+}
+
+// Digest is the content hash of a built-in's spec (and so of its build).
+func (s BuiltinSpec) Digest(mirror string) string {
+	b, _ := json.Marshal(struct {
+		Spec   BuiltinSpec
+		Mirror string
+	}{s, mirror})
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// ValidName reports whether name can name a template.
+func ValidName(name string) bool { return nameRE.MatchString(name) }
+
+// Registry is the template store in a directory.
+type Registry struct {
+	dir string
+	log *slog.Logger
+
+	mu    sync.Mutex
+	cache map[string]*Template
+	build sync.Mutex // one build at a time
+}
+
+// Open opens (creating) the template store in dir.
+func Open(dir string, log *slog.Logger) (*Registry, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	return &Registry{dir: abs, log: log, cache: map[string]*Template{}}, nil
+}
+
+// Dir is the store's directory.
+func (r *Registry) Dir() string { return r.dir }
+
+// Get returns a built template.
+func (r *Registry) Get(name string) (*Template, error) {
+	if !ValidName(name) {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
+	}
+	r.mu.Lock()
+	t, ok := r.cache[name]
+	r.mu.Unlock()
+	if ok {
+		return t, nil
+	}
+	t, err := r.load(name)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.cache[name] = t
+	r.mu.Unlock()
+	return t, nil
+}
+
+func (r *Registry) load(name string) (*Template, error) {
+	b, err := os.ReadFile(filepath.Join(r.dir, name, "template.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("template %s: %w", name, err)
+	}
+	var t Template
+	if err := json.Unmarshal(b, &t); err != nil {
+		return nil, fmt.Errorf("template %s: %w", name, err)
+	}
+	t.RootFS = filepath.Join(r.dir, name, "rootfs")
+	return &t, nil
+}
+
+// List returns every built template, by name.
+func (r *Registry) List() ([]*Template, error) {
+	entries, err := os.ReadDir(r.dir)
+	if err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	var out []*Template
+	for _, e := range entries {
+		if !e.IsDir() || !ValidName(e.Name()) {
+			continue
+		}
+		t, err := r.Get(e.Name())
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// HostMirror reads the first Debian mirror from the host's apt sources
+// (deb822 .sources or one-line sources.list), or "" if none is found.
+func HostMirror() string {
+	files, _ := filepath.Glob("/etc/apt/sources.list.d/*.sources")
+	files = append(files, "/etc/apt/sources.list")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(strings.NewReader(string(b)))
+		for sc.Scan() {
+			line := strings.TrimSpace(sc.Text())
+			if v, ok := strings.CutPrefix(line, "URIs:"); ok {
+				for _, u := range strings.Fields(v) {
+					if !strings.Contains(u, "security") {
+						return u
+					}
+				}
+			}
+			if f := strings.Fields(line); len(f) >= 3 && f[0] == "deb" {
+				for _, u := range f[1:] {
+					if strings.Contains(u, "://") && !strings.Contains(u, "security") {
+						return u
+					}
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// EnsureBuiltin builds the built-in template name unless a build of the same
+// spec exists. Build output goes to logw. The template appears atomically:
+// a failed build leaves nothing.
+func (r *Registry) EnsureBuiltin(ctx context.Context, name, mirror string, logw io.Writer) (*Template, error) {
+	spec, ok := Builtins[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q is not a built-in", ErrNotFound, name)
+	}
+	if mirror == "" {
+		mirror = HostMirror()
+	}
+	if mirror == "" {
+		return nil, errors.New("template: no Debian mirror: set --mirror or EVALBOX_DEBIAN_MIRROR")
+	}
+	digest := spec.Digest(mirror)
+	r.build.Lock()
+	defer r.build.Unlock()
+	// Other processes may share the directory (several servers, tests):
+	// one builds, the others find its result.
+	unlock, err := lockFile(ctx, filepath.Join(r.dir, ".build.lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if t, err := r.load(name); err == nil && t.Digest == digest {
+		return t, nil
+	}
+	r.log.Info("building template", "template", name, "mirror", mirror)
+	start := time.Now()
+	tmp, err := os.MkdirTemp(r.dir, "."+name+".build-")
+	if err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	rootfs := filepath.Join(tmp, "rootfs")
+	args := []string{"--variant=" + spec.Variant, "--include=" + strings.Join(spec.Packages, ","),
+		"--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/doc/*",
+		"--dpkgopt=path-exclude=/usr/share/locale/*", "--dpkgopt=path-include=/usr/share/locale/locale.alias",
+		spec.Suite, rootfs, mirror}
+	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
+	if logw == nil {
+		logw = io.Discard
+	}
+	cmd.Stdout, cmd.Stderr = logw, logw
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("template %s: mmdebstrap: %w", name, err)
+	}
+	for _, d := range []string{"work", ".evalbox"} {
+		if err := os.MkdirAll(filepath.Join(rootfs, d), 0o755); err != nil {
+			return nil, fmt.Errorf("template %s: %w", name, err)
+		}
+	}
+	// The agent binary is bind-mounted over this file.
+	if err := os.WriteFile(filepath.Join(rootfs, ".evalbox", "agent"), nil, 0o755); err != nil {
+		return nil, fmt.Errorf("template %s: %w", name, err)
+	}
+	size, err := dirSize(rootfs)
+	if err != nil {
+		return nil, fmt.Errorf("template %s: %w", name, err)
+	}
+	t := &Template{Name: name, Digest: digest, SizeBytes: size, BuiltAt: time.Now().UTC(), Defaults: spec.Defaults}
+	b, _ := json.MarshalIndent(t, "", "  ")
+	if err := os.WriteFile(filepath.Join(tmp, "template.json"), b, 0o644); err != nil {
+		return nil, fmt.Errorf("template %s: %w", name, err)
+	}
+	final := filepath.Join(r.dir, name)
+	old := final + ".old"
+	_ = os.RemoveAll(old)
+	if _, err := os.Stat(final); err == nil {
+		if err := os.Rename(final, old); err != nil {
+			return nil, fmt.Errorf("template %s: %w", name, err)
+		}
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return nil, fmt.Errorf("template %s: %w", name, err)
+	}
+	_ = os.RemoveAll(old)
+	r.mu.Lock()
+	delete(r.cache, name)
+	r.mu.Unlock()
+	r.log.Info("built template", "template", name, "digest", digest, "size_bytes", size, "duration", time.Since(start).Round(time.Millisecond))
+	return r.Get(name)
+}
+
+// lockFile takes an exclusive flock on path, waiting until ctx ends.
+func lockFile(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("template: lock %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func dirSize(root string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			n += info.Size()
+		}
+		return nil
+	})
+	return n, err
+}

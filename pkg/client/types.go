@@ -1,0 +1,310 @@
+package client
+
+import "time"
+
+// Wire types of the REST API (/v1). api/openapi.yaml is the source of truth;
+// these structs follow it and are shared by the server and this client.
+
+// Runtimes and network modes.
+const (
+	RuntimeGVisor     = "gvisor"
+	RuntimeNamespaces = "namespaces"
+	NetworkNone       = "none"
+	NetworkOutbound   = "outbound"
+)
+
+// Sandbox states.
+const (
+	StateRunning = "running"
+	StateDeleted = "deleted" // deleted by a user or bulk delete
+	StateExpired = "expired" // removed by the TTL reaper
+	StateLost    = "lost"    // its processes died (crash, server restart, agent killed)
+)
+
+// Exec statuses.
+const (
+	StatusRunning  = "running"
+	StatusExited   = "exited"
+	StatusTimedOut = "timed_out"
+	StatusKilled   = "killed"
+	StatusError    = "error"
+)
+
+// Error codes (the "code" of an ErrorBody).
+const (
+	CodeBadRequest        = "bad_request"
+	CodeUnauthorized      = "unauthorized"
+	CodeForbidden         = "forbidden"
+	CodeNotFound          = "not_found"
+	CodeConflict          = "conflict"
+	CodeTooManySandboxes  = "too_many_sandboxes"
+	CodeRateLimited       = "rate_limited"
+	CodePayloadTooLarge   = "payload_too_large"
+	CodeSandboxNotRunning = "sandbox_not_running"
+	CodeTimeout           = "timeout"
+	CodeInternal          = "internal"
+	CodeUnavailable       = "unavailable"
+)
+
+// ErrorBody is every error response: {"error":{"code","message"}}.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is the inner error object.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// CreateSandboxRequest is the body of POST /v1/sandboxes.
+type CreateSandboxRequest struct {
+	Template string  `json:"template"`
+	Runtime  string  `json:"runtime,omitempty"`
+	Timeout  int     `json:"timeout,omitempty"` // TTL in seconds; 0 = server default
+	CPU      float64 `json:"cpu,omitempty"`
+	MemoryMB int     `json:"memory_mb,omitempty"`
+	DiskMB   int     `json:"disk_mb,omitempty"`
+	// Env is the default environment of every process in the sandbox. Its
+	// values are never returned by the API nor logged.
+	Env      map[string]string `json:"env,omitempty"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+	Network  string            `json:"network,omitempty"`
+	// WaitSeconds > 0 queues the request (FIFO) up to that long when the
+	// team is at its active-sandbox limit, instead of failing with 429.
+	WaitSeconds int `json:"wait_seconds,omitempty"`
+}
+
+// Sandbox is a sandbox as the API returns it.
+type Sandbox struct {
+	ID       string `json:"id"`
+	TeamID   string `json:"team_id"`
+	Template string `json:"template"`
+	// TemplateDigest identifies the exact root filesystem.
+	TemplateDigest string            `json:"template_digest,omitempty"`
+	Runtime        string            `json:"runtime"`
+	RuntimeVersion string            `json:"runtime_version,omitempty"`
+	State          string            `json:"state"`
+	CPU            float64           `json:"cpu"`
+	MemoryMB       int               `json:"memory_mb"`
+	DiskMB         int               `json:"disk_mb"`
+	Network        string            `json:"network"`
+	Metadata       map[string]string `json:"metadata"`
+	// EnvKeys lists the names (never the values) of the sandbox's env.
+	EnvKeys   []string   `json:"env_keys,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
+	ExpiresAt time.Time  `json:"expires_at"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
+	// EndReason says why a sandbox is no longer running.
+	EndReason string `json:"end_reason,omitempty"`
+	// FromPool is true when the sandbox was claimed from the warm pool.
+	FromPool bool `json:"from_pool"`
+}
+
+// SandboxList is the body of GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// DeleteResult is the body of DELETE /v1/sandboxes?metadata.k=v (bulk).
+type DeleteResult struct {
+	Deleted []string `json:"deleted"`
+}
+
+// SetTimeoutRequest is the body of POST /v1/sandboxes/{id}/timeout.
+type SetTimeoutRequest struct {
+	Timeout int `json:"timeout"`
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec (and
+// /processes for a background command). Exactly one of Cmd or Argv.
+type ExecRequest struct {
+	// Cmd runs as /bin/sh -c Cmd.
+	Cmd  string   `json:"cmd,omitempty"`
+	Argv []string `json:"argv,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+	// Env values are never logged nor returned.
+	Env  map[string]string `json:"env,omitempty"`
+	User string            `json:"user,omitempty"`
+	// Stdin is written to the process's standard input, then closed.
+	Stdin *string `json:"stdin,omitempty"`
+	// Timeout in seconds (fractions allowed); 0 = none (bounded by the
+	// sandbox's TTL). At the timeout the whole process tree is killed.
+	Timeout float64 `json:"timeout,omitempty"`
+	// MaxOutputBytes caps stdout and stderr each (0 = server default).
+	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
+	// Tag is a label shown when listing background processes.
+	Tag string `json:"tag,omitempty"`
+}
+
+// ExecResult is the result of a finished command.
+type ExecResult struct {
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	ExitCode        int    `json:"exit_code"`
+	Status          string `json:"status"`
+	Signal          int    `json:"signal,omitempty"`
+	DurationMs      int64  `json:"duration_ms"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	Error           string `json:"error,omitempty"`
+}
+
+// ExecEvent is one line of a streamed exec (application/x-ndjson):
+// {"type":"stdout","data":"…"}, {"type":"stderr","data":"…"}, and a last
+// {"type":"exit","result":{…ExecResult without output…}} or
+// {"type":"error","error":{…}}.
+type ExecEvent struct {
+	Type   string       `json:"type"`
+	Data   string       `json:"data,omitempty"`
+	Result *ExecResult  `json:"result,omitempty"`
+	Error  *ErrorDetail `json:"error,omitempty"`
+}
+
+// Process is a background command.
+type Process struct {
+	ID        string      `json:"id"`
+	Pid       int         `json:"pid"`
+	Argv      []string    `json:"argv"`
+	Tag       string      `json:"tag,omitempty"`
+	StartedAt time.Time   `json:"started_at"`
+	Running   bool        `json:"running"`
+	Result    *ExecResult `json:"result,omitempty"` // set once it ended (without output)
+}
+
+// ProcessList is the body of GET /v1/sandboxes/{id}/processes.
+type ProcessList struct {
+	Processes []Process `json:"processes"`
+}
+
+// SignalRequest is the body of POST …/processes/{pid}/signal.
+// Signal is a name ("SIGTERM", "TERM") or a number ("15").
+type SignalRequest struct {
+	Signal string `json:"signal"`
+}
+
+// FileInfo describes a path inside a sandbox.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"`
+	Type    string    `json:"type"` // file, dir, symlink, other
+	Size    int64     `json:"size"`
+	Mode    string    `json:"mode"` // octal permission bits, e.g. "0644"
+	ModTime time.Time `json:"mod_time"`
+	Target  string    `json:"target,omitempty"`
+}
+
+// FileList is the body of GET /v1/sandboxes/{id}/files/list.
+type FileList struct {
+	Files []FileInfo `json:"files"`
+}
+
+// MkdirRequest is the body of POST /v1/sandboxes/{id}/files/mkdir.
+type MkdirRequest struct {
+	Path    string `json:"path"`
+	Parents bool   `json:"parents,omitempty"`
+	Mode    string `json:"mode,omitempty"`
+}
+
+// Team is a tenant; every resource belongs to one.
+type Team struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	CreatedAt time.Time `json:"created_at"`
+	Limits    Limits    `json:"limits"`
+}
+
+// Limits are a team's quotas.
+type Limits struct {
+	MaxSandboxes      int `json:"max_sandboxes"`
+	MaxConcurrentExec int `json:"max_concurrent_execs"`
+}
+
+// CreateTeamRequest is the body of POST /v1/teams (admin only).
+type CreateTeamRequest struct {
+	Name   string  `json:"name"`
+	Limits *Limits `json:"limits,omitempty"`
+}
+
+// TeamList is the body of GET /v1/teams.
+type TeamList struct {
+	Teams []Team `json:"teams"`
+}
+
+// UpdateTeamRequest is the body of PATCH /v1/teams/{id} (admin only).
+type UpdateTeamRequest struct {
+	Limits Limits `json:"limits"`
+}
+
+// APIKey is a key's record; Key (the secret) is only set in the response
+// that created it.
+type APIKey struct {
+	ID        string     `json:"id"`
+	TeamID    string     `json:"team_id"`
+	Name      string     `json:"name"`
+	Prefix    string     `json:"prefix"` // first characters, to recognise it
+	Admin     bool       `json:"admin"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	Key       string     `json:"key,omitempty"`
+}
+
+// CreateKeyRequest is the body of POST /v1/keys. TeamID defaults to the
+// caller's team; another team needs an admin key.
+type CreateKeyRequest struct {
+	Name   string `json:"name"`
+	TeamID string `json:"team_id,omitempty"`
+}
+
+// KeyList is the body of GET /v1/keys.
+type KeyList struct {
+	Keys []APIKey `json:"keys"`
+}
+
+// Template is a root filesystem plus defaults.
+type Template struct {
+	Name      string    `json:"name"`
+	Digest    string    `json:"digest"`
+	SizeBytes int64     `json:"size_bytes"`
+	BuiltAt   time.Time `json:"built_at"`
+	CPU       float64   `json:"cpu"`
+	MemoryMB  int       `json:"memory_mb"`
+	DiskMB    int       `json:"disk_mb"`
+	Workdir   string    `json:"workdir"`
+	User      string    `json:"user"`
+}
+
+// TemplateList is the body of GET /v1/templates.
+type TemplateList struct {
+	Templates []Template `json:"templates"`
+}
+
+// Health is the body of GET /v1/health.
+type Health struct {
+	Status   string   `json:"status"`
+	Version  string   `json:"version"`
+	Runtimes []string `json:"runtimes"`
+}
+
+// ExecEvent types.
+const (
+	EventStdout = "stdout"
+	EventStderr = "stderr"
+	EventExit   = "exit"
+	EventError  = "error"
+)
+
+// FileInfo types.
+const (
+	FileTypeFile    = "file"
+	FileTypeDir     = "dir"
+	FileTypeSymlink = "symlink"
+	FileTypeOther   = "other"
+)
+
+// Media types of the API's bodies.
+const (
+	ContentTypeJSON        = "application/json"
+	ContentTypeNDJSON      = "application/x-ndjson"
+	ContentTypeOctetStream = "application/octet-stream"
+)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds evalbox, the guest agent and runsc (static, from the gvisor module
+# pinned in go.mod) into bin/. Installs the Debian packages evalbox needs
+# when they are missing. Idempotent; Go's build cache makes re-runs fast.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+command -v iptables >/dev/null || need+=(iptables)
+[ -e /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
+command -v go >/dev/null || need+=(golang-go)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "build: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+mkdir -p bin
+export CGO_ENABLED=0
+go build -trimpath -o bin/evalbox ./cmd/evalbox
+go build -trimpath -ldflags='-s -w' -o bin/evalbox-agent ./cmd/evalbox-agent
+# runsc: the cgo build breaks the gofer, so it is always CGO_ENABLED=0.
+go build -trimpath -o bin/runsc gvisor.dev/gvisor/runsc
+echo "build: bin/evalbox bin/evalbox-agent bin/runsc" >&2

@@ -1,0 +1,145 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+var runtimes = []string{client.RuntimeGVisor, client.RuntimeNamespaces}
+
+var teamSeq atomic.Int64
+
+// newTeam makes a team with its own key and returns a client for it.
+func newTeam(t *testing.T, s *server, limits client.Limits) (*client.Client, *client.Team, string) {
+	t.Helper()
+	ctx := context.Background()
+	name := fmt.Sprintf("t%d-%d", time.Now().UnixNano()%1e6, teamSeq.Add(1))
+	team, err := s.admin.CreateTeam(ctx, client.CreateTeamRequest{Name: name, Limits: &limits})
+	if err != nil {
+		t.Fatalf("create team: %v", err)
+	}
+	key, err := s.admin.CreateKey(ctx, client.CreateKeyRequest{Name: "test", TeamID: team.ID})
+	if err != nil {
+		t.Fatalf("create key: %v", err)
+	}
+	return client.New(s.url, key.Key), team, key.Key
+}
+
+// defaultTeam is a team with generous limits for tests that do not test
+// limits themselves.
+func defaultTeam(t *testing.T) *client.Client {
+	c, _, _ := newTeam(t, srv, client.Limits{MaxSandboxes: 50, MaxConcurrentExec: 50})
+	return c
+}
+
+// mustCreate creates a sandbox and registers its deletion, and the check
+// that nothing of it is left on the host, at cleanup.
+func mustCreate(t *testing.T, c *client.Client, req client.CreateSandboxRequest) *client.Sandbox {
+	t.Helper()
+	if req.Template == "" {
+		req.Template = "base"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := c.CreateSandbox(ctx, req)
+	if err != nil {
+		t.Fatalf("create sandbox %+v: %v", req, err)
+	}
+	t.Cleanup(func() {
+		if err := c.DeleteSandbox(context.Background(), sb.ID); err != nil && !client.IsNotFound(err) {
+			t.Errorf("delete %s: %v", sb.ID, err)
+		}
+		assertGone(t, srv, sb.ID)
+	})
+	return sb
+}
+
+// assertGone fails the test if the host still holds anything of sandbox id:
+// processes (by cgroup or argv), mounts, cgroups, network namespaces, or
+// files in the data dir.
+func assertGone(t *testing.T, s *server, id string) {
+	t.Helper()
+	var left []string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left = hostLeftovers(s, id)
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		t.Errorf("sandbox %s left behind:\n  %s", id, strings.Join(left, "\n  "))
+	}
+}
+
+func hostLeftovers(s *server, id string) []string {
+	var left []string
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range procs {
+		cg, _ := os.ReadFile(filepath.Join(p, "cgroup"))
+		cmd, _ := os.ReadFile(filepath.Join(p, "cmdline"))
+		if strings.Contains(string(cg), id) || strings.Contains(string(cmd), id) {
+			left = append(left, fmt.Sprintf("process %s: %s", filepath.Base(p), strings.ReplaceAll(string(cmd), "\x00", " ")))
+		}
+	}
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, line := range strings.Split(string(mi), "\n") {
+			if strings.Contains(line, id) {
+				left = append(left, "mount: "+line)
+			}
+		}
+	}
+	for _, pat := range []string{"/sys/fs/cgroup/*/*/" + id, "/sys/fs/cgroup/*/" + id, "/sys/fs/cgroup/*/*/*/" + id} {
+		m, _ := filepath.Glob(pat)
+		for _, d := range m {
+			left = append(left, "cgroup: "+d)
+		}
+	}
+	for _, pat := range []string{"/var/run/netns/*" + id + "*", "/run/netns/*" + id + "*",
+		filepath.Join(s.dataDir, "sandboxes", id), filepath.Join(s.dataDir, "runsc", "*"+id+"*")} {
+		m, _ := filepath.Glob(pat)
+		for _, d := range m {
+			left = append(left, "file: "+d)
+		}
+	}
+	links, _ := os.ReadDir("/sys/class/net")
+	for _, l := range links {
+		if strings.Contains(l.Name(), shortID(id)) {
+			left = append(left, "link: "+l.Name())
+		}
+	}
+	return left
+}
+
+// shortID is the part of an id used in names with length limits (veth).
+func shortID(id string) string {
+	id = strings.TrimPrefix(id, "sb-")
+	if len(id) > 8 {
+		id = id[:8]
+	}
+	return id
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustExec(t *testing.T, c *client.Client, id string, req client.ExecRequest) *client.ExecResult {
+	t.Helper()
+	res, err := c.Exec(ctxT(t, 2*time.Minute), id, req)
+	if err != nil {
+		t.Fatalf("exec %+v: %v", req, err)
+	}
+	return res
+}

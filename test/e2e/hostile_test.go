@@ -1,0 +1,140 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// TestHostile runs code that tries to harm the host or escape, on every
+// runtime. Each case must end with a clear status; the server must stay
+// healthy; nothing of the sandbox may remain after delete.
+func TestHostile(t *testing.T) {
+	canaryDir := t.TempDir()
+	secret := make([]byte, 16)
+	_, _ = rand.Read(secret)
+	canary := filepath.Join(canaryDir, "canary.txt")
+	if err := os.WriteFile(canary, []byte(hex.EncodeToString(secret)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, rt := range runtimes {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			c := defaultTeam(t)
+			healthy := func(t *testing.T) {
+				t.Helper()
+				sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt})
+				if r := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: "echo ok"}); r.Stdout != "ok\n" {
+					t.Fatalf("server unhealthy after hostile case: %+v", r)
+				}
+			}
+			// stillOrLost accepts a sandbox that survived, or one that was
+			// recorded as lost (and so cleaned up) — never a hang.
+			t.Run("fork_bomb", func(t *testing.T) {
+				sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt})
+				r, err := c.Exec(ctxT(t, 2*time.Minute), sb.ID, client.ExecRequest{Timeout: 5, Cmd: `bomb() { bomb | bomb & }; bomb; sleep 10`})
+				if err == nil && r.Status != client.StatusTimedOut && r.Status != client.StatusExited {
+					t.Fatalf("fork bomb: %+v", r)
+				}
+				if err != nil && !client.IsSandboxNotRunning(err) {
+					t.Fatalf("fork bomb: %v", err)
+				}
+				healthy(t)
+			})
+			t.Run("memory_hog", func(t *testing.T) {
+				sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt, MemoryMB: 128})
+				r, err := c.Exec(ctxT(t, 2*time.Minute), sb.ID, client.ExecRequest{Timeout: 60, Cmd: `head -c 2000000000 /dev/zero | tail -c 1900000000 >/dev/null`})
+				switch {
+				case err != nil && client.IsSandboxNotRunning(err):
+					got, _ := c.GetSandbox(context.Background(), sb.ID)
+					if got.State != client.StateLost {
+						t.Fatalf("sandbox after OOM: %+v", got)
+					}
+				case err != nil:
+					t.Fatalf("memory hog: %v", err)
+				case r.Status == client.StatusExited && r.ExitCode == 0:
+					t.Fatalf("memory hog was not stopped: %+v", r)
+				}
+				healthy(t)
+			})
+			t.Run("disk_limit", func(t *testing.T) {
+				sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt, DiskMB: 64})
+				r := mustExec(t, c, sb.ID, client.ExecRequest{Timeout: 60, Cmd: `dd if=/dev/zero of=/work/big bs=1M count=400 2>&1; echo rc=$?`})
+				if !strings.Contains(r.Stdout, "No space left") || strings.Contains(r.Stdout, "rc=0") {
+					t.Fatalf("write past the disk limit: %+v", r)
+				}
+				healthy(t)
+			})
+			t.Run("stdout_flood", func(t *testing.T) {
+				sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt})
+				r := mustExec(t, c, sb.ID, client.ExecRequest{Timeout: 120, Cmd: `head -c 1000000000 /dev/zero`})
+				if !r.StdoutTruncated || r.Status != client.StatusExited || r.ExitCode != 0 || len(r.Stdout) > 16<<20 {
+					t.Fatalf("1 GB of stdout: status %s exit %d truncated %v len %d", r.Status, r.ExitCode, r.StdoutTruncated, len(r.Stdout))
+				}
+			})
+			t.Run("spawning_loop_and_daemons", func(t *testing.T) {
+				sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt})
+				r := mustExec(t, c, sb.ID, client.ExecRequest{Timeout: 2, Cmd: `for i in 1 2 3; do (setsid sh -c 'while :; do sleep 1; done' &) ; done; nohup sh -c 'while :; do :; done' >/dev/null 2>&1 & while :; do sleep 0.1 & done`})
+				if r.Status != client.StatusTimedOut {
+					t.Fatalf("spawning loop: %+v", r)
+				}
+				// Every process but pid 1 (the agent), this shell and its children.
+				left := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: `for p in /proc/[0-9]*; do pid=${p#/proc/}; [ "$pid" = 1 ] || [ "$pid" = $$ ] && continue; read -r line < $p/stat 2>/dev/null || continue; set -- $line; [ "$4" = $$ ] && continue; echo "$pid $2"; done`})
+				if strings.TrimSpace(left.Stdout) != "" {
+					t.Fatalf("processes survived the timeout:\n%s", left.Stdout)
+				}
+				// A daemon started in a background process dies with the sandbox.
+				if _, err := c.StartProcess(ctxT(t, time.Minute), sb.ID, client.ExecRequest{Cmd: `(setsid sleep 1000 &)`}); err != nil {
+					t.Fatal(err)
+				}
+			})
+			t.Run("host_canary", func(t *testing.T) {
+				sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt})
+				r := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: "cat " + canary + "; cat /proc/1/root" + canary + "; grep -rs " + hex.EncodeToString(secret) + " /tmp /proc/1/root/tmp /mnt /home 2>/dev/null; true"})
+				if strings.Contains(r.Stdout, hex.EncodeToString(secret)) {
+					t.Fatalf("sandbox read the host canary: %+v", r)
+				}
+				if _, _, err := c.ReadFile(ctxT(t, time.Minute), sb.ID, canary); !client.IsNotFound(err) {
+					t.Fatalf("file API reached the host canary: %v", err)
+				}
+			})
+			t.Run("network_none", func(t *testing.T) {
+				sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt})
+				port := srv.addr[strings.LastIndex(srv.addr, ":")+1:]
+				r := mustExec(t, c, sb.ID, client.ExecRequest{Timeout: 10, Cmd: `ls /sys/class/net 2>/dev/null | grep -v '^lo$'; bash -c 'echo x > /dev/tcp/127.0.0.1/` + port + `' 2>/dev/null && echo reached-host; true`})
+				if strings.Contains(r.Stdout, "reached") || strings.TrimSpace(r.Stdout) != "" {
+					t.Fatalf("network with network none: %+v", r)
+				}
+			})
+			t.Run("kill_agent_from_inside", func(t *testing.T) {
+				sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt})
+				_, err := c.Exec(ctxT(t, time.Minute), sb.ID, client.ExecRequest{Timeout: 5, Cmd: `kill -TERM 1; kill -INT 1; kill -HUP 1; kill -SEGV 1; kill -KILL 1; sleep 1; echo alive`})
+				if err != nil && !client.IsSandboxNotRunning(err) {
+					t.Fatalf("exec: %v", err)
+				}
+				// Either the agent survived, or the sandbox is recorded as lost.
+				r, err := c.Exec(ctxT(t, time.Minute), sb.ID, client.ExecRequest{Cmd: "echo still"})
+				if err != nil {
+					if !client.IsSandboxNotRunning(err) {
+						t.Fatalf("after killing the agent: %v", err)
+					}
+					got, _ := c.GetSandbox(context.Background(), sb.ID)
+					if got.State != client.StateLost {
+						t.Fatalf("sandbox after agent death: %+v", got)
+					}
+					assertGone(t, srv, sb.ID)
+				} else if r.Stdout != "still\n" {
+					t.Fatalf("after killing the agent: %+v", r)
+				}
+				healthy(t)
+			})
+		})
+	}
+}
