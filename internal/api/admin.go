@@ -192,3 +192,17 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, _ auth.Pr
 	}
 	writeJSON(w, http.StatusOK, out)
 }
+
+func (s *Server) listPools(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if err := requireAdmin(p); err != nil {
+		writeError(w, err)
+		return
+	}
+	out := client.PoolList{Pools: []client.Pool{}}
+	for _, ps := range s.pools.Pools() {
+		k := ps.Key
+		out.Pools = append(out.Pools, client.Pool{Template: k.Template, Runtime: k.Runtime, CPU: k.Shape.CPU,
+			MemoryMB: k.Shape.MemoryMB, DiskMB: k.Shape.DiskMB, Network: k.Shape.Network, Target: ps.Target, Ready: ps.Ready})
+	}
+	writeJSON(w, http.StatusOK, out)
+}

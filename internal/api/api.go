@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template"
@@ -43,8 +44,14 @@ type Store interface {
 	RevokeKey(ctx context.Context, teamID, id string) (store.Key, error)
 }
 
+// Pools reports the node's warm pools.
+type Pools interface {
+	Pools() []node.PoolStatus
+}
+
 // Server is the HTTP API.
 type Server struct {
+	pools     Pools
 	svc       *sandbox.Service
 	store     Store
 	auth      Authenticator
@@ -62,6 +69,7 @@ type Config struct {
 	Auth      Authenticator
 	Templates *template.Registry
 	Runtimes  []string
+	Pools     Pools
 	// DefaultLimits are given to teams created without limits.
 	DefaultLimits client.Limits
 	Logger        *slog.Logger
@@ -69,7 +77,7 @@ type Config struct {
 
 // New returns the API handler.
 func New(cfg Config) *Server {
-	s := &Server{svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
+	s := &Server{pools: cfg.Pools, svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
 		runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux()}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -111,6 +119,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/keys", a(s.listKeys))
 	s.mux.HandleFunc("DELETE /v1/keys/{id}", a(s.revokeKey))
 	s.mux.HandleFunc("GET /v1/templates", a(s.listTemplates))
+	s.mux.HandleFunc("GET /v1/pools", a(s.listPools))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(client.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})

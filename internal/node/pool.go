@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"sort"
 	"time"
 )
 
@@ -37,6 +38,25 @@ func (p *pool) poke() {
 	case p.kick <- struct{}{}:
 	default:
 	}
+}
+
+// PoolStatus is the state of one warm pool.
+type PoolStatus struct {
+	Key    PoolKey
+	Target int
+	Ready  int
+}
+
+// Pools reports every warm pool, in a stable order.
+func (n *Node) Pools() []PoolStatus {
+	n.mu.Lock()
+	out := make([]PoolStatus, 0, len(n.pools))
+	for _, p := range n.pools {
+		out = append(out, PoolStatus{Key: p.key, Target: p.target, Ready: len(p.ready)})
+	}
+	n.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Key.String() < out[j].Key.String() })
+	return out
 }
 
 // PoolReady reports how many ready sandboxes of key the pool holds.

@@ -188,7 +188,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	handler := api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
-		Templates: templates, Runtimes: n.Runtimes(), DefaultLimits: cfg.Limits, Logger: log})
+		Templates: templates, Runtimes: n.Runtimes(), Pools: n, DefaultLimits: cfg.Limits, Logger: log})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)

@@ -93,3 +93,12 @@ func (c *Client) RevokeKey(ctx context.Context, id string) error {
 	}
 	return c.do(ctx, &request{method: http.MethodDelete, path: "/keys/" + seg(id), retry: true}, nil)
 }
+
+// ListPools reports the server's warm pools (admin key only).
+func (c *Client) ListPools(ctx context.Context) ([]Pool, error) {
+	var out PoolList
+	if err := c.do(ctx, &request{method: http.MethodGet, path: "/pools", retry: true}, &out); err != nil {
+		return nil, err
+	}
+	return out.Pools, nil
+}

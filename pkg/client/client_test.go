@@ -176,6 +176,7 @@ func TestClientCoversSpec(t *testing.T) {
 		func() error { _, err := c.ListKeys(ctx); return err },
 		func() error { return c.RevokeKey(ctx, "k-1") },
 		func() error { _, err := c.ListTemplates(ctx); return err },
+		func() error { _, err := c.ListPools(ctx); return err },
 	}
 	for i, call := range calls {
 		if err := call(); err != nil {

@@ -50,6 +50,8 @@ var wireTypes = map[string]reflect.Type{
 	"KeyList":              reflect.TypeFor[KeyList](),
 	"Template":             reflect.TypeFor[Template](),
 	"TemplateList":         reflect.TypeFor[TemplateList](),
+	"Pool":                 reflect.TypeFor[Pool](),
+	"PoolList":             reflect.TypeFor[PoolList](),
 	"Health":               reflect.TypeFor[Health](),
 }
 
@@ -65,6 +67,8 @@ var enumConsts = map[string]string{
 	"ExecResult.status":            "Status",
 	"ExecEvent.type":               "Event",
 	"FileInfo.type":                "FileType",
+	"Pool.runtime":                 "Runtime",
+	"Pool.network":                 "Network",
 }
 
 type yamlMap = map[string]any

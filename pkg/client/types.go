@@ -308,3 +308,22 @@ const (
 	ContentTypeNDJSON      = "application/x-ndjson"
 	ContentTypeOctetStream = "application/octet-stream"
 )
+
+// Pool is a warm pool of ready sandboxes of one template, runtime and shape.
+type Pool struct {
+	Template string  `json:"template"`
+	Runtime  string  `json:"runtime"`
+	CPU      float64 `json:"cpu"`
+	MemoryMB int     `json:"memory_mb"`
+	DiskMB   int     `json:"disk_mb"`
+	Network  string  `json:"network"`
+	// Target is how many ready sandboxes the pool keeps; Ready how many it
+	// holds now.
+	Target int `json:"target"`
+	Ready  int `json:"ready"`
+}
+
+// PoolList is the body of GET /v1/pools (admin only).
+type PoolList struct {
+	Pools []Pool `json:"pools"`
+}
