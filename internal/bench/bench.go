@@ -151,4 +151,3 @@ func (z *zeroReader) Read(p []byte) (int, error) {
 	z.n -= int64(len(p))
 	return len(p), nil
 }
-
