@@ -20,13 +20,13 @@ import (
 )
 
 // buildAgent builds the agent static into a temporary directory.
-func buildAgent(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "evalbox-agent")
+func buildAgent(tb testing.TB) string {
+	tb.Helper()
+	bin := filepath.Join(tb.TempDir(), "evalbox-agent")
 	cmd := exec.Command("go", "build", "-o", bin, ".")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		tb.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin
 }
@@ -41,6 +41,49 @@ func (c procConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
 func (c procConn) Write(p []byte) (int, error) { return c.w.Write(p) }
 func (c procConn) Close() error                { return errors.Join(c.w.Close(), c.r.Close()) }
 
+// agentProc is a running agent binary and a client connected to it.
+type agentProc struct {
+	c       *agentproto.Client
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	waitErr error        // set when exited is closed
+	logs    bytes.Buffer // read it only after exited is closed
+}
+
+// startBinary runs the agent binary with args and connects to it.
+func startBinary(tb testing.TB, bin string, args ...string) *agentProc {
+	tb.Helper()
+	a := &agentProc{cmd: exec.Command(bin, args...), exited: make(chan struct{})}
+	stdin, err := a.cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := a.cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	a.cmd.Stderr = &a.logs
+	if err := a.cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	go func() {
+		a.waitErr = a.cmd.Wait()
+		close(a.exited)
+	}()
+	tb.Cleanup(func() {
+		a.cmd.Process.Kill()
+		select {
+		case <-a.exited:
+		case <-time.After(10 * time.Second):
+			tb.Error("agent process not collected")
+		}
+	})
+	if a.c, err = agentproto.Dial(procConn{w: stdin, r: stdout}); err != nil {
+		tb.Fatal(err)
+	}
+	return a
+}
+
 func TestAgentBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the agent")
@@ -49,39 +92,8 @@ func TestAgentBinary(t *testing.T) {
 	assertStatic(t, bin)
 
 	workdir := filepath.Join(t.TempDir(), "work")
-	cmd := exec.Command(bin, "--workdir", workdir, "--log-level", "debug")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs bytes.Buffer
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			t.Error("agent process not collected")
-		}
-	})
-
-	c, err := agentproto.Dial(procConn{w: stdin, r: stdout})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := startBinary(t, bin, "--workdir", workdir, "--log-level", "debug")
+	c, cmd := a.c, a.cmd
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx); err != nil {
@@ -119,6 +131,23 @@ func TestAgentBinary(t *testing.T) {
 		}
 	}
 
+	// A timeout kills a double-forked daemon, which (reparented to the
+	// agent) is then reaped: no zombie is left.
+	out.Reset()
+	exit, err = c.Exec(ctx, agentproto.ExecRequest{
+		Shell:     "(setsid sleep 1000 >/dev/null 2>&1 & echo $!); sleep 1000",
+		TimeoutMs: 300,
+	}, nil, &out, nil)
+	if err != nil || exit.Status != agentproto.StatusTimedOut {
+		t.Fatalf("timeout: %+v %v", exit, err)
+	}
+	daemon, _ := strconv.Atoi(strings.TrimSpace(out.String()))
+	for deadline := time.Now().Add(5 * time.Second); processExists(daemon); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon %d not killed and reaped", daemon)
+		}
+	}
+
 	// Files over the real transport.
 	p := filepath.Join(t.TempDir(), "f")
 	data := bytes.Repeat([]byte("evalbox"), 300_000)
@@ -143,9 +172,9 @@ func TestAgentBinary(t *testing.T) {
 	}
 	c.Close()
 	select {
-	case <-exited:
-		if waitErr != nil {
-			t.Fatalf("agent exit: %v\nlogs:\n%s", waitErr, logs.String())
+	case <-a.exited:
+		if a.waitErr != nil {
+			t.Fatalf("agent exit: %v\nlogs:\n%s", a.waitErr, a.logs.String())
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("agent did not exit when its connection closed")
@@ -153,8 +182,8 @@ func TestAgentBinary(t *testing.T) {
 	if processExists(bg.Pid) {
 		t.Fatalf("background process %d outlived the agent", bg.Pid)
 	}
-	if !strings.Contains(logs.String(), "agent stopped") {
-		t.Errorf("logs:\n%s", logs.String())
+	if !strings.Contains(a.logs.String(), "agent stopped") {
+		t.Errorf("logs:\n%s", a.logs.String())
 	}
 }
 
@@ -212,4 +241,58 @@ func parentOf(pid int) int {
 // processExists reports whether pid exists at all (a zombie counts).
 func processExists(pid int) bool {
 	return syscall.Kill(pid, 0) == nil
+}
+
+func BenchmarkAgentBinaryExecTrue(b *testing.B) {
+	a := startBinary(b, buildAgent(b), "--workdir", b.TempDir())
+	ctx := context.Background()
+	req := agentproto.ExecRequest{Argv: []string{"true"}}
+	for b.Loop() {
+		exit, err := a.c.Exec(ctx, req, nil, nil, nil)
+		if err != nil || exit.ExitCode != 0 {
+			b.Fatal(exit, err)
+		}
+	}
+}
+
+// zeroReader yields n zero bytes.
+type zeroReader struct{ n int64 }
+
+func (z *zeroReader) Read(p []byte) (int, error) {
+	if z.n == 0 {
+		return 0, io.EOF
+	}
+	n := min(int64(len(p)), z.n)
+	clear(p[:n])
+	z.n -= n
+	return int(n), nil
+}
+
+func BenchmarkAgentBinaryFileTransfer(b *testing.B) {
+	const size = 100 << 20
+	a := startBinary(b, buildAgent(b), "--workdir", b.TempDir())
+	ctx := context.Background()
+	p := filepath.Join(b.TempDir(), "f")
+	b.Run("write", func(b *testing.B) {
+		b.SetBytes(size)
+		for b.Loop() {
+			if _, err := a.c.WriteFile(ctx, p, &zeroReader{size}, agentproto.WriteOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("read", func(b *testing.B) {
+		b.SetBytes(size)
+		for b.Loop() {
+			_, r, err := a.c.OpenFile(ctx, p)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n, err := io.Copy(io.Discard, r)
+			r.Close()
+			if err != nil || n != size {
+				b.Fatal(n, err)
+			}
+		}
+	})
 }

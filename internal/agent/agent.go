@@ -39,7 +39,7 @@ const (
 	maxFinished = 256
 	// maxRetainedOutput bounds the output kept by finished background
 	// processes; the oldest are forgotten first.
-	maxRetainedOutput = 256 << 20
+	maxRetainedOutput = 64 << 20
 )
 
 // Config configures an agent.

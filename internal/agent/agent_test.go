@@ -318,6 +318,67 @@ func openTempDir(t *testing.T) string {
 	return dir
 }
 
+// slowWriter counts bytes and stalls on its first write, like a slow
+// host-side consumer.
+type slowWriter struct {
+	n     int64
+	stall time.Duration
+}
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	if w.n == 0 {
+		time.Sleep(w.stall)
+	}
+	w.n += int64(len(p))
+	return len(p), nil
+}
+
+func TestExecSlowConsumerGetsAllOutput(t *testing.T) {
+	ta := startAgent(t, agent.Config{})
+	// A little more output than the stream window (4 MiB) holds, a
+	// consumer that stalls longer than the pipe grace, and a daemon that
+	// keeps the pipes open: the process exits with output left in its pipe
+	// while the agent cannot forward it yet. Everything must arrive.
+	const n = 4<<20 + 100_000
+	w := &slowWriter{stall: 500 * time.Millisecond}
+	var stderr bytes.Buffer
+	exit, err := ta.c.Exec(ctxT(t), agentproto.ExecRequest{Shell: fmt.Sprintf("sleep 30 & echo $! >&2; head -c %d /dev/zero", n)}, nil, w, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pid, err := strconv.Atoi(strings.TrimSpace(stderr.String())); err == nil {
+		killPid(pid)
+		waitGone(t, pid)
+	} else {
+		t.Errorf("daemon pid %q", stderr.String())
+	}
+	if exit.ExitCode != 0 || exit.StdoutTruncated || w.n != n {
+		t.Fatalf("got %d of %d bytes, exit %+v", w.n, n, exit)
+	}
+}
+
+func TestExecChattyDaemonDoesNotHang(t *testing.T) {
+	ta := startAgent(t, agent.Config{})
+	// yes keeps writing to the pipe after the shell has exited.
+	start := time.Now()
+	var stdout countWriter
+	stdout.allowAny = true
+	var stderr bytes.Buffer
+	exit, err := ta.c.Exec(ctxT(t), agentproto.ExecRequest{Shell: "yes & echo $! >&2", MaxOutputBytes: 1 << 20}, nil, &stdout, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pid, err := strconv.Atoi(strings.TrimSpace(stderr.String())); err == nil {
+		killPid(pid)
+		waitGone(t, pid)
+	} else {
+		t.Errorf("daemon pid %q", stderr.String())
+	}
+	if took := time.Since(start); took > 2*time.Second || exit.ExitCode != 0 {
+		t.Fatalf("took %v, exit %+v", took, exit)
+	}
+}
+
 func killPid(pid int) error {
 	p, err := os.FindProcess(pid)
 	if err != nil {
@@ -358,11 +419,15 @@ func TestExecOutputCap(t *testing.T) {
 	}
 }
 
-type countWriter struct{ n int64 }
+// countWriter counts bytes, which must be zeros unless allowAny.
+type countWriter struct {
+	n        int64
+	allowAny bool
+}
 
 func (w *countWriter) Write(p []byte) (int, error) {
 	for _, b := range p {
-		if b != 0 {
+		if b != 0 && !w.allowAny {
 			return 0, errors.New("unexpected byte")
 		}
 	}
@@ -623,6 +688,20 @@ func (f failingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// cancelAfter yields zeros forever and calls cancel after n bytes.
+type cancelAfter struct {
+	n      int
+	cancel context.CancelFunc
+}
+
+func (c *cancelAfter) Read(p []byte) (int, error) {
+	clear(p)
+	if c.n -= len(p); c.n <= 0 {
+		c.cancel()
+	}
+	return len(p), nil
+}
+
 // dirEntries lists dir's names.
 func dirEntries(t *testing.T, dir string) []string {
 	t.Helper()
@@ -674,15 +753,10 @@ func TestWriteFileAbortedLeavesNothing(t *testing.T) {
 		t.Fatalf("too large left %v", names)
 	}
 
-	// Cancelled midway.
+	// Cancelled midway (the source would go on forever).
 	cctx, cancel := context.WithCancel(ctx)
-	pr, pw := io.Pipe()
-	go func() {
-		pw.Write(make([]byte, 1<<20))
-		cancel()
-	}()
-	_, err = ta.c.WriteFile(cctx, p, pr, agentproto.WriteOptions{})
-	pw.Close()
+	src := &cancelAfter{n: 1 << 20, cancel: cancel}
+	_, err = ta.c.WriteFile(cctx, p, src, agentproto.WriteOptions{})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled: %v", err)
 	}

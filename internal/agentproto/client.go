@@ -365,7 +365,9 @@ type WriteOptions struct {
 // WriteFile streams r into the file at path (absolute). The file appears
 // complete or not at all: the agent writes a temporary file next to it
 // and renames it into place only after the last byte, so a failed,
-// cancelled or too large upload leaves nothing behind.
+// cancelled or too large upload leaves nothing behind. r is read in the
+// caller's goroutine: a Read that blocks delays the return even after ctx
+// is done.
 func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, opts WriteOptions) (FileInfo, error) {
 	k, err := c.open(ctx, &Request{
 		Op: OpWriteFile, Path: path, Mode: opts.Mode, Recursive: opts.Parents,

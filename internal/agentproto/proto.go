@@ -119,7 +119,9 @@ type Request struct {
 	// File operations. Path must be absolute and clean of NUL bytes; it is
 	// cleaned (path.Clean) by the agent before use.
 	Path string `json:"path,omitempty"`
-	// OpWriteFile, OpMkdir: permission bits (0 = 0644 for files, 0755 for dirs).
+	// OpWriteFile, OpMkdir: permission bits, as chmod takes them (0o7777);
+	// 0 = 0644 for new files (a replaced file keeps its bits), 0755 for dirs.
+	// FileInfo.Mode reports the same bits.
 	Mode uint32 `json:"mode,omitempty"`
 	// OpMkdir: create parents; OpRemove: remove a directory tree;
 	// OpWriteFile: create missing parent directories.
@@ -137,7 +139,8 @@ type ExecRequest struct {
 	// Exactly one of Argv or Shell. Shell runs as /bin/sh -c Shell.
 	Argv  []string `json:"argv,omitempty"`
 	Shell string   `json:"shell,omitempty"`
-	// Working directory ("" = the sandbox default workdir).
+	// Working directory ("" = the sandbox default workdir; a relative one
+	// is taken relative to it).
 	Cwd string `json:"cwd,omitempty"`
 	// Extra environment on top of the sandbox's default environment.
 	Env map[string]string `json:"env,omitempty"`
@@ -194,7 +197,7 @@ type FileInfo struct {
 	Path    string    `json:"path"`
 	Type    string    `json:"type"` // "file", "dir", "symlink", "other"
 	Size    int64     `json:"size"`
-	Mode    uint32    `json:"mode"` // permission bits
+	Mode    uint32    `json:"mode"` // permission bits (0o7777)
 	ModTime time.Time `json:"mod_time"`
 	// Target of a symlink.
 	Target string `json:"target,omitempty"`

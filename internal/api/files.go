@@ -35,7 +35,10 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p auth.Princip
 	}
 	defer rc.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+	if fi.Type == client.FileTypeFile {
+		// Files of procfs or devices may yield more than stat says.
+		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+	}
 	w.WriteHeader(http.StatusOK)
 	if _, err := io.Copy(w, rc); err != nil && !errors.Is(err, r.Context().Err()) {
 		// Headers are gone: the short body tells the client.

@@ -221,7 +221,7 @@ func TestSandboxIsolation(t *testing.T) {
 	})
 	t.Run("overlay", func(t *testing.T) {
 		a.t = t
-		a.mustRun("echo written > /etc/evalbox-test-file && rm /etc/os-release && mkdir -p /work && echo x > /work/f")
+		a.mustRun("echo written > /etc/evalbox-test-file && rm /etc/os-release && mkdir -p /evalbox-test-dir && echo x > /evalbox-test-dir/f")
 		if got := a.mustRun("cat /etc/evalbox-test-file"); got != "written\n" {
 			t.Errorf("read back %q", got)
 		}
@@ -231,7 +231,7 @@ func TestSandboxIsolation(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(spec.RootFS, "etc/os-release")); err != nil {
 			t.Errorf("delete reached the template: %v", err)
 		}
-		if _, err := os.Stat(filepath.Join(spec.RootFS, "work")); err == nil {
+		if _, err := os.Stat(filepath.Join(spec.RootFS, "evalbox-test-dir")); err == nil {
 			t.Error("mkdir reached the template")
 		}
 		// The agent binary is read-only.
