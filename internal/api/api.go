@@ -206,33 +206,35 @@ var statusOf = map[string]int{
 	sandbox.CodeNoSpace:          http.StatusInsufficientStorage,
 }
 
-// writeError answers err with its code; unknown errors are internal and
-// their text is not shown to the caller.
-func writeError(w http.ResponseWriter, err error) {
+// errorDetail maps err to its status, body and Retry-After seconds. Unknown
+// errors are internal and their text is not shown to the caller.
+func errorDetail(err error) (int, client.ErrorDetail, int) {
 	var se *sandbox.Error
-	var body client.ErrorBody
-	status := http.StatusInternalServerError
 	switch {
 	case errors.As(err, &se):
-		body.Error = client.ErrorDetail{Code: se.Code, Message: se.Message}
-		if st, ok := statusOf[se.Code]; ok {
-			status = st
+		status, ok := statusOf[se.Code]
+		if !ok {
+			status = http.StatusInternalServerError
 		}
-		if se.RetryAfter > 0 {
-			w.Header().Set("Retry-After", strconv.Itoa(se.RetryAfter))
-		}
+		return status, client.ErrorDetail{Code: se.Code, Message: se.Message}, se.RetryAfter
 	case errors.Is(err, context.Canceled):
 		// The client went away; nobody reads this.
-		body.Error = client.ErrorDetail{Code: client.CodeBadRequest, Message: "request cancelled"}
-		status = 499
+		return 499, client.ErrorDetail{Code: client.CodeBadRequest, Message: "request cancelled"}, 0
 	case errors.Is(err, context.DeadlineExceeded):
-		body.Error = client.ErrorDetail{Code: client.CodeTimeout, Message: "deadline exceeded"}
-		status = http.StatusGatewayTimeout
+		return http.StatusGatewayTimeout, client.ErrorDetail{Code: client.CodeTimeout, Message: "deadline exceeded"}, 0
 	default:
 		slog.Error("internal error", "err", err)
-		body.Error = client.ErrorDetail{Code: client.CodeInternal, Message: "internal error"}
+		return http.StatusInternalServerError, client.ErrorDetail{Code: client.CodeInternal, Message: "internal error"}, 0
 	}
-	writeJSON(w, status, body)
+}
+
+// writeError answers err with its code.
+func writeError(w http.ResponseWriter, err error) {
+	status, detail, retryAfter := errorDetail(err)
+	if retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	writeJSON(w, status, client.ErrorBody{Error: detail})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -61,30 +61,12 @@ func (s streamOf) Write(p []byte) (int, error) {
 // finish writes the last event: the result or the error.
 func (e *eventWriter) finish(res client.ExecResult, err error) {
 	if err != nil {
-		body := errorBody(err)
-		_ = e.event(client.ExecEvent{Type: "error", Error: &body})
+		_, detail, _ := errorDetail(err)
+		_ = e.event(client.ExecEvent{Type: client.EventError, Error: &detail})
 		return
 	}
-	_ = e.event(client.ExecEvent{Type: "exit", Result: &res})
+	_ = e.event(client.ExecEvent{Type: client.EventExit, Result: &res})
 }
-
-// errorBody is the error detail writeError would send.
-func errorBody(err error) client.ErrorDetail {
-	rec := &bodyRecorder{header: http.Header{}}
-	writeError(rec, err)
-	var b client.ErrorBody
-	_ = json.Unmarshal(rec.buf.Bytes(), &b)
-	return b.Error
-}
-
-type bodyRecorder struct {
-	header http.Header
-	buf    bytes.Buffer
-}
-
-func (b *bodyRecorder) Header() http.Header         { return b.header }
-func (b *bodyRecorder) Write(p []byte) (int, error) { return b.buf.Write(p) }
-func (b *bodyRecorder) WriteHeader(int)             {}
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	var req client.ExecRequest
@@ -99,7 +81,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 		// starts the process; a failure after that is an error event.
 		var ew *eventWriter
 		lazy := &lazyStream{w: w, ew: &ew}
-		res, err := s.svc.Exec(r.Context(), p.TeamID, id, req, lazy.stream("stdout"), lazy.stream("stderr"))
+		res, err := s.svc.Exec(r.Context(), p.TeamID, id, req, lazy.stream(client.EventStdout), lazy.stream(client.EventStderr))
 		if ew == nil {
 			if err != nil {
 				writeError(w, err)
@@ -204,7 +186,7 @@ func (s *Server) waitProcess(w http.ResponseWriter, r *http.Request, p auth.Prin
 func (s *Server) streamProcess(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	var ew *eventWriter
 	lazy := &lazyStream{w: w, ew: &ew}
-	res, err := s.svc.AttachProcess(r.Context(), p.TeamID, r.PathValue("id"), r.PathValue("pid"), lazy.stream("stdout"), lazy.stream("stderr"))
+	res, err := s.svc.AttachProcess(r.Context(), p.TeamID, r.PathValue("id"), r.PathValue("pid"), lazy.stream(client.EventStdout), lazy.stream(client.EventStderr))
 	if ew == nil {
 		if err != nil {
 			writeError(w, err)

@@ -19,7 +19,14 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p auth.Princi
 	q := r.URL.Query()
 	// The agent enforces the maximum too (for chunked bodies), and writes
 	// atomically: a cut or oversize upload leaves no file.
-	fi, err := s.svc.WriteFile(r.Context(), p.TeamID, r.PathValue("id"), q.Get("path"), q.Get("mode"), r.Body)
+	// MaxBytesReader makes the server answer 413 and close the connection
+	// cleanly when a chunked body runs past the maximum.
+	body := http.MaxBytesReader(w, r.Body, max)
+	fi, err := s.svc.WriteFile(r.Context(), p.TeamID, r.PathValue("id"), q.Get("path"), q.Get("mode"), body)
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		err = errorf(client.CodePayloadTooLarge, "file is over the maximum of %d bytes", max)
+	}
 	if err != nil {
 		writeError(w, err)
 		return

@@ -189,7 +189,6 @@ func (s *Service) Recover(ctx context.Context) error {
 // shutdown") and stops the reaper.
 func (s *Service) Close(ctx context.Context) error {
 	close(s.stop)
-	s.wg.Wait()
 	s.mu.Lock()
 	all := slices.Collect(maps.Values(s.live))
 	s.mu.Unlock()
@@ -202,6 +201,8 @@ func (s *Service) Close(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
+	// The reaper and the watchers of the ended sandboxes return now.
+	s.wg.Wait()
 	return nil
 }
 

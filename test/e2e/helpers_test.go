@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -142,4 +143,9 @@ func mustExec(t *testing.T, c *client.Client, id string, req client.ExecRequest)
 		t.Fatalf("exec %+v: %v", req, err)
 	}
 	return res
+}
+
+func jsonOf(v any) (string, error) {
+	b, err := json.Marshal(v)
+	return string(b), err
 }

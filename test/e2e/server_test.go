@@ -1,0 +1,148 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// TestServerLimitsAndShutdown runs a server with small limits: uploads past
+// the maximum get 413 and leave no file, TTLs are bounded by the flags, and
+// a graceful shutdown removes every live sandbox.
+func TestServerLimitsAndShutdown(t *testing.T) {
+	t.Parallel()
+	s, err := startServer(serverOptions{args: []string{"--max-file-bytes", "1048576", "--max-timeout", "60", "--default-timeout", "30"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = s.stop()
+		}
+	}()
+	ctx := ctxT(t, 3*time.Minute)
+	var ids []string
+	for _, rt := range runtimes {
+		sb, err := s.admin.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Runtime: rt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID)
+		if ttl := sb.ExpiresAt.Sub(sb.CreatedAt); ttl != 30*time.Second {
+			t.Errorf("default TTL %v, want 30s", ttl)
+		}
+		big := bytes.Repeat([]byte("x"), 2<<20)
+		_, err = s.admin.WriteFile(ctx, sb.ID, "/work/big", bytes.NewReader(big), int64(len(big)), 0o644)
+		if client.ErrorCode(err) != client.CodePayloadTooLarge {
+			t.Errorf("%s: upload with Content-Length past the max: %v", rt, err)
+		}
+		// Without a length (chunked), the cut comes while streaming.
+		_, err = s.admin.WriteFile(ctx, sb.ID, "/work/big", io.MultiReader(bytes.NewReader(big)), -1, 0o644)
+		if client.ErrorCode(err) != client.CodePayloadTooLarge {
+			t.Errorf("%s: chunked upload past the max: %v", rt, err)
+		}
+		if _, err := s.admin.StatFile(ctx, sb.ID, "/work/big"); !client.IsNotFound(err) {
+			t.Errorf("%s: an oversize upload left a file: %v", rt, err)
+		}
+		r, err := s.admin.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "ls -A /work"})
+		if err != nil || r.Stdout != "" {
+			t.Errorf("%s: /work after failed uploads: %+v %v", rt, r, err)
+		}
+		if _, err := s.admin.SetTimeout(ctx, sb.ID, 61*time.Second); client.ErrorCode(err) != client.CodeBadRequest {
+			t.Errorf("timeout past --max-timeout: %v", err)
+		}
+	}
+	if _, err := s.admin.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Timeout: 61}); client.ErrorCode(err) != client.CodeBadRequest {
+		t.Errorf("create past --max-timeout: %v", err)
+	}
+	// Graceful shutdown with live sandboxes: nothing of them stays.
+	stopped = true
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if left := hostLeftovers(s, id); len(left) > 0 {
+			t.Errorf("after shutdown, %s left:\n  %s", id, strings.Join(left, "\n  "))
+		}
+	}
+}
+
+// TestSecretsStayOutOfLogs checks that env values given at create and exec
+// time never reach the server's log, and are never returned by the API.
+func TestSecretsStayOutOfLogs(t *testing.T) {
+	t.Parallel()
+	c := defaultTeam(t)
+	const secret = "s3cr3t-value-7f1c2a"
+	for _, rt := range runtimes {
+		sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt, Env: map[string]string{"API_TOKEN": secret}})
+		r := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: `test "$API_TOKEN" = "` + secret + `" && test "$X" = "` + secret + `x" && echo ok`,
+			Env: map[string]string{"X": secret + "x"}})
+		if r.Stdout != "ok\n" {
+			t.Fatalf("%s: env not seen by the process: %+v", rt, r)
+		}
+		got, err := c.GetSandbox(context.Background(), sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := jsonOf(got)
+		if strings.Contains(b, secret) {
+			t.Fatalf("the API returned an env value: %s", b)
+		}
+	}
+	logs, err := os.ReadFile(srv.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(logs, []byte(secret)) {
+		t.Fatal("an env value reached the server log")
+	}
+	// Nor the database.
+	db, _ := os.ReadFile(filepath.Join(srv.dataDir, "evalbox.db"))
+	wal, _ := os.ReadFile(filepath.Join(srv.dataDir, "evalbox.db-wal"))
+	if bytes.Contains(db, []byte(secret)) || bytes.Contains(wal, []byte(secret)) {
+		t.Fatal("an env value reached the database")
+	}
+}
+
+// TestCPULimitApplied reads the sandbox's cgroup on the host.
+func TestCPULimitApplied(t *testing.T) {
+	t.Parallel()
+	c := defaultTeam(t)
+	for _, rt := range runtimes {
+		sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt, CPU: 0.5, MemoryMB: 200})
+		quota := readCgroupFile(t, "cpu", sb.ID, "cpu.cfs_quota_us", "cpu.max")
+		if !strings.HasPrefix(quota, "50000") {
+			t.Errorf("%s: cpu quota %q, want 50000 (0.5 of a 100000 period)", rt, quota)
+		}
+		mem := readCgroupFile(t, "memory", sb.ID, "memory.limit_in_bytes", "memory.max")
+		if mem == "" || mem == "max" || mem == "9223372036854771712" {
+			t.Errorf("%s: no memory limit (%q)", rt, mem)
+		}
+	}
+}
+
+// readCgroupFile finds the sandbox's cgroup in the v1 hierarchy of
+// controller (or the unified one) and reads the first file that exists.
+func readCgroupFile(t *testing.T, controller, id string, files ...string) string {
+	t.Helper()
+	for _, pat := range []string{"/sys/fs/cgroup/" + controller + "/*/" + id, "/sys/fs/cgroup/*/" + id} {
+		dirs, _ := filepath.Glob(pat)
+		for _, d := range dirs {
+			for _, f := range files {
+				if b, err := os.ReadFile(filepath.Join(d, f)); err == nil {
+					return strings.TrimSpace(string(b))
+				}
+			}
+		}
+	}
+	t.Fatalf("no cgroup of %s for %s", controller, id)
+	return ""
+}
