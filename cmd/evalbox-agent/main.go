@@ -38,6 +38,11 @@ func run() int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))
 	cfg.Logger = log
 
+	// Not dumpable: code in the sandbox, even as the same user, can
+	// neither read nor write the agent's memory through /proc/1/mem.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		log.Warn("cannot make the agent non-dumpable", "err", err)
+	}
 	pid1 := os.Getpid() == 1
 	if !pid1 {
 		// Orphans of the processes we start are reparented to us, so that
@@ -50,8 +55,24 @@ func run() int {
 	// before it has killed its processes. (Notify, not Ignore: an ignored
 	// signal would stay ignored in every process the agent starts.)
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
+	ctx := context.Background()
+	if pid1 {
+		// As the sandbox's init, the agent ends only when the host closes
+		// the connection or kills the sandbox from outside. Signals sent
+		// from inside (by the code under test) are received and dropped —
+		// all of them: Go's own handlers would otherwise let a TERM, or a
+		// SEGV or BUS sent with kill(2), end the agent.
+		drop := make(chan os.Signal, 8)
+		signal.Notify(drop)
+		go func() {
+			for range drop {
+			}
+		}()
+	} else {
+		var stop context.CancelFunc
+		ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+	}
 
 	conn, err := stdioConn()
 	if err != nil {

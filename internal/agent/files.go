@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -160,17 +159,11 @@ func (s *server) opWriteFile(st *yamux.Stream, req *agentproto.Request) *agentpr
 			return fail(fsError(p, err))
 		}
 	}
+	// A symlink at the path is replaced, never followed: the agent writes
+	// as root, and code in the sandbox may have planted the link to make
+	// an upload overwrite (and hand over) a file it could not write.
 	target, mode := p, fileMode(req.Mode)
 	if fi, err := os.Lstat(p); err == nil {
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			// Write through a symlink, like a shell redirection would.
-			if resolved, err := filepath.EvalSymlinks(p); err == nil {
-				target = resolved
-				if fi, err = os.Stat(target); err != nil {
-					return fail(fsError(p, err))
-				}
-			}
-		}
 		if fi.IsDir() {
 			return fail(errorf(agentproto.CodeIsDir, "%s: is a directory", p))
 		}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -44,7 +45,8 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 const (
 	reasonNone int32 = iota
 	reasonTimeout
-	reasonAbort // the host went away or the agent is shutting down
+	reasonAbort  // the host went away or the agent is shutting down
+	reasonKilled // the host sent SIGKILL: the whole tree goes
 )
 
 // proc is a process started by the agent (foreground or background).
@@ -598,7 +600,7 @@ func (s *server) execInput(st *yamux.Stream, p *proc, done chan<- struct{}) {
 		case agentproto.KindSignal:
 			var sr agentproto.SignalRequest
 			if json.Unmarshal(payload, &sr) == nil && validSignal(sr.Signal) {
-				syscall.Kill(-p.pid, syscall.Signal(sr.Signal))
+				p.signal(syscall.Signal(sr.Signal))
 			}
 		}
 	}
@@ -689,7 +691,18 @@ func (s *server) opWait(st *yamux.Stream, req *agentproto.Request) *agentproto.R
 	}
 }
 
-// opSignal signals the process group of a process.
+// signal sends sig to the process group; SIGKILL kills the whole tree,
+// including descendants that left the group.
+func (p *proc) signal(sig syscall.Signal) error {
+	if sig == syscall.SIGKILL {
+		go p.kill(reasonKilled)
+		return nil
+	}
+	return syscall.Kill(-p.pid, sig)
+}
+
+// opSignal signals a process (see proc.signal). Signalling a process that
+// has ended is not an error: there is nothing left to signal.
 func (s *server) opSignal(req *agentproto.Request) *agentproto.Response {
 	if !validSignal(req.Signal) {
 		return fail(errorf(agentproto.CodeBadRequest, "invalid signal %d", req.Signal))
@@ -699,10 +712,10 @@ func (s *server) opSignal(req *agentproto.Request) *agentproto.Response {
 		return fail(perr)
 	}
 	if p.isDone() {
-		return fail(errorf(agentproto.CodeExists, "process %q has ended", req.ProcID))
+		return &agentproto.Response{}
 	}
-	if err := syscall.Kill(-p.pid, syscall.Signal(req.Signal)); err != nil {
-		return fail(errorf(agentproto.CodeExists, "process %q: %v", req.ProcID, err))
+	if err := p.signal(syscall.Signal(req.Signal)); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fail(errorf(agentproto.CodeInternal, "process %q: %v", req.ProcID, err))
 	}
 	return &agentproto.Response{}
 }

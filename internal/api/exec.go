@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/pkg/client"
@@ -21,10 +22,9 @@ func wantsStream(r *http.Request) bool {
 }
 
 // eventWriter turns output chunks into NDJSON ExecEvent lines, flushed as
-// they are written. It is safe for concurrent use by the stdout and stderr
-// writers.
+// they are written. The agent client writes stdout and stderr from one
+// goroutine, so it needs no lock.
 type eventWriter struct {
-	mu  sync.Mutex
 	w   http.ResponseWriter
 	rc  *http.ResponseController
 	enc *json.Encoder
@@ -38,24 +38,10 @@ func newEventWriter(w http.ResponseWriter) *eventWriter {
 }
 
 func (e *eventWriter) event(ev client.ExecEvent) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	if err := e.enc.Encode(ev); err != nil {
 		return err
 	}
 	return e.rc.Flush()
-}
-
-type streamOf struct {
-	e   *eventWriter
-	typ string
-}
-
-func (s streamOf) Write(p []byte) (int, error) {
-	if err := s.e.event(client.ExecEvent{Type: s.typ, Data: string(p)}); err != nil {
-		return 0, err
-	}
-	return len(p), nil
 }
 
 // finish writes the last event: the result or the error.
@@ -68,6 +54,79 @@ func (e *eventWriter) finish(res client.ExecResult, err error) {
 	_ = e.event(client.ExecEvent{Type: client.EventExit, Result: &res})
 }
 
+// lazyStream starts the NDJSON response with the first output chunk, so
+// that a call failing before any output still gets its HTTP error status.
+type lazyStream struct {
+	w  http.ResponseWriter
+	ew *eventWriter
+}
+
+func (l *lazyStream) writer() *eventWriter {
+	if l.ew == nil {
+		l.ew = newEventWriter(l.w)
+	}
+	return l.ew
+}
+
+// chunkWriter emits the chunks of one stream as events. JSON strings carry
+// text: a multi-byte UTF-8 character cut between two chunks is held back
+// until its end arrives, so it is never replaced by U+FFFD.
+type chunkWriter struct {
+	l       *lazyStream
+	typ     string
+	pending []byte
+}
+
+func (c *chunkWriter) Write(p []byte) (int, error) {
+	buf := append(c.pending, p...)
+	cut := completeUTF8(buf)
+	c.pending = append(c.pending[:0:0], buf[cut:]...)
+	if cut == 0 {
+		return len(p), nil
+	}
+	if err := c.l.writer().event(client.ExecEvent{Type: c.typ, Data: string(buf[:cut])}); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// flush emits what is held back (at the end of the stream).
+func (c *chunkWriter) flush() {
+	if len(c.pending) > 0 {
+		_ = c.l.writer().event(client.ExecEvent{Type: c.typ, Data: string(c.pending)})
+		c.pending = nil
+	}
+}
+
+// completeUTF8 returns the length of the longest prefix of b that does not
+// end inside a UTF-8 sequence (invalid bytes count as complete).
+func completeUTF8(b []byte) int {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return i
+			}
+			break
+		}
+	}
+	return len(b)
+}
+
+// stream answers with NDJSON events of run's output, then its result.
+func stream(w http.ResponseWriter, run func(stdout, stderr io.Writer) (client.ExecResult, error)) {
+	l := &lazyStream{w: w}
+	out := &chunkWriter{l: l, typ: client.EventStdout}
+	errw := &chunkWriter{l: l, typ: client.EventStderr}
+	res, err := run(out, errw)
+	out.flush()
+	errw.flush()
+	if l.ew == nil && err != nil {
+		writeError(w, err)
+		return
+	}
+	l.writer().finish(res, err)
+}
+
 func (s *Server) exec(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	var req client.ExecRequest
 	if err := decode(w, r, &req); err != nil {
@@ -76,20 +135,11 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 	}
 	id := r.PathValue("id")
 	if wantsStream(r) {
-		// Validate and admit before the 200 goes out, so that bad input
-		// still gets its 4xx: the service checks everything before it
-		// starts the process; a failure after that is an error event.
-		var ew *eventWriter
-		lazy := &lazyStream{w: w, ew: &ew}
-		res, err := s.svc.Exec(r.Context(), p.TeamID, id, req, lazy.stream(client.EventStdout), lazy.stream(client.EventStderr))
-		if ew == nil {
-			if err != nil {
-				writeError(w, err)
-				return
-			}
-			ew = newEventWriter(w)
-		}
-		ew.finish(res, err)
+		// Validation and admission happen before any output, so bad input
+		// still gets its 4xx; a failure after output is an error event.
+		stream(w, func(stdout, stderr io.Writer) (client.ExecResult, error) {
+			return s.svc.Exec(r.Context(), p.TeamID, id, req, stdout, stderr)
+		})
 		return
 	}
 	var stdout, stderr bytes.Buffer
@@ -101,29 +151,6 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()
 	writeJSON(w, http.StatusOK, res)
 }
-
-// lazyStream starts the NDJSON response on the first output chunk.
-type lazyStream struct {
-	mu sync.Mutex
-	w  http.ResponseWriter
-	ew **eventWriter
-}
-
-func (l *lazyStream) stream(typ string) writerFunc {
-	return func(p []byte) (int, error) {
-		l.mu.Lock()
-		if *l.ew == nil {
-			*l.ew = newEventWriter(l.w)
-		}
-		ew := *l.ew
-		l.mu.Unlock()
-		return streamOf{e: ew, typ: typ}.Write(p)
-	}
-}
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 func (s *Server) startProcess(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	var req client.ExecRequest
@@ -184,17 +211,9 @@ func (s *Server) waitProcess(w http.ResponseWriter, r *http.Request, p auth.Prin
 }
 
 func (s *Server) streamProcess(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	var ew *eventWriter
-	lazy := &lazyStream{w: w, ew: &ew}
-	res, err := s.svc.AttachProcess(r.Context(), p.TeamID, r.PathValue("id"), r.PathValue("pid"), lazy.stream(client.EventStdout), lazy.stream(client.EventStderr))
-	if ew == nil {
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		ew = newEventWriter(w)
-	}
-	ew.finish(res, err)
+	stream(w, func(stdout, stderr io.Writer) (client.ExecResult, error) {
+		return s.svc.AttachProcess(r.Context(), p.TeamID, r.PathValue("id"), r.PathValue("pid"), stdout, stderr)
+	})
 }
 
 func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request, p auth.Principal) {

@@ -42,7 +42,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p auth.Princip
 	}
 	defer rc.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
-	if fi.Type == client.FileTypeFile {
+	if fi.Type == client.FileTypeFile && fi.Size > 0 {
 		// Files of procfs or devices may yield more than stat says.
 		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
 	}

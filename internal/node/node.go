@@ -67,6 +67,7 @@ type Node struct {
 	cfg      Config
 	log      *slog.Logger
 	runtimes map[string]runtime.Runtime
+	names    []string // sorted runtime names
 
 	mu    sync.Mutex
 	live  map[string]*Sandbox
@@ -94,15 +95,11 @@ type Sandbox struct {
 	rt       runtime.Sandbox
 	stateDir string
 	once     sync.Once
-	pooled   bool // waiting in the warm pool (guarded by Node.mu)
 }
 
 // Done is closed when the sandbox's agent session ends (the sandbox died or
 // was destroyed).
 func (s *Sandbox) Done() <-chan struct{} { return s.Agent.Done() }
-
-// Usage reports host resources used by the sandbox.
-func (s *Sandbox) Usage(ctx context.Context) (runtime.Usage, error) { return s.rt.Usage(ctx) }
 
 // New returns a node. Call Sweep once before use to remove what a previous
 // process left, and Close to stop it.
@@ -125,41 +122,29 @@ func New(cfg Config) (*Node, error) {
 	}
 	for _, r := range cfg.Runtimes {
 		n.runtimes[r.Name()] = r
+		n.names = append(n.names, r.Name())
 	}
+	sort.Strings(n.names)
 	return n, nil
 }
 
 // Runtimes lists the runtime names this node runs, sorted.
-func (n *Node) Runtimes() []string {
-	var names []string
-	for name := range n.runtimes {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	return names
-}
-
-// Runtime returns a driver by name.
-func (n *Node) Runtime(name string) (runtime.Runtime, bool) {
-	r, ok := n.runtimes[name]
-	return r, ok
-}
+func (n *Node) Runtimes() []string { return n.names }
 
 // Sweep removes every sandbox a previous process of this node left behind
 // (runtime state, cgroups, processes, state directories). Nothing of them
 // can be reattached: their agent sessions were pipes of that process.
 func (n *Node) Sweep(ctx context.Context) ([]string, error) {
-	n.mu.Lock()
-	keep := func(id string) bool { _, ok := n.live[id]; return ok }
-	n.mu.Unlock()
+	keep := func(id string) bool {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		_, ok := n.live[id]
+		return ok
+	}
 	var removed []string
 	var errs []error
 	for _, r := range n.runtimes {
-		ids, err := r.Sweep(ctx, func(id string) bool {
-			n.mu.Lock()
-			defer n.mu.Unlock()
-			return keep(id)
-		})
+		ids, err := r.Sweep(ctx, keep)
 		removed = append(removed, ids...)
 		if err != nil {
 			errs = append(errs, err)
@@ -167,10 +152,7 @@ func (n *Node) Sweep(ctx context.Context) ([]string, error) {
 	}
 	entries, _ := os.ReadDir(n.cfg.StateDir)
 	for _, e := range entries {
-		n.mu.Lock()
-		live := keep(e.Name())
-		n.mu.Unlock()
-		if !live {
+		if !keep(e.Name()) {
 			if err := os.RemoveAll(filepath.Join(n.cfg.StateDir, e.Name())); err != nil {
 				errs = append(errs, err)
 			}
@@ -198,7 +180,12 @@ func (n *Node) Create(ctx context.Context, key PoolKey) (*Sandbox, error) {
 	return n.start(ctx, key)
 }
 
-// start cold-starts a sandbox. On error nothing is left behind.
+// ErrClosed is returned by Create once the node is closing.
+var ErrClosed = errors.New("node is shutting down")
+
+// start cold-starts a sandbox. On error nothing is left behind. The
+// sandbox joins the live set only once its agent answered, so Close never
+// sees a half-started one: it waits for starts in flight instead.
 func (n *Node) start(ctx context.Context, key PoolKey) (_ *Sandbox, err error) {
 	rt, ok := n.runtimes[key.Runtime]
 	if !ok {
@@ -208,6 +195,15 @@ func (n *Node) start(ctx context.Context, key PoolKey) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	n.mu.Lock()
+	if n.isClosed() {
+		n.mu.Unlock()
+		return nil, ErrClosed
+	}
+	n.wg.Add(1)
+	n.mu.Unlock()
+	defer n.wg.Done()
+
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.StartTimeout)
 	defer cancel()
 	id := NewID()
@@ -217,50 +213,43 @@ func (n *Node) start(ctx context.Context, key PoolKey) (_ *Sandbox, err error) {
 	}
 	sb := &Sandbox{ID: id, Template: tpl, Runtime: rt.Name(), RuntimeVersion: rt.Version(),
 		Shape: key.Shape, StartedAt: time.Now(), stateDir: stateDir}
-	n.mu.Lock()
-	n.live[id] = sb
-	n.mu.Unlock()
 	defer func() {
 		if err != nil {
 			n.destroy(context.WithoutCancel(ctx), sb)
 		}
 	}()
-	env := make([]string, 0, len(tpl.Defaults.Env))
-	for k, v := range tpl.Defaults.Env {
-		env = append(env, k+"="+v)
-	}
-	sort.Strings(env)
-	rsb, err := rt.Start(ctx, runtime.Spec{
+	sb.rt, err = rt.Start(ctx, runtime.Spec{
 		ID: id, RootFS: tpl.RootFS, AgentPath: n.cfg.AgentPath,
 		AgentArgs: []string{"--workdir", tpl.Defaults.Workdir, "--user", tpl.Defaults.User},
-		Env:       env, StateDir: stateDir,
+		Env:       tpl.EnvList(), StateDir: stateDir,
 		CPU: key.Shape.CPU, MemoryMB: key.Shape.MemoryMB, DiskMB: key.Shape.DiskMB, Pids: key.Shape.Pids,
 		Network: key.Shape.Network, Hostname: id,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node: start %s: %w", id, err)
 	}
-	sb.rt = rsb
-	agent, err := agentproto.Dial(rsb.Conn())
-	if err != nil {
+	if sb.Agent, err = agentproto.Dial(sb.rt.Conn()); err != nil {
 		return nil, fmt.Errorf("node: agent %s: %w", id, err)
 	}
-	sb.Agent = agent
-	if err := agent.Ping(ctx); err != nil {
+	if err := sb.Agent.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("node: agent %s did not answer: %w", id, err)
 	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.isClosed() {
+		return nil, ErrClosed
+	}
+	n.live[id] = sb
 	return sb, nil
 }
 
-// Get returns a live sandbox by id (pooled ones are not returned).
-func (n *Node) Get(id string) (*Sandbox, bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	sb, ok := n.live[id]
-	if !ok || sb.Agent == nil || sb.pooled {
-		return nil, false
+func (n *Node) isClosed() bool {
+	select {
+	case <-n.closed:
+		return true
+	default:
+		return false
 	}
-	return sb, true
 }
 
 // Destroy kills a sandbox and removes everything of it. Unknown ids are not
@@ -312,12 +301,14 @@ func (n *Node) Leftovers(id string) []string {
 
 // Close stops pool refills and destroys every sandbox of the node.
 func (n *Node) Close(ctx context.Context) error {
-	select {
-	case <-n.closed:
+	n.mu.Lock()
+	if n.isClosed() {
+		n.mu.Unlock()
 		return nil
-	default:
 	}
 	close(n.closed)
+	n.mu.Unlock()
+	// Refills and starts in flight see closed and clean up after themselves.
 	n.wg.Wait()
 	n.mu.Lock()
 	all := make([]*Sandbox, 0, len(n.live))

@@ -59,16 +59,6 @@ func (n *Node) Pools() []PoolStatus {
 	return out
 }
 
-// PoolReady reports how many ready sandboxes of key the pool holds.
-func (n *Node) PoolReady(key PoolKey) int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if p, ok := n.pools[key]; ok {
-		return len(p.ready)
-	}
-	return 0
-}
-
 // claim takes the oldest live ready sandbox of key, or returns nil.
 func (n *Node) claim(key PoolKey) *Sandbox {
 	n.mu.Lock()
@@ -90,7 +80,6 @@ func (n *Node) claim(key PoolKey) *Sandbox {
 		default:
 		}
 		sb.FromPool = true
-		sb.pooled = false
 		got = sb
 		break
 	}
@@ -142,7 +131,6 @@ func (n *Node) refill(p *pool) {
 			}
 			backoff = time.Second
 			n.mu.Lock()
-			sb.pooled = true
 			p.ready = append(p.ready, sb)
 			n.mu.Unlock()
 		}

@@ -43,8 +43,8 @@ func (s *Service) agentExec(e *entry, req client.ExecRequest) (agentproto.ExecRe
 	if req.Timeout < 0 || math.IsNaN(req.Timeout) || req.Timeout > s.cfg.MaxTimeout.Seconds() {
 		return out, errorf(client.CodeBadRequest, "timeout must be between 0 and %d seconds", int(s.cfg.MaxTimeout.Seconds()))
 	}
-	if req.MaxOutputBytes < 0 {
-		return out, errorf(client.CodeBadRequest, "max_output_bytes must be ≥ 0")
+	if req.MaxOutputBytes < 0 || req.MaxOutputBytes > s.cfg.MaxOutputLimit {
+		return out, errorf(client.CodeBadRequest, "max_output_bytes must be between 0 and %d", s.cfg.MaxOutputLimit)
 	}
 	env := e.env
 	if len(req.Env) > 0 {
@@ -104,11 +104,44 @@ func (s *Service) Exec(ctx context.Context, teamID, id string, req client.ExecRe
 	if req.Stdin != nil {
 		stdin = strings.NewReader(*req.Stdin)
 	}
-	exit, err := e.sb.Agent.Exec(ctx, areq, stdin, stdout, stderr)
+	// The agent caps output, but it runs next to untrusted code: the host
+	// enforces the cap again.
+	out, errw := capped(stdout, areq.MaxOutputBytes), capped(stderr, areq.MaxOutputBytes)
+	exit, err := e.sb.Agent.Exec(ctx, areq, stdin, out, errw)
 	if err != nil {
 		return client.ExecResult{}, s.agentErr(e, err)
 	}
-	return execResult(exit), nil
+	res := execResult(exit)
+	res.StdoutTruncated = res.StdoutTruncated || out.truncated
+	res.StderrTruncated = res.StderrTruncated || errw.truncated
+	return res, nil
+}
+
+// capWriter passes on at most n bytes and notes whether more came.
+type capWriter struct {
+	w         io.Writer
+	n         int64
+	truncated bool
+}
+
+func capped(w io.Writer, n int64) *capWriter { return &capWriter{w: w, n: n} }
+
+func (c *capWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) > c.n {
+		c.truncated = true
+		if c.n > 0 {
+			if _, err := c.w.Write(p[:c.n]); err != nil {
+				return 0, err
+			}
+			c.n = 0
+		}
+		return len(p), nil
+	}
+	c.n -= int64(len(p))
+	if _, err := c.w.Write(p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // agentErr maps an agent call error. A lost agent session means the
@@ -197,11 +230,15 @@ func (s *Service) AttachProcess(ctx context.Context, teamID, id, pid string, std
 	if err != nil {
 		return client.ExecResult{}, err
 	}
-	exit, err := e.sb.Agent.Attach(ctx, pid, stdout, stderr)
+	out, errw := capped(stdout, s.cfg.MaxOutputLimit), capped(stderr, s.cfg.MaxOutputLimit)
+	exit, err := e.sb.Agent.Attach(ctx, pid, out, errw)
 	if err != nil {
 		return client.ExecResult{}, s.agentErr(e, err)
 	}
-	return execResult(exit), nil
+	res := execResult(exit)
+	res.StdoutTruncated = res.StdoutTruncated || out.truncated
+	res.StderrTruncated = res.StderrTruncated || errw.truncated
+	return res, nil
 }
 
 // SignalProcess sends a signal to a process's group.

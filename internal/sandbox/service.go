@@ -57,9 +57,12 @@ type Config struct {
 	// ExecWait is how long an exec queues for a slot when the team is at
 	// its concurrent-exec limit before failing with rate_limited.
 	ExecWait time.Duration
-	// MaxOutputBytes is the default cap of stdout and stderr, each, of a
-	// buffered exec; MaxFileBytes the largest upload.
+	// MaxOutputBytes is the default cap of stdout and stderr, each, of an
+	// exec; MaxOutputLimit the largest cap a request may ask for (output is
+	// held in server memory for buffered calls). MaxFileBytes is the
+	// largest upload.
 	MaxOutputBytes int64
+	MaxOutputLimit int64
 	MaxFileBytes   int64
 	// ReapInterval is how often the TTL reaper looks for expired sandboxes.
 	ReapInterval time.Duration
@@ -96,6 +99,9 @@ func (c *Config) setDefaults() {
 	if c.MaxOutputBytes == 0 {
 		c.MaxOutputBytes = 16 << 20
 	}
+	if c.MaxOutputLimit == 0 {
+		c.MaxOutputLimit = max(128<<20, c.MaxOutputBytes)
+	}
 	if c.MaxFileBytes == 0 {
 		c.MaxFileBytes = 1 << 30
 	}
@@ -115,8 +121,9 @@ type Service struct {
 	sandboxSlots *quota.Limiter
 	execSlots    *quota.Limiter
 
-	mu   sync.Mutex
-	live map[string]*entry
+	mu      sync.Mutex
+	live    map[string]*entry
+	closing bool // set by Close: no sandbox joins live any more
 
 	teamMu    sync.Mutex
 	teamCache map[string]cachedTeam
@@ -159,9 +166,6 @@ func New(cfg Config, st Store, n Node, templates *template.Registry, log *slog.L
 	return s
 }
 
-// Config returns the effective configuration.
-func (s *Service) Config() Config { return s.cfg }
-
 // Recover marks every sandbox the store still lists as running, but that
 // this process does not run, as lost: after a restart their processes are
 // gone (the node sweeps what is left of them on the host).
@@ -190,20 +194,28 @@ func (s *Service) Recover(ctx context.Context) error {
 func (s *Service) Close(ctx context.Context) error {
 	close(s.stop)
 	s.mu.Lock()
+	s.closing = true
 	all := slices.Collect(maps.Values(s.live))
 	s.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, e := range all {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.end(ctx, e, client.StateDeleted, "server shutdown")
-		}()
-	}
-	wg.Wait()
+	s.endAll(ctx, all, client.StateDeleted, "server shutdown")
 	// The reaper and the watchers of the ended sandboxes return now.
 	s.wg.Wait()
 	return nil
+}
+
+// endAll ends sandboxes concurrently, a few at a time.
+func (s *Service) endAll(ctx context.Context, es []*entry, state, reason string) {
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	for _, e := range es {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			s.end(ctx, e, state, reason)
+		}()
+	}
+	wg.Wait()
 }
 
 // Team returns a team's record, cached for a few seconds: limits are read
@@ -256,10 +268,13 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 	sb, err := s.node.Create(ctx, key)
 	if err != nil {
 		release()
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return client.Sandbox{}, err
+		if ctx.Err() != nil {
+			return client.Sandbox{}, ctx.Err()
 		}
-		return client.Sandbox{}, &Error{Code: client.CodeUnavailable, Message: "sandbox failed to start: " + err.Error(), Err: err}
+		// The detail (host paths, runsc's log) is for the operator only.
+		s.log.Error("sandbox failed to start", "team", teamID, "template", tpl.Name, "runtime", key.Runtime, "err", err)
+		return client.Sandbox{}, &Error{Code: client.CodeUnavailable, RetryAfter: 1, Err: err,
+			Message: fmt.Sprintf("the %s sandbox failed to start; try again (the server log has the detail)", key.Runtime)}
 	}
 	now := time.Now().UTC()
 	envKeys := slices.Sorted(maps.Keys(req.Env))
@@ -280,10 +295,20 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 	}
 	e := &entry{row: row, sb: sb, env: req.Env, release: release, expires: row.ExpiresAt, ended: make(chan struct{})}
 	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		s.end(ctx, e, client.StateDeleted, "server shutdown")
+		return client.Sandbox{}, errorf(client.CodeUnavailable, "the server is shutting down")
+	}
 	s.live[sb.ID] = e
 	s.mu.Unlock()
 	s.wg.Add(1)
 	go s.watch(e)
+	if ctx.Err() != nil {
+		// The caller went away: nobody would ever delete this sandbox.
+		s.end(ctx, e, client.StateDeleted, "creator disconnected")
+		return client.Sandbox{}, ctx.Err()
+	}
 	s.log.Info("sandbox created", "sandbox", sb.ID, "team", teamID, "template", tpl.Name,
 		"runtime", sb.Runtime, "from_pool", sb.FromPool, "env_keys", len(envKeys))
 	return row, nil
@@ -413,15 +438,17 @@ func (s *Service) watch(e *entry) {
 func (s *Service) end(ctx context.Context, e *entry, state, reason string) {
 	e.endOnce.Do(func() {
 		close(e.ended)
+		ctx = context.WithoutCancel(ctx)
+		// The row first: a lookup that misses the live entry then reads
+		// the final state.
+		if _, err := s.store.MarkEnded(ctx, e.row.ID, state, reason, time.Now()); err != nil {
+			s.log.Error("record sandbox end", "sandbox", e.row.ID, "err", err)
+		}
 		s.mu.Lock()
 		delete(s.live, e.row.ID)
 		s.mu.Unlock()
-		ctx = context.WithoutCancel(ctx)
 		if err := s.node.Destroy(ctx, e.row.ID); err != nil {
 			s.log.Error("destroy sandbox", "sandbox", e.row.ID, "err", err)
-		}
-		if _, err := s.store.MarkEnded(ctx, e.row.ID, state, reason, time.Now()); err != nil {
-			s.log.Error("record sandbox end", "sandbox", e.row.ID, "err", err)
 		}
 		e.release()
 		s.log.Info("sandbox ended", "sandbox", e.row.ID, "team", e.row.TeamID, "state", state, "reason", reason)
@@ -446,9 +473,7 @@ func (s *Service) reaper() {
 				}
 			}
 			s.mu.Unlock()
-			for _, e := range expired {
-				s.end(context.Background(), e, client.StateExpired, "timeout")
-			}
+			s.endAll(context.Background(), expired, client.StateExpired, "timeout")
 		}
 	}
 }
@@ -550,18 +575,16 @@ func (s *Service) SetTimeout(ctx context.Context, teamID, id string, timeout int
 	}
 	exp := time.Now().UTC().Add(time.Duration(timeout) * time.Second)
 	if err := s.store.SetExpiry(ctx, teamID, id, exp); err != nil {
+		if errors.Is(err, store.ErrNotRunning) {
+			return client.Sandbox{}, errorf(client.CodeSandboxNotRunning, "sandbox %s is no longer running", id)
+		}
 		return client.Sandbox{}, err
 	}
 	s.mu.Lock()
 	e.expires = exp
-	e.row.ExpiresAt = exp
+	row := e.row
 	s.mu.Unlock()
-	return s.Get(ctx, teamID, id)
+	row.ExpiresAt = exp
+	return row, nil
 }
 
-// Running reports how many sandboxes the service runs now.
-func (s *Service) Running() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.live)
-}

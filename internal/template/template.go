@@ -54,6 +54,16 @@ type Defaults struct {
 	User     string            `json:"user"`
 }
 
+// EnvList is the template's default environment as sorted KEY=VALUE.
+func (t *Template) EnvList() []string {
+	env := make([]string, 0, len(t.Defaults.Env))
+	for k, v := range t.Defaults.Env {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	return env
+}
+
 // BuiltinSpec is how a built-in template is bootstrapped from Debian.
 type BuiltinSpec struct {
 	Name     string   `json:"name"`

@@ -106,8 +106,9 @@ func TestConformance(t *testing.T) {
 				if r.Stdout != "started\nfinished\n" || r.ExitCode != 7 {
 					t.Fatalf("wait = %+v", r)
 				}
-				// Kill a long one; its tree goes with it.
-				p2, err := c.StartProcess(ctx, id, client.ExecRequest{Cmd: "sleep 1000 & sleep 1000"})
+				// Kill a long one; its whole tree goes with it, also a
+				// descendant that left the process group.
+				p2, err := c.StartProcess(ctx, id, client.ExecRequest{Cmd: "setsid sleep 1000 & sleep 1000"})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -117,6 +118,12 @@ func TestConformance(t *testing.T) {
 				r2, err := c.WaitProcess(ctx, id, p2.ID, 30*time.Second)
 				if err != nil || r2.Status != client.StatusKilled {
 					t.Fatalf("killed wait = %+v, %v", r2, err)
+				}
+				if left := mustExec(t, c, id, client.ExecRequest{Cmd: "grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l"}); strings.TrimSpace(left.Stdout) != "0" {
+					t.Fatalf("%s sleep processes survived the kill", strings.TrimSpace(left.Stdout))
+				}
+				if err := c.KillProcess(ctx, id, p2.ID); err != nil {
+					t.Fatalf("killing an ended process: %v", err)
 				}
 				if _, err := c.WaitProcess(ctx, id, "nope", time.Second); !client.IsNotFound(err) {
 					t.Fatalf("unknown process: %v", err)

@@ -1,0 +1,64 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+func TestCompleteUTF8(t *testing.T) {
+	euro := []byte("€") // 3 bytes
+	for _, tc := range []struct {
+		in   []byte
+		want int
+	}{
+		{[]byte("abc"), 3},
+		{append([]byte("a"), euro[:1]...), 1},
+		{append([]byte("a"), euro[:2]...), 1},
+		{append([]byte("a"), euro...), 4},
+		{[]byte{0xff, 0xfe}, 2}, // invalid bytes are not held back
+		{nil, 0},
+	} {
+		if got := completeUTF8(tc.in); got != tc.want {
+			t.Errorf("completeUTF8(%q) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestStreamKeepsCharactersWhole cuts multi-byte characters across chunks
+// and checks that the events carry them whole.
+func TestStreamKeepsCharactersWhole(t *testing.T) {
+	text := strings.Repeat("héllo wörld €✓ ", 50)
+	rec := httptest.NewRecorder()
+	stream(rec, func(stdout, _ io.Writer) (client.ExecResult, error) {
+		b := []byte(text)
+		for i := 0; i < len(b); i += 7 {
+			if _, err := stdout.Write(b[i:min(i+7, len(b))]); err != nil {
+				return client.ExecResult{}, err
+			}
+		}
+		return client.ExecResult{Status: client.StatusExited}, nil
+	})
+	var got strings.Builder
+	var last client.ExecEvent
+	dec := json.NewDecoder(bytes.NewReader(rec.Body.Bytes()))
+	for dec.More() {
+		if err := dec.Decode(&last); err != nil {
+			t.Fatal(err)
+		}
+		if last.Type == client.EventStdout {
+			if strings.ContainsRune(last.Data, '\uFFFD') {
+				t.Fatalf("a character was cut: %q", last.Data)
+			}
+			got.WriteString(last.Data)
+		}
+	}
+	if got.String() != text || last.Type != client.EventExit {
+		t.Fatalf("got %q, last event %+v", got.String(), last)
+	}
+}
