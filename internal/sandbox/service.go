@@ -587,4 +587,3 @@ func (s *Service) SetTimeout(ctx context.Context, teamID, id string, timeout int
 	row.ExpiresAt = exp
 	return row, nil
 }
-
