@@ -23,6 +23,7 @@ import (
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/gvisor"
 	"github.com/evalbox/evalbox/internal/runtime/namespaces"
+	"github.com/evalbox/evalbox/internal/runtime/network"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template"
@@ -130,23 +131,28 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 
-	// Host-wide names (cgroup parents) carry the instance, so that two
-	// servers on one host never sweep each other's sandboxes.
+	// Host-wide names (cgroup parents, link aliases) carry the instance,
+	// so that two servers on one host never sweep each other's sandboxes.
 	instance := instanceID(cfg.DataDir)
+	// One outbound network for all drivers: one address pool.
+	netm, err := network.New(network.Config{Scope: instance, Logger: log})
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
 	var runtimes []runtime.Runtime
 	var closers []interface{ Close() error }
 	for _, name := range cfg.Runtimes {
 		switch name {
 		case client.RuntimeGVisor:
 			gv, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, RootDir: filepath.Join(cfg.DataDir, "runsc"),
-				CgroupParent: "evalbox-gv-" + instance, Logger: log})
+				CgroupParent: "evalbox-gv-" + instance, Network: netm, Logger: log})
 			if err != nil {
 				return fmt.Errorf("server: %w", err)
 			}
 			runtimes = append(runtimes, gv)
 			closers = append(closers, gv)
 		case client.RuntimeNamespaces:
-			ns, err := namespaces.New(namespaces.Config{CgroupParent: "evalbox-ns-" + instance, Logger: log})
+			ns, err := namespaces.New(namespaces.Config{CgroupParent: "evalbox-ns-" + instance, Network: netm, Logger: log})
 			if err != nil {
 				return fmt.Errorf("server: %w", err)
 			}

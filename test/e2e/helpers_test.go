@@ -106,7 +106,8 @@ func hostLeftovers(s *server, id string) []string {
 		}
 	}
 	for _, pat := range []string{"/var/run/netns/*" + id + "*", "/run/netns/*" + id + "*",
-		filepath.Join(s.dataDir, "sandboxes", id), filepath.Join(s.dataDir, "runsc", "*"+id+"*")} {
+		filepath.Join(s.dataDir, "sandboxes", id), filepath.Join(s.dataDir, "runsc", "*"+id+"*"),
+		filepath.Join(s.dataDir, "runsc", "netns", id)} {
 		m, _ := filepath.Glob(pat)
 		for _, d := range m {
 			left = append(left, "file: "+d)
@@ -114,8 +115,11 @@ func hostLeftovers(s *server, id string) []string {
 	}
 	links, _ := os.ReadDir("/sys/class/net")
 	for _, l := range links {
-		if strings.Contains(l.Name(), shortID(id)) {
-			left = append(left, "link: "+l.Name())
+		// Outbound sandboxes' links are named evb<N>, with the id in
+		// their alias.
+		alias, _ := os.ReadFile(filepath.Join("/sys/class/net", l.Name(), "ifalias"))
+		if strings.Contains(l.Name(), shortID(id)) || strings.Contains(string(alias), id) {
+			left = append(left, "link: "+l.Name()+" "+strings.TrimSpace(string(alias)))
 		}
 	}
 	return left

@@ -66,6 +66,9 @@ func TestMain(m *testing.M) {
 type serverOptions struct {
 	dataDir string   // reuse a data dir (restart tests); "" = new temp dir
 	args    []string // extra serve flags
+	// listenAll makes the server listen on every address (the client still
+	// uses 127.0.0.1), to test that sandboxes cannot reach it.
+	listenAll bool
 }
 
 // server is a running `evalbox serve` process.
@@ -104,12 +107,17 @@ func startServer(o serverOptions) (*server, error) {
 		return nil, err
 	}
 	s.addr, s.url = addr, "http://"+addr
+	listen := addr
+	if o.listenAll {
+		_, port, _ := net.SplitHostPort(addr)
+		listen = "0.0.0.0:" + port
+	}
 	s.logPath = filepath.Join(s.dataDir, "server.log")
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"serve", "--data-dir", s.dataDir, "--listen", addr,
+	args := append([]string{"serve", "--data-dir", s.dataDir, "--listen", listen,
 		"--templates-dir", templatesDir, "--log-level", "debug"}, o.args...)
 	s.cmd = exec.Command(filepath.Join(binDir, "evalbox"), args...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf

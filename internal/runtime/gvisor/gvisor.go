@@ -10,6 +10,16 @@
 // memory and is capped at the disk limit (--overlay2=root:memory,size=…);
 // the template directory is never written. cgroup limits (cpu, memory, pids)
 // are applied by runsc on the host, under a per-instance parent (Config.CgroupParent).
+//
+// Network "none" gives the sandbox only a loopback interface in gVisor's
+// netstack (--network=none). For "outbound" the driver creates a network
+// namespace, bind-mounted at <RootDir>/netns/<id>, attaches a veth pair to
+// it through package internal/runtime/network (a /30, NAT and the host
+// filter rules shared with the other drivers) and brings lo up there;
+// runsc joins that namespace and, with --network=sandbox, hands eth0 to
+// the Sentry's netstack (which takes over its address and routes), so the
+// sandboxed code never talks to the host's network stack directly.
+// /etc/resolv.conf is a read-only bind mount of a file in the state dir.
 package gvisor
 
 import (
@@ -32,6 +42,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/cgroups"
+	"github.com/evalbox/evalbox/internal/runtime/network"
 )
 
 // DefaultCgroupParent is the default Config.CgroupParent.
@@ -49,7 +60,12 @@ type Config struct {
 	// CgroupParent is the cgroup under which every sandbox's cgroup lives;
 	// one per evalbox instance, so that Sweep never touches another's.
 	CgroupParent string
-	Logger       *slog.Logger
+	// Network provides outbound networking (addresses, host rules). Every
+	// driver of a process must share one Manager, so that no two
+	// sandboxes get the same addresses. Nil: the driver makes its own,
+	// with default settings and CgroupParent as its scope.
+	Network *network.Manager
+	Logger  *slog.Logger
 }
 
 // Runtime is the gVisor driver.
@@ -57,6 +73,7 @@ type Runtime struct {
 	cfg     Config
 	version string
 	log     *slog.Logger
+	net     *network.Links // this driver's view of cfg.Network
 }
 
 // New checks that runsc can run and returns the driver.
@@ -73,10 +90,44 @@ func New(cfg Config) (*Runtime, error) {
 	if _, err := os.Stat(cfg.Runsc); err != nil {
 		return nil, fmt.Errorf("gvisor: runsc: %w", err)
 	}
-	if err := os.MkdirAll(cfg.RootDir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(cfg.RootDir, netnsDir), 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	return &Runtime{cfg: cfg, version: runscVersion(cfg.Runsc), log: cfg.Logger}, nil
+	if cfg.Network == nil {
+		var err error
+		if cfg.Network, err = network.New(network.Config{Scope: cfg.CgroupParent, Logger: cfg.Logger}); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+	}
+	links, err := cfg.Network.Links(Name)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	return &Runtime{cfg: cfg, version: runscVersion(cfg.Runsc), log: cfg.Logger, net: links}, nil
+}
+
+// Name is the runtime's API name.
+const Name = "gvisor"
+
+// netnsDir is the directory in RootDir holding the network namespaces of
+// outbound sandboxes, one file (a bind mount) per sandbox id.
+const netnsDir = "netns"
+
+func (r *Runtime) netnsPath(id string) string { return filepath.Join(r.cfg.RootDir, netnsDir, id) }
+
+// validID reports whether id matches ^[a-z0-9][a-z0-9-]{0,47}$ (the
+// runtime.Spec contract; the id names files).
+func validID(id string) bool {
+	if len(id) == 0 || len(id) > 48 || id[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return false
+		}
+	}
+	return true
 }
 
 // runscVersion reads the gvisor module version compiled into runsc.
@@ -97,7 +148,7 @@ func runscVersion(path string) string {
 }
 
 // Name implements runtime.Runtime.
-func (r *Runtime) Name() string { return "gvisor" }
+func (r *Runtime) Name() string { return Name }
 
 // Version implements runtime.Runtime.
 func (r *Runtime) Version() string { return r.version }
@@ -119,17 +170,36 @@ func (r *Runtime) globalArgs(network string, diskMB int) []string {
 }
 
 // Start implements runtime.Runtime.
-func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandbox, err error) {
-	if spec.Network == runtime.NetworkOutbound {
-		// Outbound networking needs a per-sandbox netns with veth and NAT;
-		// it is not built yet, and we will not fake it with host networking.
-		return nil, fmt.Errorf("gvisor: network %q: %w", spec.Network, errors.ErrUnsupported)
+func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandbox, retErr error) {
+	if !validID(spec.ID) {
+		return nil, fmt.Errorf("gvisor: invalid sandbox id %q", spec.ID)
+	}
+	switch spec.Network {
+	case "", runtime.NetworkNone, runtime.NetworkOutbound:
+	default:
+		return nil, fmt.Errorf("gvisor: unknown network mode %q", spec.Network)
 	}
 	bundle := filepath.Join(spec.StateDir, "bundle")
 	if err := os.MkdirAll(bundle, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	cfg, err := json.Marshal(ociSpec(spec, r.cfg.CgroupParent))
+	sb := &sandbox{r: r, id: spec.ID, stateDir: spec.StateDir}
+	ran := false // once runsc has run, Destroy undoes everything
+	if spec.Network == runtime.NetworkOutbound {
+		nw, err := r.startNetwork(ctx, spec)
+		if err != nil {
+			return nil, fmt.Errorf("gvisor: outbound network: %w", err)
+		}
+		sb.net = nw
+		defer func() {
+			if retErr != nil && !ran {
+				if err := r.removeNetwork(spec.ID, nw.lease); err != nil {
+					r.log.Error("gvisor: remove network after failed start", "id", spec.ID, "err", err)
+				}
+			}
+		}()
+	}
+	cfg, err := json.Marshal(ociSpec(spec, r.cfg.CgroupParent, sb.net))
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: spec: %w", err)
 	}
@@ -163,16 +233,59 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, agentLog
 	cmd.Env = []string{}
 	runErr := cmd.Run()
+	ran = true
 	inR.Close()
 	outW.Close()
 	agentLog.Close()
-	sb := &sandbox{r: r, id: spec.ID, stateDir: spec.StateDir, in: inW, out: outR}
+	sb.in, sb.out = inW, outR
 	if runErr != nil {
 		tail := logTail(filepath.Join(spec.StateDir, "runsc.log"))
 		_ = sb.Destroy(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("gvisor: runsc run: %w: %s", runErr, tail)
 	}
 	return sb, nil
+}
+
+// sandboxNet is an outbound sandbox's network: its namespace (bind-mounted
+// at path), its link, and its resolv.conf.
+type sandboxNet struct {
+	path       string
+	lease      *network.Lease
+	resolvConf string // host path
+}
+
+// startNetwork creates the sandbox's network namespace, attaches its link
+// and writes its resolv.conf. On error nothing of it is left.
+func (r *Runtime) startNetwork(ctx context.Context, spec runtime.Spec) (*sandboxNet, error) {
+	n := &sandboxNet{path: r.netnsPath(spec.ID), resolvConf: filepath.Join(spec.StateDir, "resolv.conf")}
+	if err := os.WriteFile(n.resolvConf, []byte(r.cfg.Network.ResolvConf()), 0o644); err != nil {
+		return nil, err
+	}
+	ns, err := newNetns(n.path)
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	n.lease, err = r.net.Attach(ctx, spec.ID, ns)
+	if err != nil {
+		return nil, errors.Join(err, removeNetns(n.path))
+	}
+	return n, nil
+}
+
+// removeNetwork removes an outbound sandbox's network namespace file and
+// link, by lease (which also frees its addresses) or, with none, by id.
+func (r *Runtime) removeNetwork(id string, lease *network.Lease) error {
+	err := removeNetns(r.netnsPath(id))
+	if lease != nil {
+		r.net.Detach(lease)
+	} else if lerr := r.net.RemoveID(id); lerr != nil {
+		err = errors.Join(err, lerr)
+	}
+	if err != nil {
+		return fmt.Errorf("gvisor: network of %s: %w", id, err)
+	}
+	return nil
 }
 
 // logTail returns the last lines of a runsc log, for error messages.
@@ -194,6 +307,7 @@ type sandbox struct {
 	stateDir string
 	in       *os.File
 	out      *os.File
+	net      *sandboxNet // nil unless outbound
 
 	destroyOnce sync.Once
 	destroyErr  error
@@ -218,6 +332,9 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 		s.in.Close()
 		s.out.Close()
 		s.destroyErr = s.r.remove(ctx, s.id)
+		if s.net != nil {
+			s.destroyErr = errors.Join(s.destroyErr, s.r.removeNetwork(s.id, s.net.lease))
+		}
 	})
 	return s.destroyErr
 }
@@ -316,7 +433,8 @@ func rssOf(pid int) int64 {
 }
 
 // Sweep implements runtime.Runtime: it force-deletes every container in
-// runsc's root that keep rejects, then any cgroup left under CgroupParent.
+// runsc's root that keep rejects, any cgroup left under CgroupParent, and
+// the network namespace files and links of outbound sandboxes.
 func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]string, error) {
 	var removed []string
 	var errs []error
@@ -332,11 +450,24 @@ func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]strin
 			ids[id] = true
 		}
 	}
+	// Outbound sandboxes: network namespace files and links.
+	if entries, err := os.ReadDir(filepath.Join(r.cfg.RootDir, netnsDir)); err == nil {
+		for _, e := range entries {
+			ids[e.Name()] = true
+		}
+	}
+	linkIDs, err := r.net.IDs()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("gvisor: %w", err))
+	}
+	for _, id := range linkIDs {
+		ids[id] = true
+	}
 	for id := range ids {
 		if keep(id) {
 			continue
 		}
-		if err := r.remove(ctx, id); err != nil {
+		if err := errors.Join(r.remove(ctx, id), r.removeNetwork(id, nil)); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -362,6 +493,10 @@ func (r *Runtime) Leftovers(id string) []string {
 	if cgroups.Exists(r.cfg.CgroupParent, id) {
 		left = append(left, "cgroup "+r.cfg.CgroupParent+"/"+id)
 	}
+	if _, err := os.Lstat(r.netnsPath(id)); err == nil {
+		left = append(left, "netns file "+r.netnsPath(id))
+	}
+	left = append(left, r.net.Leftovers(id)...)
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
 		for _, line := range strings.Split(string(mi), "\n") {
 			if strings.Contains(line, id) {
@@ -373,10 +508,14 @@ func (r *Runtime) Leftovers(id string) []string {
 }
 
 // Close releases what the driver keeps for all its sandboxes: the parent
-// cgroup, and the shared empty network namespace runsc bind-mounts in its
-// root for --network=none. Call it after every sandbox is destroyed.
+// cgroup, the (empty) directory of outbound sandboxes' network namespaces,
+// and the shared empty network namespace runsc bind-mounts in its root for
+// --network=none. Call it after every sandbox is destroyed.
 func (r *Runtime) Close() error {
 	err := cgroups.RemoveParent(r.cfg.CgroupParent)
+	if rerr := os.Remove(filepath.Join(r.cfg.RootDir, netnsDir)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		err = errors.Join(err, fmt.Errorf("gvisor: %w", rerr))
+	}
 	p := filepath.Join(r.cfg.RootDir, "null-netns")
 	if _, serr := os.Stat(p); serr != nil {
 		return err

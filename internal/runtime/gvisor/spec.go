@@ -22,8 +22,10 @@ var capabilities = []string{
 	"CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
 }
 
-// ociSpec builds the OCI runtime spec runsc starts the sandbox from.
-func ociSpec(s runtime.Spec, cgroupParent string) *specs.Spec {
+// ociSpec builds the OCI runtime spec runsc starts the sandbox from. With
+// nw (outbound) runsc joins its network namespace, and its resolv.conf is
+// mounted read-only at /etc/resolv.conf.
+func ociSpec(s runtime.Spec, cgroupParent string, nw *sandboxNet) *specs.Spec {
 	args := append([]string{runtime.AgentGuestPath}, s.AgentArgs...)
 	memLimit := int64(s.MemoryMB+s.DiskMB+sentryOverheadMB) << 20
 	swap := memLimit
@@ -62,6 +64,14 @@ func ociSpec(s runtime.Spec, cgroupParent string) *specs.Spec {
 				CPU:    &specs.LinuxCPU{Shares: &shares},
 			},
 		},
+	}
+	if nw != nil {
+		for i := range sp.Linux.Namespaces {
+			if sp.Linux.Namespaces[i].Type == specs.NetworkNamespace {
+				sp.Linux.Namespaces[i].Path = nw.path
+			}
+		}
+		sp.Mounts = append(sp.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: nw.resolvConf, Options: []string{"rbind", "ro"}})
 	}
 	if s.Pids > 0 {
 		sp.Linux.Resources.Pids = &specs.LinuxPids{Limit: pids}

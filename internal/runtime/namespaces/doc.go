@@ -50,15 +50,15 @@
 // dies (parent-death signal), since nobody could talk to it any more.
 //
 // Network "none" leaves the sandbox with only lo. "outbound" adds a veth
-// pair with a /30 from Config.OutboundPool and NAT through the host, and
-// installs (once per Runtime, host-wide, matching every evb+ interface)
-// iptables chains EVALBOX-FWD, EVALBOX-IN and EVALBOX-NAT that refuse
-// traffic to the host itself, between sandboxes and to Config.EgressDeny
-// (private, link-local, … and the host's own subnets by default) except
-// DNS to the configured resolvers, and drop connections into sandboxes and
-// spoofed sources (rp_filter on each link). It sets net.ipv4.ip_forward=1
-// on the host. The chains stay in place when the runtime stops. IPv6 is
-// off on the link.
+// pair from package internal/runtime/network (Config.Network, shared with
+// the other drivers of the process): a /30 from its pool, NAT through the
+// host, and host-wide iptables chains (installed once, matching every evb+
+// interface) that refuse traffic to the host itself, between sandboxes and
+// to private, link-local, … ranges and the host's own subnets except DNS
+// to the configured resolvers, and drop connections into sandboxes and
+// spoofed sources. It sets net.ipv4.ip_forward=1 on the host; the chains
+// stay in place when the runtime stops. IPv6 is off on the link. The init
+// stage writes /etc/resolv.conf into the sandbox's overlay.
 //
 // # What it does NOT protect against
 //

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,10 +20,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/cgroups"
+	"github.com/evalbox/evalbox/internal/runtime/network"
 )
 
 // Name is the runtime's API name.
@@ -35,7 +36,7 @@ const Name = "namespaces"
 const driverVersion = "namespaces/1"
 
 // guestIface is the name of the sandbox's network interface (outbound).
-const guestIface = "eth0"
+const guestIface = network.GuestIface
 
 // DefaultCgroupParent is the default Config.CgroupParent.
 const DefaultCgroupParent = "evalbox-namespaces"
@@ -53,23 +54,14 @@ type Config struct {
 	// Logger receives operational logs; default slog.Default().
 	Logger *slog.Logger
 
-	// OutboundPool is the IPv4 range from which outbound sandboxes get
-	// their /30 links; default 10.200.0.0/16.
-	OutboundPool netip.Prefix
-	// DNS are the resolvers written to an outbound sandbox's
-	// /etc/resolv.conf and allowed through the egress filter (port 53);
-	// default: the host's non-loopback IPv4 nameservers.
-	DNS []netip.Addr
+	// Network provides outbound networking (addresses, host rules). Every
+	// driver of a process must share one Manager, so that no two
+	// sandboxes get the same addresses. Nil: the runtime makes its own,
+	// with default settings and CgroupParent as its scope.
+	Network *network.Manager
 	// AgentLogLimit caps StateDir/agent.log (the agent's stderr) in bytes;
 	// output beyond it is discarded. Default 8 MiB.
 	AgentLogLimit int64
-
-	// EgressDeny are the destinations an outbound sandbox may not reach
-	// (except DNS above). Nil means the default: RFC 1918, CGNAT,
-	// loopback, link-local, multicast, reserved and other special ranges,
-	// plus every IPv4 subnet the host is attached to. Traffic to the host
-	// itself is always dropped.
-	EgressDeny []netip.Prefix
 }
 
 // Runtime is the namespaces sandbox driver. It is safe for concurrent use.
@@ -79,7 +71,8 @@ type Runtime struct {
 	log      *slog.Logger
 	version  string
 	filter   []byte // assembled seccomp program
-	net      *network
+	netm     *network.Manager
+	net      *network.Links // this driver's view of netm
 	logLimit int64
 
 	mu       sync.Mutex
@@ -114,7 +107,13 @@ func New(cfg Config) (*Runtime, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	n, err := newNetwork(cfg)
+	netm := cfg.Network
+	if netm == nil {
+		if netm, err = network.New(network.Config{Scope: cfg.CgroupParent, Logger: log}); err != nil {
+			return nil, fmt.Errorf("namespaces: %w", err)
+		}
+	}
+	links, err := netm.Links(Name)
 	if err != nil {
 		return nil, fmt.Errorf("namespaces: %w", err)
 	}
@@ -124,7 +123,8 @@ func New(cfg Config) (*Runtime, error) {
 		log:      log,
 		version:  fmt.Sprintf("%s linux/%s cgroup/v%d", driverVersion, unix.ByteSliceToString(uts.Release[:]), cg.Version()),
 		filter:   filter,
-		net:      n,
+		netm:     netm,
+		net:      links,
 		logLimit: cmp.Or(cfg.AgentLogLimit, 8<<20),
 		live:     make(map[string]*Sandbox),
 		starting: make(map[string]struct{}),
@@ -364,14 +364,19 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 		Seccomp:   r.filter,
 	}
 	if spec.Network == runtime.NetworkOutbound {
-		lease, err := r.net.attach(ctx, spec.ID, s.pid)
+		ns, err := netns.GetFromPid(s.pid)
+		if err != nil {
+			return nil, fmt.Errorf("namespaces: sandbox netns: %w", err)
+		}
+		lease, err := r.net.Attach(ctx, spec.ID, ns)
+		ns.Close()
 		if err != nil {
 			return nil, fmt.Errorf("namespaces: outbound network: %w", err)
 		}
 		s.lease = lease
-		cleanups = append(cleanups, func() { r.net.detach(lease) })
+		cleanups = append(cleanups, func() { r.net.Detach(lease) })
 		icfg.Outbound = true
-		icfg.ResolvConf = r.net.resolvConf()
+		icfg.ResolvConf = r.netm.ResolvConf()
 	}
 	if err := r.runInit(ctx, ctl, &icfg); err != nil {
 		return nil, fmt.Errorf("namespaces: %w", err)
@@ -425,7 +430,7 @@ func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]strin
 	if err != nil {
 		return nil, fmt.Errorf("namespaces: %w", err)
 	}
-	netIDs, err := r.net.ids()
+	netIDs, err := r.net.IDs()
 	if err != nil {
 		return nil, fmt.Errorf("namespaces: %w", err)
 	}
@@ -469,7 +474,7 @@ func (r *Runtime) removeOrphan(ctx context.Context, id string) error {
 	if err := cg.KillAll(ctx); err != nil {
 		return err
 	}
-	if err := r.net.removeID(id); err != nil {
+	if err := r.net.RemoveID(id); err != nil {
 		return err
 	}
 	return cg.Remove(ctx)
@@ -502,7 +507,7 @@ func (r *Runtime) Leftovers(id string) []string {
 			out = append(out, fmt.Sprintf("process %d (sandbox init, not reaped)", s.pid))
 		}
 	}
-	out = append(out, r.net.leftovers(id)...)
+	out = append(out, r.net.Leftovers(id)...)
 	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
 		sc := bufio.NewScanner(bytes.NewReader(b))
 		for sc.Scan() {

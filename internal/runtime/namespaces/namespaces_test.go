@@ -621,11 +621,17 @@ func TestVersion(t *testing.T) {
 // command (cold path: new cgroup, namespaces, overlay, exec), and reports
 // Destroy separately.
 func BenchmarkColdStart(b *testing.B) {
-	r := newRuntime(b, Config{})
+	benchColdStart(b, newRuntime(b, Config{}), runtime.NetworkNone)
+}
+
+// benchColdStart measures Start until the agent has run a command, with
+// network mode netMode, and reports Destroy separately.
+func benchColdStart(b *testing.B, r *Runtime, netMode string) {
 	ctx := context.Background()
 	var destroy time.Duration
 	for i := 0; b.Loop(); i++ {
 		spec := testSpec(b, fmt.Sprintf("bench-%d", i))
+		spec.Network = netMode
 		sb, err := r.Start(ctx, spec)
 		if err != nil {
 			b.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/cgroups"
+	"github.com/evalbox/evalbox/internal/runtime/network"
 )
 
 // Sandbox is a running namespaces sandbox. Besides runtime.Sandbox it
@@ -24,7 +25,7 @@ type Sandbox struct {
 	cmd   *exec.Cmd
 	cg    *cgroups.Cgroup
 	conn  *conn
-	lease *netLease
+	lease *network.Lease
 
 	done    chan struct{} // closed once the sandbox's init (the agent) is reaped
 	exitErr error         // how it exited; written before done is closed
@@ -97,7 +98,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 		return fmt.Errorf("namespaces: destroy %s: %w", s.id, err)
 	}
 	if s.lease != nil {
-		s.rt.net.detach(s.lease)
+		s.rt.net.Detach(s.lease)
 		s.lease = nil
 	}
 	if err := s.cg.Remove(ctx); err != nil {

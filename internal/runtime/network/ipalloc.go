@@ -1,4 +1,4 @@
-package namespaces
+package network
 
 import (
 	"errors"

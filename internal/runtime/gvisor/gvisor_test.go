@@ -1,0 +1,326 @@
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/evalbox/evalbox/internal/agentproto"
+	"github.com/evalbox/evalbox/internal/runtime"
+	"github.com/evalbox/evalbox/internal/runtime/network"
+	"github.com/evalbox/evalbox/internal/runtime/network/networktest"
+)
+
+// testBinaries returns runsc and the agent ($EVALBOX_BIN_DIR, default
+// <repo>/bin, built by scripts/build.sh) and the template root filesystem
+// ($EVALBOX_TEST_ROOTFS, default /tmp/tpl-base), or skips the test.
+func testBinaries(t testing.TB) (runsc, agent, rootfs string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("runsc needs root")
+	}
+	bin := os.Getenv("EVALBOX_BIN_DIR")
+	if bin == "" {
+		bin, _ = filepath.Abs("../../../bin")
+	}
+	runsc, agent = filepath.Join(bin, "runsc"), filepath.Join(bin, "evalbox-agent")
+	for _, p := range []string{runsc, agent} {
+		if _, err := os.Stat(p); err != nil {
+			t.Skipf("%s missing: run scripts/build.sh (or set EVALBOX_BIN_DIR)", p)
+		}
+	}
+	rootfs = os.Getenv("EVALBOX_TEST_ROOTFS")
+	if rootfs == "" {
+		rootfs = "/tmp/tpl-base"
+	}
+	if _, err := os.Stat(filepath.Join(rootfs, "bin/sh")); err != nil {
+		t.Skipf("no test root filesystem at %s (set EVALBOX_TEST_ROOTFS to a Debian rootfs directory)", rootfs)
+	}
+	return runsc, agent, rootfs
+}
+
+type testEnv struct {
+	runsc, agent, rootfs string
+	rootDir              string
+	netm                 *network.Manager
+}
+
+func (e *testEnv) newRuntime(t testing.TB) *Runtime {
+	t.Helper()
+	r, err := New(Config{Runsc: e.runsc, RootDir: e.rootDir, CgroupParent: fmt.Sprintf("evalbox-gv-test-%d", os.Getpid()), Network: e.netm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// sbx is a started sandbox with an agent client.
+type sbx struct {
+	sb    *sandbox
+	agent *agentproto.Client
+}
+
+// start starts a sandbox and registers its destruction, and the check that
+// nothing of it is left, at cleanup.
+func (e *testEnv) start(t *testing.T, r *Runtime, id, netMode string) *sbx {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	rsb, err := r.Start(ctx, runtime.Spec{
+		ID: id, RootFS: e.rootfs, AgentPath: e.agent, AgentArgs: []string{"--workdir", "/", "--user", "root"},
+		Env:      []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"},
+		StateDir: t.TempDir(), CPU: 1, MemoryMB: 256, DiskMB: 64, Pids: 128, Network: netMode, Hostname: id,
+	})
+	if err != nil {
+		t.Fatalf("Start %s: %v", id, err)
+	}
+	s := &sbx{sb: rsb.(*sandbox)}
+	t.Cleanup(func() {
+		if s.agent != nil {
+			s.agent.Close()
+		}
+		if err := s.sb.Destroy(context.Background()); err != nil {
+			t.Errorf("Destroy %s: %v", id, err)
+		}
+		if left := r.Leftovers(id); len(left) > 0 {
+			t.Errorf("leftovers of %s after Destroy: %q", id, left)
+		}
+	})
+	if s.agent, err = agentproto.Dial(rsb.Conn()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.agent.Ping(ctx); err != nil {
+		t.Fatalf("agent of %s: %v", id, err)
+	}
+	t.Logf("%s (%s) started and answering in %v", id, netMode, time.Since(t0).Round(time.Millisecond))
+	return s
+}
+
+// sh runs a shell command in the sandbox and returns stdout+stderr.
+func (s *sbx) sh(t *testing.T, cmd string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	if _, err := s.agent.Exec(ctx, agentproto.ExecRequest{Shell: cmd, TimeoutMs: 20_000}, nil, &out, &out); err != nil {
+		t.Fatalf("exec %q: %v", cmd, err)
+	}
+	return out.String()
+}
+
+// dial connects from the sandbox to addr and returns the first line read,
+// or a line starting with "dial error".
+func (s *sbx) dial(t *testing.T, addr string) string {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(addr)
+	return strings.TrimSpace(s.sh(t, fmt.Sprintf(`if out=$(timeout 5 bash -c 'exec 3<>/dev/tcp/%s/%s && head -n1 <&3' 2>&1); then echo "$out"; else echo "dial error $?: $out" | tr '\n' ' '; fi`, host, port)))
+}
+
+func TestOutbound(t *testing.T) {
+	runsc, agent, rootfs := testBinaries(t)
+	inet := networktest.Setup(t)
+	netm, err := network.New(network.Config{
+		Scope: fmt.Sprintf("evalbox-gv-test-%d", os.Getpid()),
+		Pool:  netip.MustParsePrefix("10.233.0.0/24"),
+		DNS:   []netip.Addr{},
+		// EgressDeny: the default, as the server uses it.
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: t.TempDir(), netm: netm}
+	r := e.newRuntime(t)
+	t.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+
+	// A host service on every address.
+	hostLn, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostLn.Close()
+	go func() {
+		for {
+			c, err := hostLn.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(c, "host service")
+			c.Close()
+		}
+	}()
+	hostPort := hostLn.Addr().(*net.TCPAddr).Port
+
+	a := e.start(t, r, "gv-out-a", runtime.NetworkOutbound)
+	b := e.start(t, r, "gv-out-b", runtime.NetworkOutbound)
+	none := e.start(t, r, "gv-none", runtime.NetworkNone)
+	la, lb := a.sb.net.lease, b.sb.net.lease
+	if la.Prefix() == lb.Prefix() {
+		t.Fatalf("two sandboxes share %v", la.Prefix())
+	}
+
+	// Inside: eth0 with the lease's address, lo, the resolv.conf.
+	if out := a.sh(t, "cat /proc/net/dev /etc/resolv.conf; hostname -I"); !strings.Contains(out, "eth0") || !strings.Contains(out, "lo:") ||
+		!strings.Contains(out, "no DNS resolver") || !strings.Contains(out, la.GuestAddr().String()) {
+		t.Fatalf("sandbox network config:\n%s", out)
+	}
+	// IPv6 only on lo (the host end has none: it would bypass the rules).
+	if out := a.sh(t, "cat /proc/net/if_inet6"); strings.Contains(out, "eth0") || !strings.Contains(out, "lo") {
+		t.Errorf("IPv6 addresses in the sandbox:\n%s", out)
+	}
+	if out := a.sh(t, "echo x > /etc/resolv.conf 2>&1; cat /etc/resolv.conf"); !strings.Contains(out, "no DNS resolver") {
+		t.Errorf("resolv.conf written from inside: %q", out)
+	}
+	// A service in sandbox b, reachable there.
+	bPort := 8000
+	if _, err := b.agent.Start(context.Background(), agentproto.ExecRequest{Argv: []string{"perl", "-MIO::Socket::INET", "-e",
+		fmt.Sprintf(`$s = IO::Socket::INET->new(Listen => 5, LocalPort => %d, ReuseAddr => 1) or die "listen: $!"; while ($c = $s->accept) { print $c "sandbox b\n"; close $c }`, bPort)}}); err != nil {
+		t.Fatal(err)
+	}
+	bAddr := fmt.Sprintf("%s:%d", lb.GuestAddr(), bPort)
+	var got string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if got = b.dial(t, bAddr); got == "sandbox b" {
+			break
+		}
+	}
+	if got != "sandbox b" {
+		t.Fatalf("sandbox b's own service: %q", got)
+	}
+
+	// Out to the fake internet, NAT'd to the host's address on that link.
+	inetAddr := fmt.Sprintf("%s:%d", inet.Server, inet.Port)
+	if got := a.dial(t, inetAddr); !strings.HasPrefix(got, inet.Gateway.String()+":") {
+		t.Fatalf("internet from an outbound sandbox: %q, want a connection from %s", got, inet.Gateway)
+	}
+	// Not to private ranges, the host itself, or another sandbox.
+	for _, addr := range []string{
+		fmt.Sprintf("%s:%d", inet.Private, inet.Port),
+		fmt.Sprintf("%s:%d", inet.Gateway, hostPort),
+		fmt.Sprintf("%s:%d", la.HostAddr(), hostPort),
+		bAddr,
+	} {
+		t0 := time.Now()
+		got := a.dial(t, addr)
+		t.Logf("dial %s: %s (%v)", addr, got, time.Since(t0).Round(time.Millisecond))
+		if !strings.HasPrefix(got, "dial error") {
+			t.Errorf("dial %s from an outbound sandbox: %q, want an error", addr, got)
+		}
+	}
+	// Network none: nothing.
+	if got := none.dial(t, inetAddr); !strings.HasPrefix(got, "dial error") {
+		t.Errorf("internet from a sandbox without network: %q", got)
+	}
+
+	// Leftovers name the namespace file and the link of a live sandbox.
+	left := r.Leftovers("gv-out-a")
+	if !slices.Contains(left, "netns file "+r.netnsPath("gv-out-a")) || !slices.Contains(left, "link "+la.HostLink()) {
+		t.Errorf("Leftovers of a live outbound sandbox = %q", left)
+	}
+
+	// After a restart (a second Runtime on the same root, no handles),
+	// Sweep removes an outbound sandbox completely and leaves the others.
+	r2 := e.newRuntime(t)
+	removed, err := r2.Sweep(context.Background(), func(id string) bool { return id != "gv-out-b" })
+	if err != nil || !slices.Equal(removed, []string{"gv-out-b"}) {
+		t.Fatalf("Sweep = %v, %v", removed, err)
+	}
+	if left := r2.Leftovers("gv-out-b"); len(left) > 0 {
+		t.Fatalf("leftovers after Sweep: %q", left)
+	}
+	if _, err := netlink.LinkByName(lb.HostLink()); err == nil {
+		t.Fatalf("%s still exists after Sweep", lb.HostLink())
+	}
+	if got := a.dial(t, inetAddr); !strings.HasPrefix(got, inet.Gateway.String()+":") {
+		t.Fatalf("sandbox a after sweeping b: %q", got)
+	}
+}
+
+// A start that fails after the network is set up leaves nothing.
+func TestOutboundStartFailure(t *testing.T) {
+	runsc, agent, _ := testBinaries(t)
+	networktest.Setup(t)
+	netm, err := network.New(network.Config{Scope: fmt.Sprintf("evalbox-gv-test-%d", os.Getpid()),
+		Pool: netip.MustParsePrefix("10.233.0.0/24"), DNS: []netip.Addr{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &testEnv{runsc: runsc, agent: agent, rootDir: t.TempDir(), netm: netm}
+	r := e.newRuntime(t)
+	t.Cleanup(func() { r.Close() })
+	_, err = r.Start(context.Background(), runtime.Spec{ID: "gv-fail", RootFS: "/nonexistent-rootfs", AgentPath: agent,
+		StateDir: t.TempDir(), MemoryMB: 128, DiskMB: 16, Network: runtime.NetworkOutbound})
+	if err == nil {
+		t.Fatal("Start with a missing root filesystem succeeded")
+	}
+	if left := r.Leftovers("gv-fail"); len(left) > 0 {
+		t.Fatalf("leftovers after a failed Start: %q", left)
+	}
+	if _, err := r.Start(context.Background(), runtime.Spec{ID: "../x", Network: runtime.NetworkOutbound}); err == nil {
+		t.Fatal("Start with id ../x succeeded")
+	}
+}
+
+// BenchmarkStart measures Start until the agent answers a ping, per
+// network mode, and reports Destroy separately.
+func BenchmarkStart(b *testing.B) {
+	for _, netMode := range []string{runtime.NetworkNone, runtime.NetworkOutbound} {
+		b.Run(netMode, func(b *testing.B) {
+			runsc, agent, rootfs := testBinaries(b)
+			networktest.Setup(b)
+			netm, err := network.New(network.Config{Scope: fmt.Sprintf("evalbox-gv-test-%d", os.Getpid()),
+				Pool: netip.MustParsePrefix("10.233.0.0/24"), DNS: []netip.Addr{}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: b.TempDir(), netm: netm}
+			r := e.newRuntime(b)
+			b.Cleanup(func() { r.Close() })
+			ctx := context.Background()
+			var destroy time.Duration
+			for i := 0; b.Loop(); i++ {
+				id := fmt.Sprintf("gv-bench-%d", i)
+				sb, err := r.Start(ctx, runtime.Spec{
+					ID: id, RootFS: rootfs, AgentPath: agent, AgentArgs: []string{"--workdir", "/", "--user", "root"},
+					StateDir: b.TempDir(), CPU: 1, MemoryMB: 256, DiskMB: 64, Pids: 128, Network: netMode,
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				c, err := agentproto.Dial(sb.Conn())
+				if err == nil {
+					err = c.Ping(ctx)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				t0 := time.Now()
+				c.Close()
+				if err := sb.Destroy(ctx); err != nil {
+					b.Fatal(err)
+				}
+				destroy += time.Since(t0)
+				if left := r.Leftovers(id); len(left) > 0 {
+					b.Fatalf("leftovers: %q", left)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(destroy.Microseconds())/float64(b.N)/1000, "destroy-ms/op")
+		})
+	}
+}

@@ -1,0 +1,240 @@
+// Package networktest is what tests of outbound networking share: a fake
+// "internet" on this machine for sandboxes to reach, and exclusive use of
+// the host-wide evalbox iptables chains while a test runs (the test
+// binaries of several packages run at the same time, and one removing the
+// chains would break another). It needs root.
+package networktest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	goruntime "runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/evalbox/evalbox/internal/runtime/network"
+)
+
+// lockName is an abstract unix socket: bound by the test that holds the
+// lock, released by the kernel even if that process dies, and leaving no
+// file behind.
+const lockName = "@evalbox-networktest-lock"
+
+// Link names of the fake internet (not evb*, so the sandbox rules do not
+// match them).
+const (
+	hostIf = "evxinet0"
+	peerIf = "evxinet1"
+)
+
+// FakeInternet is a network namespace standing for the outside world,
+// linked to the host by a veth pair. Only host routes to its two
+// addresses lead there, so nothing leaves the machine. It serves TCP on
+// Port of every address, answering each connection with one line, the
+// peer address it sees (ip:port), then closing it.
+type FakeInternet struct {
+	// Gateway is the host's address on the link: the source address
+	// that sandboxes' NAT'd connections arrive from. It is a /32
+	// (TEST-NET-3), so the default egress deny list (which adds the host's
+	// subnets) covers only it, not Server.
+	Gateway netip.Addr
+	// Server is a public-looking address (TEST-NET-2): not in the default
+	// egress deny list, so outbound sandboxes reach it.
+	Server netip.Addr
+	// Private is an RFC 1918 address of the same server: reachable from
+	// the host, denied to sandboxes by the default rules.
+	Private netip.Addr
+	// Port is the TCP port served on every address.
+	Port int
+}
+
+// Setup takes exclusive use of the host-wide evalbox chains for the rest
+// of t and returns a running fake internet. At the end of t it removes the
+// fake internet, the evalbox chains and the jumps to them unless they
+// existed before t (then they belong to someone else), and restores
+// net.ipv4.ip_forward.
+func Setup(t testing.TB) *FakeInternet {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("outbound networking needs root")
+	}
+	for _, c := range []string{"iptables", "iptables-restore"} {
+		if _, err := exec.LookPath(c); err != nil {
+			t.Skipf("%s not installed", c)
+		}
+	}
+	lock(t)
+	fwd, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	if err != nil {
+		t.Fatal(err)
+	}
+	existed := exec.Command("iptables", "--wait", "-t", "filter", "-S", network.ChainFwd).Run() == nil
+	t.Cleanup(func() {
+		if existed {
+			t.Logf("the evalbox iptables chains existed before the test: left in place")
+		} else {
+			removeRules(t)
+		}
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644); err != nil {
+			t.Error(err)
+		}
+	})
+	return newFakeInternet(t)
+}
+
+// lock binds the lock socket, waiting for another holder to finish, and
+// releases it at the end of t.
+func lock(t testing.TB) {
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		ln, err := net.Listen("unix", lockName)
+		if err == nil {
+			t.Cleanup(func() { ln.Close() })
+			return
+		}
+		if !errors.Is(err, unix.EADDRINUSE) || time.Now().After(deadline) {
+			t.Fatalf("networktest lock: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// removeRules deletes the evalbox chains and the jumps to them.
+func removeRules(t testing.TB) {
+	for _, args := range [][]string{
+		{"-t", "filter", "-D", "FORWARD", "-j", network.ChainFwd},
+		{"-t", "filter", "-D", "INPUT", "-j", network.ChainIn},
+		{"-t", "nat", "-D", "POSTROUTING", "-j", network.ChainNAT},
+		{"-t", "filter", "-F", network.ChainFwd}, {"-t", "filter", "-X", network.ChainFwd},
+		{"-t", "filter", "-F", network.ChainIn}, {"-t", "filter", "-X", network.ChainIn},
+		{"-t", "nat", "-F", network.ChainNAT}, {"-t", "nat", "-X", network.ChainNAT},
+	} {
+		// Absent rules and chains (nothing was installed) are fine.
+		_ = exec.Command("iptables", append([]string{"--wait"}, args...)...).Run()
+	}
+	for _, table := range []string{"filter", "nat"} {
+		out, err := exec.Command("iptables", "--wait", "-t", table, "-S").CombinedOutput()
+		if err != nil || strings.Contains(string(out), "EVALBOX") {
+			t.Errorf("iptables %s after cleanup: %v\n%s", table, err, out)
+		}
+	}
+}
+
+func newFakeInternet(t testing.TB) *FakeInternet {
+	t.Helper()
+	f := &FakeInternet{
+		Gateway: netip.MustParseAddr("203.0.113.1"),
+		Server:  netip.MustParseAddr("198.51.100.2"),
+		Private: netip.MustParseAddr("172.16.5.5"),
+	}
+	if _, err := netlink.LinkByName(hostIf); err == nil {
+		t.Fatalf("link %s exists: a leftover of an earlier test run?", hostIf)
+	}
+	// Create the namespace and the listener on a locked thread, then put
+	// the thread back.
+	type result struct {
+		ns  netns.NsHandle
+		ln  net.Listener
+		err error
+	}
+	resc := make(chan result, 1)
+	go func() {
+		goruntime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			resc <- result{err: err}
+			return
+		}
+		defer orig.Close()
+		ns, err := netns.New()
+		if err != nil {
+			resc <- result{err: err}
+			return
+		}
+		ln, lerr := net.Listen("tcp4", "0.0.0.0:0")
+		if err := netns.Set(orig); err != nil {
+			// The thread stays locked and dies with the goroutine.
+			if ln != nil {
+				ln.Close()
+			}
+			ns.Close()
+			resc <- result{err: err}
+			return
+		}
+		goruntime.UnlockOSThread()
+		if lerr != nil {
+			ns.Close()
+		}
+		resc <- result{ns: ns, ln: ln, err: lerr}
+	}()
+	res := <-resc
+	if res.err != nil {
+		t.Fatalf("fake internet: %v", res.err)
+	}
+	ns, ln := res.ns, res.ln
+	f.Port = ln.Addr().(*net.TCPAddr).Port
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s\n", c.RemoteAddr())
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-served
+		if l, err := netlink.LinkByName(hostIf); err == nil {
+			if err := netlink.LinkDel(l); err != nil {
+				t.Errorf("delete %s: %v", hostIf, err)
+			}
+		}
+		ns.Close()
+	})
+
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("fake internet: %v", err)
+		}
+	}
+	host32 := func(a netip.Addr) *netlink.Addr { return &netlink.Addr{IPNet: ipNet32(a)} }
+	must(netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: peerIf, PeerNamespace: netlink.NsFd(int(ns))}))
+	host, err := netlink.LinkByName(hostIf)
+	must(err)
+	must(netlink.AddrAdd(host, host32(f.Gateway)))
+	must(netlink.LinkSetUp(host))
+	for _, dst := range []netip.Addr{f.Server, f.Private} {
+		must(netlink.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: ipNet32(dst), Scope: netlink.SCOPE_LINK}))
+	}
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	must(err)
+	defer h.Close()
+	peer, err := h.LinkByName(peerIf)
+	must(err)
+	must(h.AddrAdd(peer, host32(f.Server)))
+	must(h.AddrAdd(peer, host32(f.Private)))
+	must(h.LinkSetUp(peer))
+	lo, err := h.LinkByName("lo")
+	must(err)
+	must(h.LinkSetUp(lo))
+	must(h.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Dst: ipNet32(f.Gateway), Scope: netlink.SCOPE_LINK}))
+	return f
+}
+
+func ipNet32(a netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}
+}

@@ -1,0 +1,145 @@
+package network
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+)
+
+// specialRanges are the IPv4 ranges an outbound sandbox may not reach by
+// default: "this network", RFC 1918, CGNAT, loopback, link-local (cloud
+// metadata), IETF protocol assignments, benchmarking, multicast, reserved.
+var specialRanges = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("100.64.0.0/10"),
+	netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.0.0.0/24"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("198.18.0.0/15"),
+	netip.MustParsePrefix("224.0.0.0/4"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+}
+
+// SpecialRanges returns the special-purpose IPv4 ranges that are part of
+// the default egress deny list: "this network", RFC 1918, CGNAT, loopback,
+// link-local (cloud metadata), IETF protocol assignments, benchmarking,
+// multicast and reserved.
+func SpecialRanges() []netip.Prefix { return append([]netip.Prefix(nil), specialRanges...) }
+
+// ensureRules enables forwarding and (re)installs the host-wide evalbox
+// iptables chains and the jumps to them. It runs once per Manager, on the
+// first Attach; the rules match interfaces by prefix, so no per-sandbox
+// rule exists.
+func (m *Manager) ensureRules(ctx context.Context) error {
+	m.rulesMu.Lock()
+	defer m.rulesMu.Unlock()
+	if m.rulesOK {
+		return nil
+	}
+	if err := writeSysctl("/proc/sys/net/ipv4/ip_forward", "1"); err != nil {
+		return fmt.Errorf("enable ip_forward: %w", err)
+	}
+	deny := m.deny
+	if deny == nil {
+		var err error
+		if deny, err = defaultDeny(); err != nil {
+			return err
+		}
+	}
+	rules := m.ruleset(deny)
+	restore := exec.CommandContext(ctx, "iptables-restore", "--noflush", "--wait")
+	restore.Stdin = strings.NewReader(rules)
+	if out, err := restore.CombinedOutput(); err != nil {
+		return fmt.Errorf("iptables-restore: %w: %s", err, bytes.TrimSpace(out))
+	}
+	for _, j := range [][]string{
+		{"filter", "FORWARD", "-j", ChainFwd},
+		{"filter", "INPUT", "-j", ChainIn},
+		{"nat", "POSTROUTING", "-j", ChainNAT},
+	} {
+		check := append([]string{"--wait", "-t", j[0], "-C", j[1]}, j[2:]...)
+		if exec.CommandContext(ctx, "iptables", check...).Run() == nil {
+			continue
+		}
+		ins := append([]string{"--wait", "-t", j[0], "-I", j[1], "1"}, j[2:]...)
+		if out, err := exec.CommandContext(ctx, "iptables", ins...).CombinedOutput(); err != nil {
+			return fmt.Errorf("iptables %s: %w: %s", strings.Join(ins, " "), err, bytes.TrimSpace(out))
+		}
+	}
+	m.rulesOK = true
+	return nil
+}
+
+// ruleset renders the evalbox chains for iptables-restore --noflush
+// (declaring a chain flushes it, so this replaces the previous version).
+func (m *Manager) ruleset(deny []netip.Prefix) string {
+	var b strings.Builder
+	w := func(f string, a ...any) { fmt.Fprintf(&b, f+"\n", a...) }
+	ifs := HostIfPrefix + "+"
+	w("*filter")
+	w(":%s - [0:0]", ChainFwd)
+	w(":%s - [0:0]", ChainIn)
+	// Into sandboxes: only replies; nothing between sandboxes.
+	w("-A %s -o %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", ChainFwd, ifs)
+	w("-A %s -i %s -o %s -j REJECT --reject-with icmp-admin-prohibited", ChainFwd, ifs, ifs)
+	w("-A %s -o %s -j DROP", ChainFwd, ifs)
+	// Out of sandboxes.
+	w("-A %s -i %s ! -s %s -j DROP", ChainFwd, ifs, m.pool)
+	for _, d := range m.dns {
+		w("-A %s -i %s -d %s/32 -p udp --dport 53 -j ACCEPT", ChainFwd, ifs, d)
+		w("-A %s -i %s -d %s/32 -p tcp --dport 53 -j ACCEPT", ChainFwd, ifs, d)
+	}
+	// Refused rather than dropped, so that a connect fails at once.
+	for _, p := range deny {
+		w("-A %s -i %s -d %s -j REJECT --reject-with icmp-admin-prohibited", ChainFwd, ifs, p)
+	}
+	w("-A %s -i %s -j ACCEPT", ChainFwd, ifs)
+	// The host itself is off limits.
+	w("-A %s -i %s -j REJECT --reject-with icmp-admin-prohibited", ChainIn, ifs)
+	w("COMMIT")
+	w("*nat")
+	w(":%s - [0:0]", ChainNAT)
+	w("-A %s -s %s ! -o %s -j MASQUERADE", ChainNAT, m.pool, ifs)
+	w("COMMIT")
+	return b.String()
+}
+
+// defaultDeny is specialRanges plus every IPv4 subnet the host has an
+// address in (its LANs), except sandbox links.
+func defaultDeny() ([]netip.Prefix, error) {
+	deny := append([]netip.Prefix(nil), specialRanges...)
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list host addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if a.IPNet == nil || strings.HasPrefix(a.Label, HostIfPrefix) {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if !ok {
+			continue
+		}
+		ones, _ := a.Mask.Size()
+		p := netip.PrefixFrom(ip, ones).Masked()
+		covered := false
+		for _, d := range deny {
+			if d.Bits() <= p.Bits() && d.Contains(p.Addr()) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			deny = append(deny, p)
+		}
+	}
+	return deny, nil
+}
