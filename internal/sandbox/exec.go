@@ -171,8 +171,9 @@ func process(p agentproto.ProcInfo) client.Process {
 	return out
 }
 
-// StartProcess starts a background command. It is not bound to the exec
-// concurrency limit: it runs until it ends, is killed or the sandbox ends.
+// StartProcess starts a background command. Like an exec, it holds one of
+// the team's concurrent-exec slots (queueing for one) until it ends, is
+// killed, or its sandbox ends.
 func (s *Service) StartProcess(ctx context.Context, teamID, id string, req client.ExecRequest) (client.Process, error) {
 	e, err := s.lookup(ctx, teamID, id)
 	if err != nil {
@@ -185,10 +186,23 @@ func (s *Service) StartProcess(ctx context.Context, teamID, id string, req clien
 	if err != nil {
 		return client.Process{}, err
 	}
+	release, err := s.execSlot(ctx, teamID)
+	if err != nil {
+		return client.Process{}, err
+	}
 	p, err := e.sb.Agent.Start(ctx, areq)
 	if err != nil {
+		release()
 		return client.Process{}, s.agentErr(e, err)
 	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer release()
+		// Returns when the process ends, or with an error when the
+		// sandbox's agent session closes.
+		_, _ = e.sb.Agent.Wait(context.Background(), p.ID)
+	}()
 	return process(p), nil
 }
 

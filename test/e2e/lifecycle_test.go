@@ -92,6 +92,24 @@ func TestConcurrentExecLimitQueues(t *testing.T) {
 			t.Fatalf("execs overlapped with a limit of 1: %v", spans)
 		}
 	}
+	// A background process holds the slot until it ends.
+	ctx := ctxT(t, time.Minute)
+	if _, err := c.StartProcess(ctx, sb.ID, client.ExecRequest{Cmd: "sleep 0.5; date +%s.%N > /tmp/bg-end"}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "date +%s.%N; cat /tmp/bg-end"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(r.Stdout)
+	if len(f) != 2 {
+		t.Fatalf("the exec ran before the background process ended: %q", r.Stdout)
+	}
+	started, _ := strconv.ParseFloat(f[0], 64)
+	bgEnd, _ := strconv.ParseFloat(f[1], 64)
+	if started < bgEnd {
+		t.Fatalf("exec started at %f, before the background process ended at %f", started, bgEnd)
+	}
 }
 
 func TestTTLReaper(t *testing.T) {
