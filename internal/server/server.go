@@ -213,12 +213,23 @@ func Run(ctx context.Context, cfg Config) error {
 	case serveErr = <-errc:
 	}
 	log.Info("shutting down")
-	shutCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Stop accepting requests and let those in flight finish for a grace
+	// period; then end every sandbox, which also ends the requests still
+	// running in them (long execs, attached streams).
+	shutCtx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(shutCtx); err != nil {
-		_ = srv.Close()
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- srv.Shutdown(shutCtx) }()
+	select {
+	case err := <-shutdown:
+		shutdown <- err
+	case <-time.After(shutdownGrace):
+		log.Warn("requests still running after the grace period; ending their sandboxes")
 	}
 	_ = svc.Close(shutCtx)
+	if err := <-shutdown; err != nil {
+		_ = srv.Close()
+	}
 	if err := n.Close(shutCtx); err != nil {
 		log.Error("closing node", "err", err)
 	}
@@ -227,6 +238,10 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	return serveErr
 }
+
+// shutdownGrace is how long in-flight requests may run on after a
+// shutdown begins, before their sandboxes are ended under them.
+const shutdownGrace = 10 * time.Second
 
 // instanceID names this server instance on the host: a short hash of its
 // absolute data dir.

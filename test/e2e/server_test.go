@@ -126,6 +126,16 @@ func TestCPULimitApplied(t *testing.T) {
 		if mem == "" || mem == "max" || mem == "9223372036854771712" {
 			t.Errorf("%s: no memory limit (%q)", rt, mem)
 		}
+		// Under host memory pressure, sandboxes go before the server.
+		procs := strings.Fields(readCgroupFile(t, "memory", sb.ID, "cgroup.procs"))
+		if len(procs) == 0 {
+			t.Errorf("%s: no process in the sandbox's cgroup", rt)
+		}
+		for _, pid := range procs {
+			if b, err := os.ReadFile("/proc/" + pid + "/oom_score_adj"); err == nil && strings.TrimSpace(string(b)) != "800" {
+				t.Errorf("%s: process %s has oom_score_adj %s, want 800", rt, pid, strings.TrimSpace(string(b)))
+			}
+		}
 	}
 }
 

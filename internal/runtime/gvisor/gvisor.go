@@ -163,8 +163,13 @@ func (r *Runtime) globalArgs(network string, diskMB int) []string {
 		"--platform=" + r.cfg.Platform,
 		"--network=" + net,
 	}
+	// Always an in-memory upper layer: without --overlay2, runsc's default
+	// ("root:self") would keep its file store inside the template's
+	// directory, which every sandbox of the template shares.
 	if diskMB > 0 {
 		args = append(args, fmt.Sprintf("--overlay2=root:memory,size=%dm", diskMB))
+	} else {
+		args = append(args, "--overlay2=root:memory")
 	}
 	return args
 }
@@ -243,7 +248,26 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 		_ = sb.Destroy(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("gvisor: runsc run: %w: %s", runErr, tail)
 	}
+	// runsc applies the spec's OOM score inside the sandbox only; the host
+	// processes (Sentry, gofer; stubs inherit from the Sentry) get it here.
+	r.setOOMScore(spec.ID)
 	return sb, nil
+}
+
+// setOOMScore makes the host OOM killer pick the sandbox's processes
+// before the control plane.
+func (r *Runtime) setOOMScore(id string) {
+	pids := r.pidsOf(id)
+	if cg, err := cgroups.Open(r.cfg.CgroupParent, id); err == nil {
+		if procs, err := cg.Procs(); err == nil {
+			pids = append(pids, procs...)
+		}
+	}
+	for _, pid := range pids {
+		if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(oomScoreAdj)), 0); err != nil {
+			r.log.Debug("oom_score_adj", "pid", pid, "err", err)
+		}
+	}
 }
 
 // sandboxNet is an outbound sandbox's network: its namespace (bind-mounted

@@ -14,12 +14,14 @@ const cpuPeriod = 100_000
 // its in-memory overlay (the disk).
 const sentryOverheadMB = 96
 
+// oomScoreAdj is the OOM score adjustment of sandbox processes.
+var oomScoreAdj = 800
+
 // capabilities granted to the agent (root inside the sandbox). They are
 // capabilities of the gVisor kernel, not of the host.
 var capabilities = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
-	"CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
-	"CAP_SYS_CHROOT", "CAP_AUDIT_WRITE",
+	"CAP_SETGID", "CAP_SETUID", "CAP_NET_BIND_SERVICE",
 }
 
 // ociSpec builds the OCI runtime spec runsc starts the sandbox from. With
@@ -36,10 +38,13 @@ func ociSpec(s runtime.Spec, cgroupParent string, nw *sandboxNet) *specs.Spec {
 		Hostname: s.Hostname,
 		Root:     &specs.Root{Path: s.RootFS, Readonly: false},
 		Process: &specs.Process{
-			Args: args,
-			Env:  s.Env,
-			Cwd:  "/",
-			User: specs.User{UID: 0, GID: 0},
+			// When the host runs out of memory, sandboxes go before the
+			// control plane.
+			OOMScoreAdj: &oomScoreAdj,
+			Args:        args,
+			Env:         s.Env,
+			Cwd:         "/",
+			User:        specs.User{UID: 0, GID: 0},
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: capabilities, Effective: capabilities, Permitted: capabilities,
 			},

@@ -82,6 +82,9 @@ type Runtime struct {
 
 var _ runtime.Runtime = (*Runtime)(nil)
 
+// oomScoreAdj is the OOM score adjustment of sandbox processes.
+const oomScoreAdj = "800"
+
 // New returns a namespaces runtime. It needs root (CAP_SYS_ADMIN and
 // friends in the initial user namespace) and a cgroup v1 or v2 host.
 func New(cfg Config) (*Runtime, error) {
@@ -345,7 +348,12 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 		<-s.done
 	})
 	// The init stage waits for its config: only then does it run anything
-	// of the sandbox, so joining the cgroup now is in time.
+	// of the sandbox, so joining the cgroup and setting the OOM score now
+	// is in time (every process of the sandbox inherits the score: when
+	// the host runs out of memory, sandboxes go before the control plane).
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", s.pid), []byte(oomScoreAdj), 0); err != nil {
+		return nil, fmt.Errorf("namespaces: oom_score_adj: %w", err)
+	}
 	if !inside {
 		if err := cg.AddProc(s.pid); err != nil {
 			return nil, fmt.Errorf("namespaces: %w", err)
