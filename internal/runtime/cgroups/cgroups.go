@@ -725,13 +725,51 @@ func unescapeMount(s string) string {
 }
 
 // RemoveParent removes parent from every cgroup hierarchy of the host (v1
-// hierarchies of any controller, and cgroup2), once no sandbox cgroup is
-// left in it. Runtimes call it when they stop, so that nothing of an
-// evalbox instance stays in the cgroup trees.
+// hierarchies of any controller, and cgroup2), with the empty sandbox
+// cgroups still in it; it fails where one still has tasks.
 func RemoveParent(parent string) error {
 	if err := checkRelPath(parent); err != nil {
 		return err
 	}
+	return eachHierarchy(func(mount string) error {
+		dir := filepath.Join(mount, parent)
+		// Sandbox cgroups some runtime left without processes in
+		// hierarchies it does not manage (runsc creates one in every
+		// controller) go first.
+		children, _ := os.ReadDir(dir)
+		for _, c := range children {
+			if c.IsDir() {
+				_ = unix.Rmdir(filepath.Join(dir, c.Name()))
+			}
+		}
+		return rmdirIfExists(dir)
+	})
+}
+
+// RemoveLeaf removes the empty cgroup parent/id from every hierarchy of the
+// host, also those no Manager handles (runsc creates one in each).
+func RemoveLeaf(parent, id string) error {
+	if err := checkRelPath(parent); err != nil {
+		return err
+	}
+	if err := checkID(id); err != nil {
+		return err
+	}
+	return eachHierarchy(func(mount string) error {
+		return rmdirIfExists(filepath.Join(mount, parent, id))
+	})
+}
+
+func rmdirIfExists(dir string) error {
+	if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("cgroups: remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+// eachHierarchy calls fn with the mount point of every cgroup hierarchy
+// (cgroup v1 of any controller, and cgroup2) and joins the errors.
+func eachHierarchy(fn func(mount string) error) error {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return fmt.Errorf("cgroups: %w", err)
@@ -743,9 +781,8 @@ func RemoveParent(parent string) error {
 		if !ok || len(pf) < 5 || len(sf) < 1 || (sf[0] != "cgroup" && sf[0] != "cgroup2") {
 			continue
 		}
-		dir := filepath.Join(unescapeMount(pf[4]), parent)
-		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("cgroups: remove %s: %w", dir, err))
+		if err := fn(unescapeMount(pf[4])); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)

@@ -389,6 +389,11 @@ func (r *Runtime) remove(ctx context.Context, id string) error {
 			lastErr = fmt.Errorf("gvisor: %w", err)
 		}
 	}
+	// runsc makes the sandbox's cgroup in every hierarchy; a failed start
+	// can leave the ones the manager above does not handle.
+	if err := cgroups.RemoveLeaf(r.cfg.CgroupParent, id); err != nil && lastErr == nil {
+		lastErr = fmt.Errorf("gvisor: %w", err)
+	}
 	return lastErr
 }
 

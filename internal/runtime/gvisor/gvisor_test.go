@@ -261,7 +261,11 @@ func TestOutboundStartFailure(t *testing.T) {
 	}
 	e := &testEnv{runsc: runsc, agent: agent, rootDir: t.TempDir(), netm: netm}
 	r := e.newRuntime(t)
-	t.Cleanup(func() { r.Close() })
+	t.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			t.Errorf("close runtime: %v", err)
+		}
+	})
 	_, err = r.Start(context.Background(), runtime.Spec{ID: "gv-fail", RootFS: "/nonexistent-rootfs", AgentPath: agent,
 		StateDir: t.TempDir(), MemoryMB: 128, DiskMB: 16, Network: runtime.NetworkOutbound})
 	if err == nil {
@@ -289,7 +293,11 @@ func BenchmarkStart(b *testing.B) {
 			}
 			e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: b.TempDir(), netm: netm}
 			r := e.newRuntime(b)
-			b.Cleanup(func() { r.Close() })
+			b.Cleanup(func() {
+				if err := r.Close(); err != nil {
+					b.Errorf("close runtime: %v", err)
+				}
+			})
 			ctx := context.Background()
 			var destroy time.Duration
 			for i := 0; b.Loop(); i++ {
