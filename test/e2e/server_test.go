@@ -3,6 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"os"
 	"path/filepath"
@@ -72,6 +74,13 @@ func TestServerLimitsAndShutdown(t *testing.T) {
 		if left := hostLeftovers(s, id); len(left) > 0 {
 			t.Errorf("after shutdown, %s left:\n  %s", id, strings.Join(left, "\n  "))
 		}
+	}
+	// Nor does anything of the instance: its cgroup parents are named by a
+	// hash of the data dir.
+	sum := sha256.Sum256([]byte(s.dataDir))
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/evalbox-*-" + hex.EncodeToString(sum[:4]))
+	if len(parents) > 0 {
+		t.Errorf("after shutdown, cgroup parents are left: %v", parents)
 	}
 }
 
