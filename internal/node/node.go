@@ -101,6 +101,16 @@ type Sandbox struct {
 // was destroyed).
 func (s *Sandbox) Done() <-chan struct{} { return s.Agent.Done() }
 
+// OOMKills reports how many of the sandbox's processes the OOM killer has
+// killed (0 when it cannot tell).
+func (s *Sandbox) OOMKills() int64 {
+	n, err := s.rt.OOMKills()
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
 // New returns a node. Call Sweep once before use to remove what a previous
 // process left, and Close to stop it.
 func New(cfg Config) (*Node, error) {

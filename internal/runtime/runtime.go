@@ -61,6 +61,10 @@ type Sandbox interface {
 	Destroy(ctx context.Context) error
 	// Usage reports the host resources the sandbox uses now.
 	Usage(ctx context.Context) (Usage, error)
+	// OOMKills reports how many of the sandbox's processes the kernel's
+	// OOM killer has killed (gVisor: the Sentry itself, which ends the
+	// sandbox). It is cheap: a file read.
+	OOMKills() (int64, error)
 }
 
 // Usage is a sandbox's host resource use.

@@ -114,7 +114,19 @@ func (s *Service) Exec(ctx context.Context, teamID, id string, req client.ExecRe
 	res := execResult(exit)
 	res.StdoutTruncated = res.StdoutTruncated || out.truncated
 	res.StderrTruncated = res.StderrTruncated || errw.truncated
+	s.explainKill(e, &res)
 	return res, nil
+}
+
+// explainKill says so when the OOM killer killed the process, or one of
+// its children, while it ran (one file read on the host).
+func (s *Service) explainKill(e *entry, res *client.ExecResult) {
+	if n := e.sb.OOMKills(); n > e.oomSeen.Load() {
+		e.oomSeen.Store(n)
+		if res.Error == "" {
+			res.Error = fmt.Sprintf("out-of-memory killer: a process was killed because the sandbox went past its memory limit (memory_mb=%d)", e.row.MemoryMB)
+		}
+	}
 }
 
 // capWriter passes on at most n bytes and notes whether more came.
@@ -252,6 +264,7 @@ func (s *Service) AttachProcess(ctx context.Context, teamID, id, pid string, std
 	res := execResult(exit)
 	res.StdoutTruncated = res.StdoutTruncated || out.truncated
 	res.StderrTruncated = res.StderrTruncated || errw.truncated
+	s.explainKill(e, &res)
 	return res, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/evalbox/evalbox/internal/node"
@@ -146,6 +147,7 @@ type entry struct {
 	expires time.Time
 	ended   chan struct{}
 	endOnce sync.Once
+	oomSeen atomic.Int64 // OOM kills already reported on an exec
 }
 
 // New returns the service. Call Recover once before serving and Close at
@@ -439,6 +441,9 @@ func (s *Service) end(ctx context.Context, e *entry, state, reason string) {
 	e.endOnce.Do(func() {
 		close(e.ended)
 		ctx = context.WithoutCancel(ctx)
+		if state == client.StateLost && e.sb.OOMKills() > 0 {
+			reason = fmt.Sprintf("out of memory: the sandbox went past its memory limit (memory_mb=%d)", e.row.MemoryMB)
+		}
 		// The row first: a lookup that misses the live entry then reads
 		// the final state.
 		if _, err := s.store.MarkEnded(ctx, e.row.ID, state, reason, time.Now()); err != nil {

@@ -438,6 +438,30 @@ func (c *Cgroup) MemoryUsage() (int64, error) {
 	return n, nil
 }
 
+// OOMKills returns how many processes the kernel's OOM killer has killed in
+// the cgroup (v1: memory.oom_control, v2: memory.events; 0 on kernels
+// that do not count them).
+func (c *Cgroup) OOMKills() (int64, error) {
+	name := "memory.oom_control"
+	if c.m.version == V2 {
+		name = "memory.events"
+	}
+	b, err := os.ReadFile(filepath.Join(c.dir("memory"), name))
+	if err != nil {
+		return 0, fmt.Errorf("cgroups: %w", err)
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("cgroups: parse %s: %w", name, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, nil
+}
+
 // KillAll SIGKILLs every process in the cgroup, including ones forked while
 // it runs, and returns once the cgroup has no live process or ctx is done.
 // A cgroup that does not exist is empty.

@@ -397,6 +397,15 @@ func (r *Runtime) remove(ctx context.Context, id string) error {
 	return lastErr
 }
 
+// OOMKills implements runtime.Sandbox.
+func (s *sandbox) OOMKills() (int64, error) {
+	cg, err := cgroups.Open(s.r.cfg.CgroupParent, s.id)
+	if err != nil {
+		return 0, fmt.Errorf("gvisor: %w", err)
+	}
+	return cg.OOMKills()
+}
+
 // Usage implements runtime.Sandbox.
 func (s *sandbox) Usage(ctx context.Context) (runtime.Usage, error) {
 	var u runtime.Usage

@@ -114,6 +114,9 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	return nil
 }
 
+// OOMKills implements runtime.Sandbox.
+func (s *Sandbox) OOMKills() (int64, error) { return s.cg.OOMKills() }
+
 // Usage reports the memory charged to the sandbox's cgroup and the summed
 // resident set size of its processes (shared pages counted once per
 // process).
