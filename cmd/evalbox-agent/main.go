@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -34,6 +35,7 @@ func run() int {
 	flag.StringVar(&cfg.User, "user", "", "default user (name or uid) of processes and owner of written files (default: the agent's user)")
 	flag.Int64Var(&cfg.DefaultMaxOutput, "max-output", agent.DefaultMaxOutput, "default per-stream output cap in bytes")
 	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level (debug, info, warn, error)")
+	listen := flag.String("listen", "", "serve on a unix socket at this path instead of stdin/stdout (processes then outlive connections)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))
 	cfg.Logger = log
@@ -74,12 +76,17 @@ func run() int {
 		defer stop()
 	}
 
-	conn, err := stdioConn()
-	if err != nil {
-		log.Error("agent: stdio", "err", err)
-		return 1
+	var err error
+	if *listen != "" {
+		err = serveUnix(ctx, *listen, cfg)
+	} else {
+		var conn stdio
+		if conn, err = stdioConn(); err != nil {
+			log.Error("agent: stdio", "err", err)
+			return 1
+		}
+		err = agent.Serve(ctx, conn, cfg)
 	}
-	err = agent.Serve(ctx, conn, cfg)
 	if pid1 {
 		// The sandbox ends with us: take everything down first.
 		syscall.Kill(-1, syscall.SIGKILL)
@@ -89,6 +96,22 @@ func run() int {
 		return 1
 	}
 	return 0
+}
+
+// serveUnix serves the agent protocol on a unix socket at path (only the
+// agent's user may connect).
+func serveUnix(ctx context.Context, path string, cfg agent.Config) error {
+	_ = os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	defer os.Remove(path)
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("agent: %w", err)
+	}
+	return agent.ServeListener(ctx, ln, cfg)
 }
 
 // stdio is the connection to the host: stdin and stdout.

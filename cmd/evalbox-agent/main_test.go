@@ -6,6 +6,7 @@ import (
 	"debug/elf"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -295,4 +296,73 @@ func BenchmarkAgentBinaryFileTransfer(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestAgentUnixSocket drives the binary over a unix socket: a background
+// process started on one connection is attached to from the next one.
+func TestAgentUnixSocket(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the agent")
+	}
+	bin := buildAgent(t)
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	cmd := exec.Command(bin, "--workdir", t.TempDir(), "--listen", sock)
+	var logs strings.Builder
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		// SIGTERM: the agent (not PID 1 here) stops and kills its processes.
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			t.Error("agent did not stop on SIGTERM")
+		}
+		if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("socket left behind: %v", err)
+		}
+	})
+	dial := func() *agentproto.Client {
+		t.Helper()
+		var conn net.Conn
+		var err error
+		for i := 0; i < 200; i++ {
+			if conn, err = net.Dial("unix", sock); err == nil {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("dial: %v\n%s", err, logs.String())
+		}
+		c, err := agentproto.Dial(conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c1 := dial()
+	p, err := c1.Start(ctx, agentproto.ExecRequest{Shell: "sleep 0.3; echo done"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1.Close()
+	c2 := dial()
+	defer c2.Close()
+	var out strings.Builder
+	exit, err := c2.Attach(ctx, p.ID, &out, io.Discard)
+	if err != nil || exit.Status != agentproto.StatusExited || out.String() != "done\n" {
+		t.Fatalf("attach from a new connection: %+v %q %v", exit, out.String(), err)
+	}
+	fi, err := os.Stat(sock)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode: %v %v", fi, err)
+	}
 }

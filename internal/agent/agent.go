@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"log/slog"
 	"os"
 	"slices"
@@ -84,6 +85,52 @@ func Serve(ctx context.Context, conn io.ReadWriteCloser, cfg Config) error {
 		conn.Close()
 		return err
 	}
+	s.log.Info("agent serving", "pid", os.Getpid(), "workdir", s.cfg.Workdir, "reap_all", getReaper().reapAll)
+	err = s.session(ctx, conn)
+	s.shutdown()
+	s.log.Info("agent stopped")
+	if err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// ServeListener runs the agent on every connection accepted from ln (a
+// unix socket, later vsock) until ctx is done, then kills every process it
+// started. Processes outlive connections: a host that reconnects lists,
+// attaches to and waits for the background processes it started before.
+func ServeListener(ctx context.Context, ln net.Listener, cfg Config) error {
+	s, err := newServer(cfg)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	s.log.Info("agent listening", "pid", os.Getpid(), "addr", ln.Addr().String())
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	var conns sync.WaitGroup
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			break
+		}
+		conns.Add(1)
+		go func() {
+			defer conns.Done()
+			if err := s.session(ctx, conn); err != nil {
+				s.log.Warn("agent session", "err", err)
+			}
+		}()
+	}
+	s.shutdown()
+	conns.Wait()
+	s.log.Info("agent stopped")
+	return ctx.Err()
+}
+
+// session serves one host connection until it closes or ctx is done. Its
+// foreground execs end with it; background processes do not.
+func (s *server) session(ctx context.Context, conn io.ReadWriteCloser) error {
 	sess, err := yamux.Server(conn, agentproto.YamuxConfig())
 	if err != nil {
 		conn.Close()
@@ -91,8 +138,6 @@ func Serve(ctx context.Context, conn io.ReadWriteCloser, cfg Config) error {
 	}
 	stop := context.AfterFunc(ctx, func() { sess.Close() })
 	defer stop()
-	s.log.Info("agent serving", "pid", os.Getpid(), "workdir", s.cfg.Workdir, "reap_all", getReaper().reapAll)
-
 	var handlers sync.WaitGroup
 	for {
 		st, err := sess.AcceptStream()
@@ -106,10 +151,8 @@ func Serve(ctx context.Context, conn io.ReadWriteCloser, cfg Config) error {
 		}()
 	}
 	sess.Close()
-	s.shutdown()
 	handlers.Wait()
-	s.log.Info("agent stopped")
-	return ctx.Err()
+	return nil
 }
 
 func newServer(cfg Config) (*server, error) {
