@@ -69,9 +69,10 @@ type Node struct {
 	runtimes map[string]runtime.Runtime
 	names    []string // sorted runtime names
 
-	mu    sync.Mutex
-	live  map[string]*Sandbox
-	pools map[PoolKey]*pool
+	mu       sync.Mutex
+	live     map[string]*Sandbox
+	starting map[string]struct{} // ids inside start, not yet live
+	pools    map[PoolKey]*pool
 
 	wg     sync.WaitGroup
 	closed chan struct{}
@@ -127,6 +128,7 @@ func New(cfg Config) (*Node, error) {
 		cfg: cfg, log: cfg.Logger,
 		runtimes: map[string]runtime.Runtime{},
 		live:     map[string]*Sandbox{},
+		starting: map[string]struct{}{},
 		pools:    map[PoolKey]*pool{},
 		closed:   make(chan struct{}),
 	}
@@ -148,8 +150,9 @@ func (n *Node) Sweep(ctx context.Context) ([]string, error) {
 	keep := func(id string) bool {
 		n.mu.Lock()
 		defer n.mu.Unlock()
-		_, ok := n.live[id]
-		return ok
+		_, live := n.live[id]
+		_, starting := n.starting[id]
+		return live || starting
 	}
 	var removed []string
 	var errs []error
@@ -169,6 +172,30 @@ func (n *Node) Sweep(ctx context.Context) ([]string, error) {
 		}
 	}
 	return removed, errors.Join(errs...)
+}
+
+// SweepEvery runs Sweep every interval until the node closes: whatever a
+// failed destroy left on the host is removed then.
+func (n *Node) SweepEvery(interval time.Duration) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-n.closed:
+				return
+			case <-t.C:
+				ctx, cancel := context.WithTimeout(context.Background(), interval)
+				removed, err := n.Sweep(ctx)
+				cancel()
+				if len(removed) > 0 || err != nil {
+					n.log.Warn("swept sandbox leftovers", "ids", removed, "err", err)
+				}
+			}
+		}
+	}()
 }
 
 // NewID returns a fresh sandbox id.
@@ -217,6 +244,14 @@ func (n *Node) start(ctx context.Context, key PoolKey) (_ *Sandbox, err error) {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.StartTimeout)
 	defer cancel()
 	id := NewID()
+	n.mu.Lock()
+	n.starting[id] = struct{}{}
+	n.mu.Unlock()
+	defer func() {
+		n.mu.Lock()
+		delete(n.starting, id)
+		n.mu.Unlock()
+	}()
 	stateDir := filepath.Join(n.cfg.StateDir, id)
 	if err := os.Mkdir(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: %w", err)

@@ -181,6 +181,7 @@ func Run(ctx context.Context, cfg Config) error {
 	} else if len(removed) > 0 {
 		log.Info("removed leftover sandboxes", "count", len(removed))
 	}
+	n.SweepEvery(time.Minute)
 	svc := sandbox.New(cfg.Service, st, n, templates, log)
 	if err := svc.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
