@@ -1,0 +1,550 @@
+"""The asynchronous client: :class:`AsyncSandbox`, its files and commands.
+
+The same surface as :mod:`evalbox._sync`, whose docstrings document each
+method; every method drives the same operation of :mod:`evalbox._core` with
+:class:`httpx.AsyncClient`. This module only does the I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import inspect
+import logging
+import os
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from types import TracebackType
+from typing import IO, Any, Literal, TypeVar, overload
+
+import httpx
+
+from . import _core as core
+from .errors import EvalboxError
+from .models import CommandResult, FileInfo, ProcessInfo, SandboxInfo
+
+__all__ = ["AsyncClient", "AsyncCommandHandle", "AsyncCommands", "AsyncFiles", "AsyncSandbox"]
+
+T = TypeVar("T")
+_log = logging.getLogger("evalbox")
+
+#: What :meth:`AsyncFiles.write` takes: also an async iterable of byte chunks.
+AsyncWriteData = core.WriteData | AsyncIterable[bytes]
+#: An output callback may be a plain function or a coroutine function.
+AsyncOutputCallback = Callable[[str], Awaitable[object] | object]
+
+
+class AsyncClient:
+    """The async twin of :class:`evalbox.Client` (one per event loop).
+
+    Without ``client=`` the SDK uses a default client per (event loop, URL,
+    key). Close a client you made with :meth:`aclose` or ``async with``.
+    """
+
+    def __init__(
+        self,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        retries: int = 3,
+        max_retry_wait: float = 30.0,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._cfg = core.Config.resolve(api_url, api_key, retries=retries, max_retry_wait=max_retry_wait)
+        self._base = self._cfg.api_url + "/v1"
+        self._headers = self._cfg.headers()
+        self._own_http = http_client is None
+        self._http = (
+            http_client
+            if http_client is not None
+            else httpx.AsyncClient(limits=core.http_limits(), timeout=core.http_timeout())
+        )
+
+    @property
+    def api_url(self) -> str:
+        """The API's base URL (without ``/v1``)."""
+        return self._cfg.api_url
+
+    async def aclose(self) -> None:
+        """Close the connection pool (unless it was given as ``http_client``)."""
+        if self._own_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /v1/health``: ``{"status", "version", "runtimes"}``."""
+        return await self._run(core.health(self._cfg))
+
+    # --- the driver ---
+
+    async def _run(self, op: core.Op[T]) -> T:
+        """Drive an operation of :mod:`evalbox._core` to its value."""
+        value: Any = None
+        error: EvalboxError | None = None
+        try:
+            while True:
+                try:
+                    step = op.send(value) if error is None else op.throw(error)
+                except StopIteration as stop:
+                    result: T = stop.value
+                    return result
+                value = error = None
+                if isinstance(step, core.Sleep):
+                    await asyncio.sleep(step.seconds)
+                    continue
+                try:
+                    value = await self._send(step)
+                except httpx.TransportError as e:
+                    error = core.connection_error(e)
+        finally:
+            op.close()
+
+    async def _send(self, call: core.Call) -> httpx.Response:
+        content: bytes | AsyncIterator[bytes] | None = None
+        if call.upload is not None:
+            core.rewind(call.upload)
+            src = call.upload.source
+            if isinstance(src, bytes):
+                content = src
+            elif hasattr(src, "read"):
+                content = _read_chunks(src)  # type: ignore[arg-type]
+            elif isinstance(src, AsyncIterable):
+                content = aiter(src)
+            else:
+                content = _aiter(src)
+        req = self._http.build_request(
+            call.method,
+            self._base + call.path,
+            params=call.params,
+            json=call.json,
+            content=content,
+            headers={**self._headers, **call.headers()},
+            timeout=call.timeout(),
+        )
+        resp = await self._http.send(req, stream=True)
+        if not (call.stream and resp.is_success):
+            try:
+                await resp.aread()
+            finally:
+                await resp.aclose()
+        return resp
+
+    async def _events(self, resp: httpx.Response, *, keep_output: bool) -> AsyncGenerator[core.Event, None]:
+        """The events of an open NDJSON stream, the result last; reads it to its end and closes it."""
+        stream = core.EventStream(keep_output=keep_output)
+        try:
+            async for chunk in resp.aiter_bytes():
+                for ev in stream.feed(chunk):
+                    yield ev
+            for ev in stream.end():
+                yield ev
+        except httpx.TransportError as e:
+            raise core.connection_error(e) from e
+        finally:
+            await resp.aclose()
+
+
+async def _read_chunks(f: IO[bytes]) -> AsyncIterator[bytes]:
+    """Read a binary file in chunks, off the event loop (the body of an async upload)."""
+    while True:
+        chunk = await asyncio.to_thread(f.read, core.CHUNK_SIZE)
+        if not chunk:
+            return
+        if not isinstance(chunk, bytes):
+            raise TypeError("open the file in binary mode ('rb') to upload it")
+        yield chunk
+
+
+def _open_wb(path: core.PathLike) -> IO[bytes]:
+    return open(path, "wb")
+
+
+async def _aiter(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for c in chunks:
+        yield c
+
+
+_defaults: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], AsyncClient]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _client(client: AsyncClient | None, api_url: str | None, api_key: str | None) -> AsyncClient:
+    """The given client, or the running event loop's default one for (URL, key)."""
+    if client is not None:
+        if api_url is not None or api_key is not None:
+            raise TypeError("pass either client= or api_url=/api_key=, not both")
+        return client
+    cfg = core.Config.resolve(api_url, api_key)
+    per_loop = _defaults.setdefault(asyncio.get_running_loop(), {})
+    key = (cfg.api_url, cfg.api_key)
+    c = per_loop.get(key)
+    if c is None:
+        c = per_loop[key] = AsyncClient(cfg.api_url, cfg.api_key)
+    return c
+
+
+class AsyncSandbox:
+    """A running sandbox, async: ``sb = await AsyncSandbox.create(...)``.
+
+    ``async with await AsyncSandbox.create(...) as sb:`` deletes it on exit,
+    also when the block raises or is cancelled. See :class:`evalbox.Sandbox`.
+    """
+
+    id: str
+    files: AsyncFiles
+    commands: AsyncCommands
+
+    def __init__(self, info: SandboxInfo, client: AsyncClient) -> None:
+        self.id = info.id
+        self._client = client
+        self._created = info
+        self.files = AsyncFiles(self.id, client)
+        self.commands = AsyncCommands(self.id, client)
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox(id={self.id!r}, template={self._created.template!r}, runtime={self._created.runtime!r})"
+
+    @classmethod
+    async def create(
+        cls,
+        template: str = "base",
+        *,
+        runtime: str | None = None,
+        timeout: int | None = None,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        disk_mb: int | None = None,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        network: str | None = None,
+        wait: float | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        client: AsyncClient | None = None,
+    ) -> AsyncSandbox:
+        """Create a sandbox and return once it runs. See :meth:`evalbox.Sandbox.create`."""
+        c = _client(client, api_url, api_key)
+        info = await c._run(
+            core.create_sandbox(
+                c._cfg,
+                template=template,
+                runtime=runtime,
+                timeout=timeout,
+                cpu=cpu,
+                memory_mb=memory_mb,
+                disk_mb=disk_mb,
+                env=env,
+                metadata=metadata,
+                network=network,
+                wait=wait,
+            )
+        )
+        return cls(info, c)
+
+    @classmethod
+    async def connect(
+        cls,
+        sandbox_id: str,
+        *,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        client: AsyncClient | None = None,
+    ) -> AsyncSandbox:
+        """Attach to a running sandbox by id. See :meth:`evalbox.Sandbox.connect`."""
+        c = _client(client, api_url, api_key)
+        return cls(await c._run(core.connect_sandbox(c._cfg, sandbox_id)), c)
+
+    @staticmethod
+    async def list(
+        *,
+        metadata: Mapping[str, str] | None = None,
+        state: Literal["running", "all"] = "running",
+        api_url: str | None = None,
+        api_key: str | None = None,
+        client: AsyncClient | None = None,
+    ) -> builtins.list[SandboxInfo]:
+        """The team's sandboxes. See :meth:`evalbox.Sandbox.list`."""
+        c = _client(client, api_url, api_key)
+        return await c._run(core.list_sandboxes(c._cfg, metadata=metadata, state=state))
+
+    @staticmethod
+    async def kill_by_id(
+        sandbox_id: str,
+        *,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        client: AsyncClient | None = None,
+    ) -> None:
+        """Delete a sandbox by id. See :meth:`evalbox.Sandbox.kill_by_id`."""
+        c = _client(client, api_url, api_key)
+        await c._run(core.delete_sandbox(c._cfg, sandbox_id))
+
+    @staticmethod
+    async def kill_all(
+        metadata: Mapping[str, str],
+        *,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        client: AsyncClient | None = None,
+    ) -> builtins.list[str]:
+        """Delete every running sandbox whose metadata matches. See :meth:`evalbox.Sandbox.kill_all`."""
+        c = _client(client, api_url, api_key)
+        return await c._run(core.delete_sandboxes(c._cfg, metadata))
+
+    async def kill(self) -> None:
+        """Delete the sandbox. Idempotent."""
+        await self._client._run(core.delete_sandbox(self._client._cfg, self.id))
+
+    async def info(self) -> SandboxInfo:
+        """The sandbox as the server sees it now."""
+        return await self._client._run(core.get_sandbox(self._client._cfg, self.id))
+
+    async def set_timeout(self, seconds: int) -> SandboxInfo:
+        """Make the sandbox expire ``seconds`` from now."""
+        return await self._client._run(core.set_timeout(self._client._cfg, self.id, seconds))
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            await self.kill()
+            return
+        try:
+            await self.kill()
+        except EvalboxError as e:  # do not hide the exception that ended the block
+            _log.warning("deleting sandbox %s after an error failed: %s", self.id, e)
+
+
+class AsyncFiles:
+    """Files inside a sandbox (``sb.files``). See :class:`evalbox.Files`."""
+
+    def __init__(self, sandbox_id: str, client: AsyncClient) -> None:
+        self._id = sandbox_id
+        self._client = client
+
+    async def write(self, path: str, data: AsyncWriteData, *, mode: int | None = None) -> FileInfo:
+        """Write a file (text, bytes, a binary file, or a sync or async iterable of byte chunks), streamed."""
+        return await self._client._run(core.write_file(self._client._cfg, self._id, path, core.upload_from(data), mode))
+
+    async def upload(self, local: core.PathLike, remote: str, *, mode: int | None = None) -> FileInfo:
+        """Stream a local file into the sandbox; ``mode`` defaults to the local file's permission bits."""
+        f = await asyncio.to_thread(open, local, "rb")
+        try:
+            if mode is None:
+                mode = os.fstat(f.fileno()).st_mode & 0o7777
+            return await self.write(remote, f, mode=mode)
+        finally:
+            f.close()
+
+    async def read(self, path: str) -> bytes:
+        """A file's content."""
+        return (await self._client._run(core.read_file(self._client._cfg, self._id, path, stream=False))).content
+
+    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """A file's content as text."""
+        return (await self.read(path)).decode(encoding)
+
+    async def download(self, remote: str, local: core.PathLike | IO[bytes]) -> int:
+        """Stream a file out of the sandbox into a local path or binary file; returns its size."""
+        resp = await self._client._run(core.read_file(self._client._cfg, self._id, remote, stream=True))
+        try:
+            if not isinstance(local, (str, os.PathLike)):
+                return await self._copy(resp, local)
+            f = await asyncio.to_thread(_open_wb, local)
+            try:
+                with f:
+                    return await self._copy(resp, f)
+            except BaseException:
+                os.unlink(local)
+                raise
+        finally:
+            await resp.aclose()
+
+    async def _copy(self, resp: httpx.Response, f: IO[bytes]) -> int:
+        n = 0
+        try:
+            async for chunk in resp.aiter_bytes(core.CHUNK_SIZE):
+                await asyncio.to_thread(f.write, chunk)
+                n += len(chunk)
+        except httpx.TransportError as e:
+            raise core.connection_error(e) from e
+        return n
+
+    async def list(self, path: str) -> builtins.list[FileInfo]:
+        """A directory's entries (not recursive), sorted by name."""
+        return await self._client._run(core.list_files(self._client._cfg, self._id, path))
+
+    async def stat(self, path: str) -> FileInfo:
+        """Describe a path (a symlink itself, not its target)."""
+        return await self._client._run(core.stat_file(self._client._cfg, self._id, path))
+
+    async def mkdir(self, path: str, *, parents: bool = False, mode: int | None = None) -> FileInfo:
+        """Create a directory; with ``parents`` also missing parents."""
+        return await self._client._run(core.mkdir(self._client._cfg, self._id, path, parents=parents, mode=mode))
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file or directory (a non-empty directory needs ``recursive``)."""
+        await self._client._run(core.remove_file(self._client._cfg, self._id, path, recursive=recursive))
+
+
+class AsyncCommands:
+    """Commands inside a sandbox (``sb.commands``). See :class:`evalbox.Commands`."""
+
+    def __init__(self, sandbox_id: str, client: AsyncClient) -> None:
+        self._id = sandbox_id
+        self._client = client
+
+    @overload
+    async def run(
+        self,
+        cmd: str | Iterable[str],
+        *,
+        timeout: float | None = ...,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        user: str | None = ...,
+        stdin: str | bytes | None = ...,
+        on_stdout: AsyncOutputCallback | None = ...,
+        on_stderr: AsyncOutputCallback | None = ...,
+        background: Literal[False] = ...,
+        max_output_bytes: int | None = ...,
+        tag: str | None = ...,
+    ) -> CommandResult: ...
+
+    @overload
+    async def run(
+        self,
+        cmd: str | Iterable[str],
+        *,
+        timeout: float | None = ...,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        user: str | None = ...,
+        stdin: str | bytes | None = ...,
+        on_stdout: None = ...,
+        on_stderr: None = ...,
+        background: Literal[True],
+        max_output_bytes: int | None = ...,
+        tag: str | None = ...,
+    ) -> AsyncCommandHandle: ...
+
+    async def run(
+        self,
+        cmd: str | Iterable[str],
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+        stdin: str | bytes | None = None,
+        on_stdout: AsyncOutputCallback | None = None,
+        on_stderr: AsyncOutputCallback | None = None,
+        background: bool = False,
+        max_output_bytes: int | None = None,
+        tag: str | None = None,
+    ) -> CommandResult | AsyncCommandHandle:
+        """Run a command and wait for it, or start it in the background. See :meth:`evalbox.Commands.run`.
+
+        The callbacks may be plain functions or coroutine functions.
+        """
+        body = core.exec_body(
+            cmd,
+            cwd=cwd,
+            env=env,
+            user=user,
+            stdin=stdin,
+            timeout=timeout,
+            max_output_bytes=max_output_bytes,
+            tag=tag,
+        )
+        cfg = self._client._cfg
+        if background:
+            if on_stdout is not None or on_stderr is not None:
+                raise ValueError("on_stdout/on_stderr need background=False; iterate handle.stdout instead")
+            info = await self._client._run(core.start_process(cfg, self._id, body))
+            return AsyncCommandHandle(info, self._id, self._client)
+        if on_stdout is None and on_stderr is None:
+            return await self._client._run(core.run_command(cfg, self._id, body))
+        resp = await self._client._run(core.stream_command(cfg, self._id, body))
+        result: CommandResult | None = None
+        async with contextlib.aclosing(self._client._events(resp, keep_output=True)) as events:
+            async for ev in events:
+                if isinstance(ev, CommandResult):
+                    result = ev
+                elif (cb := on_stdout if ev.stream == "stdout" else on_stderr) is not None:
+                    r = cb(ev.data)
+                    if inspect.isawaitable(r):
+                        await r
+        assert result is not None, "an event stream without a result raises"
+        return result
+
+    async def list(self) -> builtins.list[ProcessInfo]:
+        """The sandbox's background commands, running and ended."""
+        return await self._client._run(core.list_processes(self._client._cfg, self._id))
+
+    async def connect(self, command_id: str) -> AsyncCommandHandle:
+        """A handle on a background command by its id."""
+        info = await self._client._run(core.get_process(self._client._cfg, self._id, command_id))
+        return AsyncCommandHandle(info, self._id, self._client)
+
+
+class AsyncCommandHandle:
+    """A background command. See :class:`evalbox.CommandHandle`."""
+
+    id: str
+    pid: int
+    sandbox_id: str
+
+    def __init__(self, info: ProcessInfo, sandbox_id: str, client: AsyncClient) -> None:
+        self.id = info.id
+        self.pid = info.pid
+        self.sandbox_id = sandbox_id
+        self._client = client
+
+    def __repr__(self) -> str:
+        return f"AsyncCommandHandle(id={self.id!r}, pid={self.pid}, sandbox_id={self.sandbox_id!r})"
+
+    async def info(self) -> ProcessInfo:
+        """The command's state now."""
+        return await self._client._run(core.get_process(self._client._cfg, self.sandbox_id, self.id))
+
+    async def wait(self, timeout: float | None = None, *, poll_interval: float = 1.0) -> CommandResult:
+        """Wait for the command to end (long polls of ``poll_interval`` s). See :meth:`evalbox.CommandHandle.wait`."""
+        return await self._client._run(
+            core.wait_process(self._client._cfg, self.sandbox_id, self.id, timeout=timeout, poll_interval=poll_interval)
+        )
+
+    async def kill(self, signal: str | int | None = None) -> None:
+        """SIGKILL the command's whole tree, or send ``signal``. See :meth:`evalbox.CommandHandle.kill`."""
+        cfg = self._client._cfg
+        if signal is None:
+            await self._client._run(core.kill_process(cfg, self.sandbox_id, self.id))
+        else:
+            await self._client._run(core.signal_process(cfg, self.sandbox_id, self.id, signal))
+
+    @property
+    def stdout(self) -> AsyncIterator[str]:
+        """The command's stdout in chunks (``async for``): so far, then live until it ends."""
+        return self._output("stdout")
+
+    @property
+    def stderr(self) -> AsyncIterator[str]:
+        """The command's stderr in chunks (``async for``): so far, then live until it ends."""
+        return self._output("stderr")
+
+    async def _output(self, which: str) -> AsyncIterator[str]:
+        resp = await self._client._run(core.stream_process(self._client._cfg, self.sandbox_id, self.id))
+        async with contextlib.aclosing(self._client._events(resp, keep_output=False)) as events:
+            async for ev in events:
+                if isinstance(ev, core.Output) and ev.stream == which:
+                    yield ev.data

@@ -1,0 +1,810 @@
+"""The transport-agnostic core of the SDK, shared by the sync and async clients.
+
+Every API operation is written once here, as a generator ("sans-I/O"): it
+yields a :class:`Call` (one HTTP request to send) or a :class:`Sleep` (a pause
+before a retry), receives the :class:`httpx.Response` of each call, and
+returns the parsed value. The sync client (``_sync.py``) drives these
+generators with :class:`httpx.Client` and :func:`time.sleep`, the async client
+(``_async.py``) with :class:`httpx.AsyncClient` and :func:`asyncio.sleep`.
+Request building, retries with backoff, error mapping and response parsing
+therefore exist once; the clients only do I/O.
+
+Contract between an operation and its driver:
+
+* For a :class:`Call` the driver sends the request and sends back the
+  response. A non-2xx response has its body read and is closed. A 2xx
+  response of a ``stream`` call is sent back open: the operation returns it
+  and the client reads and closes it. Any other 2xx response has its body
+  read.
+* When sending fails (network error) the driver throws an
+  :class:`~evalbox.errors.APIConnectionError` into the operation.
+* For a :class:`Sleep` the driver sleeps and sends back ``None``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import random
+import stat as stat_mod
+import time
+from collections.abc import AsyncIterable, Callable, Generator, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import IO, Any, NamedTuple, TypeVar, cast
+from urllib.parse import quote
+
+import httpx
+
+from .errors import (
+    APIConnectionError,
+    CommandTimeoutError,
+    EvalboxError,
+    SandboxNotRunningError,
+    error_from_detail,
+)
+from .models import CommandResult, FileInfo, ProcessInfo, SandboxInfo
+
+T = TypeVar("T")
+
+DEFAULT_API_URL = "http://127.0.0.1:8700"
+ENV_API_URL = "EVALBOX_API_URL"
+ENV_API_KEY = "EVALBOX_API_KEY"
+
+JSON = "application/json"
+NDJSON = "application/x-ndjson"
+OCTET_STREAM = "application/octet-stream"
+
+#: Seconds to wait for the answer of an ordinary call.
+DEFAULT_READ_TIMEOUT = 120.0
+#: Added to a server-side wait (command timeout, long poll, slot queue) to get
+#: the read timeout of that call.
+TIMEOUT_MARGIN = 60.0
+CONNECT_TIMEOUT = 10.0
+#: Size of the chunks a file is read in for an upload, and asked for on a
+#: download.
+CHUNK_SIZE = 1 << 20
+#: Longest wait one ``/wait`` long poll may ask the server for.
+MAX_WAIT_WINDOW = 86400.0
+
+#: What ``files.write`` takes: text (UTF-8), bytes, a binary file, or an iterable of byte chunks.
+WriteData = str | bytes | bytearray | memoryview | IO[bytes] | Iterable[bytes]
+PathLike = str | os.PathLike[str]
+
+_MIN_BACKOFF = 0.1
+_MAX_BACKOFF = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Where the API is and how calls are retried."""
+
+    api_url: str
+    """Base URL without ``/v1`` and without a trailing slash."""
+    api_key: str
+    retries: int = 3
+    """How many times an idempotent call is retried after a 429/503 answer or a network error."""
+    max_retry_wait: float = 30.0
+    """Longest single wait before a retry; a longer ``Retry-After`` fails the call at once."""
+
+    @classmethod
+    def resolve(
+        cls, api_url: str | None = None, api_key: str | None = None, *, retries: int = 3, max_retry_wait: float = 30.0
+    ) -> Config:
+        """Arguments first, then ``EVALBOX_API_URL`` / ``EVALBOX_API_KEY``, then the default URL."""
+        url = api_url or os.environ.get(ENV_API_URL) or DEFAULT_API_URL
+        url = url.rstrip("/")
+        if url.endswith("/v1"):
+            url = url[: -len("/v1")]
+        key = api_key if api_key is not None else os.environ.get(ENV_API_KEY, "")
+        return cls(api_url=url, api_key=key, retries=max(retries, 0), max_retry_wait=max_retry_wait)
+
+    def headers(self) -> dict[str, str]:
+        """Headers of every request."""
+        h = {"User-Agent": f"evalbox-python/{_version()}"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def http_limits() -> httpx.Limits:
+    """Connection pool of the SDK's HTTP clients: no cap (every sandbox of a
+    large parallel run may hold a connection for a long command), many idle
+    connections kept for reuse."""
+    return httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=60)
+
+
+def http_timeout() -> httpx.Timeout:
+    """Default timeouts of the SDK's HTTP clients (each call sets its own read timeout)."""
+    return httpx.Timeout(DEFAULT_READ_TIMEOUT, connect=CONNECT_TIMEOUT, pool=None)
+
+
+# --- steps -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """A request body streamed from bytes, a binary file or an iterable of chunks."""
+
+    source: bytes | IO[bytes] | Iterable[bytes] | AsyncIterable[bytes]
+    size: int | None
+    """Content-Length, or None to send the body chunked."""
+    start: int | None
+    """For a seekable file, the offset to seek to before each send; None otherwise."""
+
+    @property
+    def resendable(self) -> bool:
+        """Whether the body can be sent again (for a retry)."""
+        return isinstance(self.source, bytes) or self.start is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One HTTP request for the driver to send."""
+
+    method: str
+    path: str
+    """Below ``/v1``, already escaped."""
+    params: tuple[tuple[str, str], ...] = ()
+    json: Any = None
+    """JSON body, when not None."""
+    upload: Upload | None = None
+    """Raw body, when not None."""
+    accept: str = JSON
+    stream: bool = False
+    """Send a 2xx response back open, for the caller to stream."""
+    retry: bool = False
+    """May be sent again after a 429/503 answer or a network error."""
+    read_timeout: float | None = DEFAULT_READ_TIMEOUT
+    """Seconds without data from the server before the call fails; None = no limit."""
+
+    def headers(self) -> dict[str, str]:
+        """This call's own headers (besides Authorization and User-Agent)."""
+        h = {"Accept": self.accept}
+        if self.upload is not None:
+            h["Content-Type"] = OCTET_STREAM
+            if self.upload.size is not None:
+                h["Content-Length"] = str(self.upload.size)
+        return h
+
+    def timeout(self) -> httpx.Timeout:
+        """The httpx timeouts of this call."""
+        return httpx.Timeout(connect=CONNECT_TIMEOUT, read=self.read_timeout, write=DEFAULT_READ_TIMEOUT, pool=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """A pause before a retry."""
+
+    seconds: float
+
+
+Step = Call | Sleep
+#: An operation: yields steps, receives responses, returns a value.
+Op = Generator[Step, Any, T]
+
+
+def request(cfg: Config, call: Call | Callable[[], Call], *, deadline: float | None = None) -> Op[httpx.Response]:
+    """Send a call (rebuilt by ``call()`` for each attempt when it is a function).
+
+    Returns the 2xx response. An error answer raises its
+    :class:`~evalbox.errors.EvalboxError`; a call marked ``retry`` is first
+    retried on 429/503 answers and network errors (up to ``cfg.retries``
+    times, waiting ``Retry-After`` or an exponential backoff), never past
+    ``deadline`` (a :func:`time.monotonic` value).
+    """
+    attempt = 0
+    while True:
+        c = call if isinstance(call, Call) else call()
+        err: EvalboxError
+        try:
+            resp: httpx.Response = yield c
+        except APIConnectionError as e:
+            # A request that never left is safe to resend; one that may have
+            # reached the server only when it is a read.
+            if not (e.unsent or c.method == "GET"):
+                raise
+            err = e
+            delay = backoff(attempt)
+        else:
+            if resp.is_success:
+                return resp
+            err = error_from_response(resp)
+            if resp.status_code not in (429, 503):
+                raise err
+            delay = err.retry_after if err.retry_after is not None else backoff(attempt)
+        if (
+            not c.retry
+            or attempt >= cfg.retries
+            or (c.upload is not None and not c.upload.resendable)
+            or delay > cfg.max_retry_wait
+            or (deadline is not None and time.monotonic() + delay > deadline)
+        ):
+            raise err
+        yield Sleep(delay)
+        attempt += 1
+
+
+def backoff(attempt: int) -> float:
+    """Wait before retry ``attempt + 1`` without a Retry-After: exponential from 0.1 s, capped at 5 s, ±20 % jitter."""
+    d = min(_MIN_BACKOFF * (1 << min(attempt, 10)), _MAX_BACKOFF)
+    return d * random.uniform(0.8, 1.2)
+
+
+def error_from_response(resp: httpx.Response) -> EvalboxError:
+    """The exception for a non-2xx response whose body has been read."""
+    retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+    detail: Mapping[str, Any] | None = None
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict) and body["error"].get("code"):
+        detail = body["error"]
+    else:
+        # Not an evalbox error body (a proxy, or a server bug): keep what can be said.
+        text = resp.text.strip()
+        if len(text) > 200:
+            text = text[:200] + "…"
+        detail = {"code": "", "message": f"HTTP {resp.status_code}: {text or resp.reason_phrase}"}
+    return error_from_detail(detail, status=resp.status_code, retry_after=retry_after)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Parse a Retry-After header (delay-seconds or an HTTP date) into seconds."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return float(min(max(int(value), 0), 24 * 3600))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+# --- paths and bodies --------------------------------------------------------
+
+
+def _seg(s: str, what: str) -> str:
+    if not s:
+        raise ValueError(f"empty {what}")
+    return quote(s, safe="")
+
+
+def sandbox_path(sandbox_id: str, suffix: str = "") -> str:
+    """``/sandboxes/{id}{suffix}``."""
+    return f"/sandboxes/{_seg(sandbox_id, 'sandbox id')}{suffix}"
+
+
+def process_path(sandbox_id: str, process_id: str, suffix: str = "") -> str:
+    """``/sandboxes/{id}/processes/{pid}{suffix}``."""
+    return sandbox_path(sandbox_id, f"/processes/{_seg(process_id, 'process id')}{suffix}")
+
+
+def metadata_params(metadata: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    """``metadata.<key>=<value>`` query parameters."""
+    if not metadata:
+        return ()
+    return tuple((f"metadata.{k}", v) for k, v in metadata.items())
+
+
+def exec_body(
+    cmd: str | Iterable[str],
+    *,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    user: str | None,
+    stdin: str | bytes | None,
+    timeout: float | None,
+    max_output_bytes: int | None,
+    tag: str | None,
+) -> dict[str, Any]:
+    """The ``ExecRequest`` JSON: a string runs as ``/bin/sh -c cmd``, a list as argv."""
+    body: dict[str, Any] = {}
+    if isinstance(cmd, str):
+        if not cmd:
+            raise ValueError("empty command")
+        body["cmd"] = cmd
+    else:
+        argv = list(cmd)
+        if not argv:
+            raise ValueError("empty argv")
+        body["argv"] = argv
+    if cwd:
+        body["cwd"] = cwd
+    if env:
+        body["env"] = dict(env)
+    if user:
+        body["user"] = user
+    if stdin is not None:
+        body["stdin"] = stdin.decode() if isinstance(stdin, bytes) else stdin
+    if timeout is not None:
+        if timeout < 0:
+            raise ValueError("timeout must be >= 0")
+        body["timeout"] = timeout
+    if max_output_bytes:
+        body["max_output_bytes"] = max_output_bytes
+    if tag:
+        body["tag"] = tag
+    return body
+
+
+def _command_read_timeout(timeout: float | None) -> float | None:
+    return timeout + TIMEOUT_MARGIN if timeout else None
+
+
+def signal_name(signal: str | int) -> str:
+    """A signal as the API takes it: a name (``"SIGTERM"``, ``"TERM"``) or a number (``"15"``)."""
+    if isinstance(signal, int):  # also signal.Signals
+        return str(int(signal))
+    if not signal:
+        raise ValueError("empty signal")
+    return signal
+
+
+def file_mode(mode: int | None) -> tuple[tuple[str, str], ...]:
+    """The ``mode`` query parameter (octal permission bits)."""
+    if mode is None:
+        return ()
+    if not 0 <= mode <= 0o7777:
+        raise ValueError(f"mode {mode:o} is not a permission mode")
+    return (("mode", f"{mode:04o}"),)
+
+
+def upload_from(data: WriteData | AsyncIterable[bytes]) -> Upload:
+    """Describe a body to upload: text (UTF-8), bytes, a binary file, or an iterable of byte chunks."""
+    if isinstance(data, str):
+        b = data.encode()
+        return Upload(b, len(b), None)
+    if isinstance(data, bytes):
+        return Upload(data, len(data), None)
+    if isinstance(data, (bytearray, memoryview)):
+        b = bytes(data)
+        return Upload(b, len(b), None)
+    if isinstance(data, io.TextIOBase):
+        raise TypeError("open the file in binary mode ('rb') to upload it")
+    if hasattr(data, "read"):
+        f: IO[bytes] = data  # type: ignore[assignment]
+        return Upload(f, _remaining_size(f), _tell(f))
+    if isinstance(data, (Iterable, AsyncIterable)):
+        return Upload(cast("Iterable[bytes] | AsyncIterable[bytes]", data), None, None)
+    raise TypeError(f"cannot upload a {type(data).__name__}: give str, bytes, a binary file or an iterable of bytes")
+
+
+def _tell(f: IO[bytes]) -> int | None:
+    try:
+        if not f.seekable():
+            return None
+        return f.tell()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _remaining_size(f: IO[bytes]) -> int | None:
+    """Bytes left to read in f, when that can be known without reading it."""
+    pos = _tell(f)
+    if pos is None:
+        return None
+    try:
+        st = os.fstat(f.fileno())
+        if stat_mod.S_ISREG(st.st_mode):
+            return max(st.st_size - pos, 0)
+        return None
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+    try:
+        end = f.seek(0, io.SEEK_END)
+        f.seek(pos)
+        return max(end - pos, 0)
+    except (OSError, ValueError):
+        return None
+
+
+def read_chunks(f: IO[bytes]) -> Iterator[bytes]:
+    """Read a binary file in chunks (the body of a sync upload)."""
+    while True:
+        chunk = f.read(CHUNK_SIZE)
+        if not chunk:
+            return
+        if not isinstance(chunk, bytes):
+            raise TypeError("open the file in binary mode ('rb') to upload it")
+        yield chunk
+
+
+def rewind(upload: Upload) -> None:
+    """Seek a file body back to its start before a (re)send."""
+    if upload.start is not None and hasattr(upload.source, "seek"):
+        upload.source.seek(upload.start)
+
+
+# --- NDJSON streams ----------------------------------------------------------
+
+
+class Output(NamedTuple):
+    """A chunk of a command's output."""
+
+    stream: str
+    """``stdout`` or ``stderr``."""
+    data: str
+
+
+Event = Output | CommandResult
+
+
+class EventStream:
+    """Turns the bytes of an NDJSON ``ExecEvent`` stream into output chunks and, last, the result.
+
+    An ``error`` event raises its :class:`~evalbox.errors.EvalboxError`; a
+    stream that ends without an ``exit`` event raises
+    :class:`~evalbox.errors.APIConnectionError` (it was cut off).
+    """
+
+    __slots__ = ("_buf", "_done", "_err", "_keep", "_out")
+
+    def __init__(self, *, keep_output: bool = True) -> None:
+        self._keep = keep_output
+        self._buf = b""
+        self._done = False
+        self._out: list[str] = []
+        self._err: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        """Add bytes of the stream; return the events they complete (nothing after the result)."""
+        if self._done:
+            return []
+        if b"\n" not in chunk:
+            self._buf += chunk
+            return []
+        lines = (self._buf + chunk).split(b"\n")
+        self._buf = lines.pop()
+        events: list[Event] = []
+        for line in lines:
+            ev = self._line(line)
+            if ev is not None:
+                events.append(ev)
+                if self._done:
+                    break
+        return events
+
+    def end(self) -> list[Event]:
+        """The stream ended: the events of a last unterminated line, or raise if it had no result."""
+        if self._done:
+            return []
+        ev = self._line(self._buf)
+        self._buf = b""
+        if not self._done:
+            raise APIConnectionError("the output stream ended before the command's exit event")
+        return [ev] if ev is not None else []
+
+    def _line(self, line: bytes) -> Event | None:
+        if not line.strip():
+            return None
+        try:
+            ev = json.loads(line)
+        except ValueError as e:
+            raise EvalboxError(f"invalid line in the output stream: {e}", code="internal") from e
+        typ = ev.get("type")
+        if typ == "stdout" or typ == "stderr":
+            data = ev.get("data", "")
+            if self._keep:
+                (self._out if typ == "stdout" else self._err).append(data)
+            return Output(typ, data)
+        if typ == "exit":
+            res = ev.get("result")
+            if not isinstance(res, dict):
+                raise EvalboxError("exit event without a result", code="internal")
+            self._done = True
+            return CommandResult.from_json(
+                res,
+                stdout="".join(self._out) + res.get("stdout", ""),
+                stderr="".join(self._err) + res.get("stderr", ""),
+            )
+        if typ == "error":
+            self._done = True
+            raise error_from_detail(ev.get("error"))
+        return None  # newer servers may add event types
+
+
+def connection_error(e: httpx.TransportError) -> APIConnectionError:
+    """The SDK's error for an httpx network error (chained to it)."""
+    unsent = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
+    err = APIConnectionError(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__, unsent=unsent)
+    err.__cause__ = e
+    return err
+
+
+# --- operations: sandboxes ---------------------------------------------------
+
+
+def health(cfg: Config) -> Op[dict[str, Any]]:
+    """``GET /v1/health``."""
+    resp = yield from request(cfg, Call("GET", "/health", retry=True))
+    out: dict[str, Any] = resp.json()
+    return out
+
+
+def create_sandbox(
+    cfg: Config,
+    *,
+    template: str,
+    runtime: str | None,
+    timeout: int | None,
+    cpu: float | None,
+    memory_mb: int | None,
+    disk_mb: int | None,
+    env: Mapping[str, str] | None,
+    metadata: Mapping[str, str] | None,
+    network: str | None,
+    wait: float | None,
+) -> Op[SandboxInfo]:
+    """``POST /v1/sandboxes``.
+
+    Without ``wait`` the call is sent once: a 429 ``too_many_sandboxes`` or
+    503 is raised at once (nothing was created). With ``wait`` (seconds) the
+    server queues the request for a slot, and 429/503 answers are retried
+    (honouring Retry-After) as long as the ``wait`` budget lasts; each attempt
+    asks the server to queue for what is left of it.
+    """
+    if not template:
+        raise ValueError("empty template")
+    body: dict[str, Any] = {"template": template}
+    if runtime:
+        body["runtime"] = runtime
+    if timeout:
+        body["timeout"] = int(timeout)
+    if cpu:
+        body["cpu"] = cpu
+    if memory_mb:
+        body["memory_mb"] = int(memory_mb)
+    if disk_mb:
+        body["disk_mb"] = int(disk_mb)
+    if env:
+        body["env"] = dict(env)
+    if metadata:
+        body["metadata"] = dict(metadata)
+    if network:
+        body["network"] = network
+    if not wait or wait <= 0:
+        call = Call("POST", "/sandboxes", json=body)
+        resp = yield from request(cfg, call)
+        return SandboxInfo.from_json(resp.json())
+    deadline = time.monotonic() + wait
+
+    def attempt() -> Call:
+        left = max(math.ceil(deadline - time.monotonic()), 1)
+        return Call(
+            "POST",
+            "/sandboxes",
+            json={**body, "wait_seconds": left},
+            retry=True,
+            read_timeout=left + TIMEOUT_MARGIN,
+        )
+
+    resp = yield from request(cfg, attempt, deadline=deadline)
+    return SandboxInfo.from_json(resp.json())
+
+
+def get_sandbox(cfg: Config, sandbox_id: str) -> Op[SandboxInfo]:
+    """``GET /v1/sandboxes/{id}``."""
+    resp = yield from request(cfg, Call("GET", sandbox_path(sandbox_id), retry=True))
+    return SandboxInfo.from_json(resp.json())
+
+
+def connect_sandbox(cfg: Config, sandbox_id: str) -> Op[SandboxInfo]:
+    """Get a sandbox and check that it runs (else :class:`~evalbox.errors.SandboxNotRunningError`)."""
+    info = yield from get_sandbox(cfg, sandbox_id)
+    if info.state != "running":
+        reason = f" ({info.end_reason})" if info.end_reason else ""
+        raise SandboxNotRunningError(
+            f"sandbox {sandbox_id} is {info.state}{reason}", code="sandbox_not_running", status=None
+        )
+    return info
+
+
+def list_sandboxes(cfg: Config, *, metadata: Mapping[str, str] | None, state: str) -> Op[list[SandboxInfo]]:
+    """``GET /v1/sandboxes?metadata.k=v&state=…``."""
+    if state not in ("running", "all"):
+        raise ValueError(f"state must be 'running' or 'all', not {state!r}")
+    params = metadata_params(metadata)
+    if state != "running":
+        params += (("state", state),)
+    resp = yield from request(cfg, Call("GET", "/sandboxes", params=params, retry=True))
+    return [SandboxInfo.from_json(d) for d in resp.json()["sandboxes"]]
+
+
+def delete_sandbox(cfg: Config, sandbox_id: str) -> Op[None]:
+    """``DELETE /v1/sandboxes/{id}`` (204 also when it already ended)."""
+    yield from request(cfg, Call("DELETE", sandbox_path(sandbox_id), retry=True))
+
+
+def delete_sandboxes(cfg: Config, metadata: Mapping[str, str]) -> Op[list[str]]:
+    """``DELETE /v1/sandboxes?metadata.k=v``: the ids deleted."""
+    if not metadata:
+        raise ValueError("a bulk delete needs at least one metadata filter")
+    resp = yield from request(cfg, Call("DELETE", "/sandboxes", params=metadata_params(metadata), retry=True))
+    return list(resp.json()["deleted"])
+
+
+def set_timeout(cfg: Config, sandbox_id: str, seconds: int) -> Op[SandboxInfo]:
+    """``POST /v1/sandboxes/{id}/timeout``."""
+    if seconds < 1:
+        raise ValueError("timeout must be >= 1 second")
+    call = Call("POST", sandbox_path(sandbox_id, "/timeout"), json={"timeout": int(seconds)}, retry=True)
+    resp = yield from request(cfg, call)
+    return SandboxInfo.from_json(resp.json())
+
+
+# --- operations: commands ----------------------------------------------------
+
+
+def run_command(cfg: Config, sandbox_id: str, body: Mapping[str, Any]) -> Op[CommandResult]:
+    """``POST …/exec``, buffered. Never retried (not idempotent)."""
+    call = Call(
+        "POST", sandbox_path(sandbox_id, "/exec"), json=body, read_timeout=_command_read_timeout(body.get("timeout"))
+    )
+    resp = yield from request(cfg, call)
+    return CommandResult.from_json(resp.json())
+
+
+def stream_command(cfg: Config, sandbox_id: str, body: Mapping[str, Any]) -> Op[httpx.Response]:
+    """``POST …/exec`` with ``Accept: application/x-ndjson``: the open stream of events."""
+    call = Call("POST", sandbox_path(sandbox_id, "/exec"), json=body, accept=NDJSON, stream=True, read_timeout=None)
+    return (yield from request(cfg, call))
+
+
+def start_process(cfg: Config, sandbox_id: str, body: Mapping[str, Any]) -> Op[ProcessInfo]:
+    """``POST …/processes``. Never retried."""
+    resp = yield from request(cfg, Call("POST", sandbox_path(sandbox_id, "/processes"), json=body))
+    return ProcessInfo.from_json(resp.json())
+
+
+def list_processes(cfg: Config, sandbox_id: str) -> Op[list[ProcessInfo]]:
+    """``GET …/processes``."""
+    resp = yield from request(cfg, Call("GET", sandbox_path(sandbox_id, "/processes"), retry=True))
+    return [ProcessInfo.from_json(d) for d in resp.json()["processes"]]
+
+
+def get_process(cfg: Config, sandbox_id: str, process_id: str) -> Op[ProcessInfo]:
+    """``GET …/processes/{pid}``."""
+    resp = yield from request(cfg, Call("GET", process_path(sandbox_id, process_id), retry=True))
+    return ProcessInfo.from_json(resp.json())
+
+
+def wait_process(
+    cfg: Config, sandbox_id: str, process_id: str, *, timeout: float | None, poll_interval: float
+) -> Op[CommandResult]:
+    """Wait for a background command with ``POST …/wait?timeout=…`` long polls.
+
+    Each poll is held by the server up to ``poll_interval`` seconds and
+    answers as soon as the command ends. Raises
+    :class:`~evalbox.errors.CommandTimeoutError` when ``timeout`` passes first.
+    """
+    if poll_interval <= 0:
+        raise ValueError("poll_interval must be > 0")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    path = process_path(sandbox_id, process_id, "/wait")
+    while True:
+        window = min(poll_interval, MAX_WAIT_WINDOW)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommandTimeoutError(f"command {process_id} is still running after {timeout:g}s", code="timeout")
+            window = min(window, left)
+        call = Call(
+            "POST",
+            path,
+            params=(("timeout", f"{max(window, 0.001):.3f}"),),
+            retry=True,
+            read_timeout=window + TIMEOUT_MARGIN,
+        )
+        try:
+            resp = yield from request(cfg, call)
+        except CommandTimeoutError:
+            continue  # 408: still running after this poll
+        return CommandResult.from_json(resp.json())
+
+
+def stream_process(cfg: Config, sandbox_id: str, process_id: str) -> Op[httpx.Response]:
+    """``GET …/processes/{pid}/stream``: the open stream of events (output so far, then live)."""
+    call = Call(
+        "GET",
+        process_path(sandbox_id, process_id, "/stream"),
+        accept=NDJSON,
+        stream=True,
+        retry=True,
+        read_timeout=None,
+    )
+    return (yield from request(cfg, call))
+
+
+def signal_process(cfg: Config, sandbox_id: str, process_id: str, signal: str | int) -> Op[None]:
+    """``POST …/processes/{pid}/signal``. Never retried."""
+    call = Call("POST", process_path(sandbox_id, process_id, "/signal"), json={"signal": signal_name(signal)})
+    yield from request(cfg, call)
+
+
+def kill_process(cfg: Config, sandbox_id: str, process_id: str) -> Op[None]:
+    """``DELETE …/processes/{pid}``: SIGKILL the command and its whole tree."""
+    yield from request(cfg, Call("DELETE", process_path(sandbox_id, process_id), retry=True))
+
+
+# --- operations: files -------------------------------------------------------
+
+
+def _path_param(path: str) -> tuple[tuple[str, str], ...]:
+    if not path:
+        raise ValueError("empty path")
+    return (("path", path),)
+
+
+def write_file(cfg: Config, sandbox_id: str, path: str, upload: Upload, mode: int | None) -> Op[FileInfo]:
+    """``PUT …/files?path=&mode=`` with the raw body, streamed. Retried only when the body can be resent."""
+    call = Call(
+        "PUT",
+        sandbox_path(sandbox_id, "/files"),
+        params=_path_param(path) + file_mode(mode),
+        upload=upload,
+        retry=True,
+    )
+    resp = yield from request(cfg, call)
+    return FileInfo.from_json(resp.json())
+
+
+def read_file(cfg: Config, sandbox_id: str, path: str, *, stream: bool) -> Op[httpx.Response]:
+    """``GET …/files?path=``: the response (open when ``stream``)."""
+    call = Call(
+        "GET",
+        sandbox_path(sandbox_id, "/files"),
+        params=_path_param(path),
+        accept=OCTET_STREAM,
+        stream=stream,
+        retry=True,
+    )
+    return (yield from request(cfg, call))
+
+
+def stat_file(cfg: Config, sandbox_id: str, path: str) -> Op[FileInfo]:
+    """``GET …/files/stat?path=``."""
+    resp = yield from request(
+        cfg, Call("GET", sandbox_path(sandbox_id, "/files/stat"), params=_path_param(path), retry=True)
+    )
+    return FileInfo.from_json(resp.json())
+
+
+def list_files(cfg: Config, sandbox_id: str, path: str) -> Op[list[FileInfo]]:
+    """``GET …/files/list?path=``."""
+    resp = yield from request(
+        cfg, Call("GET", sandbox_path(sandbox_id, "/files/list"), params=_path_param(path), retry=True)
+    )
+    return [FileInfo.from_json(d) for d in resp.json()["files"]]
+
+
+def mkdir(cfg: Config, sandbox_id: str, path: str, *, parents: bool, mode: int | None) -> Op[FileInfo]:
+    """``POST …/files/mkdir``."""
+    body: dict[str, Any] = {"path": path}
+    if parents:
+        body["parents"] = True
+    if mode is not None:
+        body["mode"] = file_mode(mode)[0][1]
+    resp = yield from request(cfg, Call("POST", sandbox_path(sandbox_id, "/files/mkdir"), json=body, retry=True))
+    return FileInfo.from_json(resp.json())
+
+
+def remove_file(cfg: Config, sandbox_id: str, path: str, *, recursive: bool) -> Op[None]:
+    """``DELETE …/files?path=&recursive=``."""
+    params = _path_param(path)
+    if recursive:
+        params += (("recursive", "true"),)
+    yield from request(cfg, Call("DELETE", sandbox_path(sandbox_id, "/files"), params=params, retry=True))

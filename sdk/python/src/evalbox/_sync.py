@@ -1,0 +1,601 @@
+"""The synchronous client: :class:`Sandbox`, its files and commands.
+
+Every method drives one operation of :mod:`evalbox._core` with
+:class:`httpx.Client`; this module only does the I/O.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from types import TracebackType
+from typing import IO, Any, Literal, TypeVar, overload
+
+import httpx
+
+from . import _core as core
+from .errors import EvalboxError
+from .models import CommandResult, FileInfo, ProcessInfo, SandboxInfo
+
+__all__ = ["Client", "CommandHandle", "Commands", "Files", "Sandbox"]
+
+T = TypeVar("T")
+_log = logging.getLogger("evalbox")
+
+
+class Client:
+    """A connection to an evalbox server: its URL, API key, retry policy and HTTP connection pool.
+
+    Thread-safe; share one. Without ``client=`` the SDK's functions use a
+    process-wide default client per (URL, key), so most code never makes one.
+    Make one to control its lifetime or its HTTP settings (``http_client``,
+    which is then not closed by :meth:`close`).
+
+    Args:
+        api_url: Base URL of the API; default ``$EVALBOX_API_URL``, else
+            ``http://127.0.0.1:8700``.
+        api_key: API key; default ``$EVALBOX_API_KEY``.
+        retries: How many times an idempotent call is retried after a
+            429/503 answer or a network error.
+        max_retry_wait: Longest ``Retry-After`` (seconds) that is waited for;
+            a longer one fails the call at once.
+        http_client: The :class:`httpx.Client` to send requests with.
+    """
+
+    def __init__(
+        self,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        retries: int = 3,
+        max_retry_wait: float = 30.0,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self._cfg = core.Config.resolve(api_url, api_key, retries=retries, max_retry_wait=max_retry_wait)
+        self._base = self._cfg.api_url + "/v1"
+        self._headers = self._cfg.headers()
+        self._own_http = http_client is None
+        self._http = http_client if http_client is not None else _new_http_client()
+
+    @property
+    def api_url(self) -> str:
+        """The API's base URL (without ``/v1``)."""
+        return self._cfg.api_url
+
+    def close(self) -> None:
+        """Close the connection pool (unless it was given as ``http_client``)."""
+        if self._own_http:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def health(self) -> dict[str, Any]:
+        """``GET /v1/health``: ``{"status", "version", "runtimes"}``."""
+        return self._run(core.health(self._cfg))
+
+    # --- the driver ---
+
+    def _run(self, op: core.Op[T]) -> T:
+        """Drive an operation of :mod:`evalbox._core` to its value."""
+        value: Any = None
+        error: EvalboxError | None = None
+        try:
+            while True:
+                try:
+                    step = op.send(value) if error is None else op.throw(error)
+                except StopIteration as stop:
+                    result: T = stop.value
+                    return result
+                value = error = None
+                if isinstance(step, core.Sleep):
+                    time.sleep(step.seconds)
+                    continue
+                try:
+                    value = self._send(step)
+                except httpx.TransportError as e:
+                    error = core.connection_error(e)
+        finally:
+            op.close()
+
+    def _send(self, call: core.Call) -> httpx.Response:
+        content: bytes | Iterator[bytes] | None = None
+        if call.upload is not None:
+            core.rewind(call.upload)
+            src = call.upload.source
+            if isinstance(src, bytes):
+                content = src
+            elif hasattr(src, "read"):
+                content = core.read_chunks(src)  # type: ignore[arg-type]
+            elif isinstance(src, Iterable):
+                content = iter(src)
+            else:
+                raise TypeError("an async iterable can only be uploaded with AsyncSandbox")
+        req = self._http.build_request(
+            call.method,
+            self._base + call.path,
+            params=call.params,
+            json=call.json,
+            content=content,
+            headers={**self._headers, **call.headers()},
+            timeout=call.timeout(),
+        )
+        resp = self._http.send(req, stream=True)
+        if not (call.stream and resp.is_success):
+            try:
+                resp.read()
+            finally:
+                resp.close()
+        return resp
+
+    def _events(self, resp: httpx.Response, *, keep_output: bool) -> Generator[core.Event, None, None]:
+        """The events of an open NDJSON stream, the result last.
+
+        Reads the stream to its end (a few bytes after the result), which lets
+        its connection go back to the pool, and closes it.
+        """
+        stream = core.EventStream(keep_output=keep_output)
+        try:
+            for chunk in resp.iter_bytes():
+                yield from stream.feed(chunk)
+            yield from stream.end()
+        except httpx.TransportError as e:
+            raise core.connection_error(e) from e
+        finally:
+            resp.close()
+
+
+def _new_http_client() -> httpx.Client:
+    return httpx.Client(limits=core.http_limits(), timeout=core.http_timeout())
+
+
+_defaults: dict[tuple[int, str, str], Client] = {}
+_defaults_lock = threading.Lock()
+
+
+def _client(client: Client | None, api_url: str | None, api_key: str | None) -> Client:
+    """The given client, or the process's default one for (URL, key)."""
+    if client is not None:
+        if api_url is not None or api_key is not None:
+            raise TypeError("pass either client= or api_url=/api_key=, not both")
+        return client
+    cfg = core.Config.resolve(api_url, api_key)
+    key = (os.getpid(), cfg.api_url, cfg.api_key)  # a forked child gets its own connections
+    with _defaults_lock:
+        c = _defaults.get(key)
+        if c is None:
+            c = _defaults[key] = Client(cfg.api_url, cfg.api_key)
+        return c
+
+
+class Sandbox:
+    """A running sandbox. Make one with :meth:`create` or :meth:`connect`.
+
+    As a context manager it deletes the sandbox on exit, also when the block
+    raises::
+
+        with Sandbox.create(template="python", timeout=600) as sb:
+            sb.files.write("/work/solution.py", completion)
+            r = sb.commands.run("python3 /work/solution.py", timeout=5)
+    """
+
+    id: str
+    """The sandbox's id."""
+    files: Files
+    """Files inside the sandbox."""
+    commands: Commands
+    """Commands inside the sandbox."""
+
+    def __init__(self, info: SandboxInfo, client: Client) -> None:
+        self.id = info.id
+        self._client = client
+        self._created = info
+        self.files = Files(self.id, client)
+        self.commands = Commands(self.id, client)
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, template={self._created.template!r}, runtime={self._created.runtime!r})"
+
+    @classmethod
+    def create(
+        cls,
+        template: str = "base",
+        *,
+        runtime: str | None = None,
+        timeout: int | None = None,
+        cpu: float | None = None,
+        memory_mb: int | None = None,
+        disk_mb: int | None = None,
+        env: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        network: str | None = None,
+        wait: float | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        client: Client | None = None,
+    ) -> Sandbox:
+        """Create a sandbox and return once it runs.
+
+        Args:
+            template: Template name (``base``, ``python``, …).
+            runtime: ``gvisor`` or ``namespaces``; default the server's (gvisor).
+            timeout: TTL in seconds (the server deletes it then); default the server's.
+            cpu: vCPUs; default the template's.
+            memory_mb: Memory limit in MiB; default the template's.
+            disk_mb: Writable disk in MiB; default the template's.
+            env: Default environment of every command (values are never returned).
+            metadata: Labels, for :meth:`list` and :meth:`kill_all`.
+            network: ``none`` (default) or ``outbound``.
+            wait: Seconds to wait for a slot when the team is at its
+                active-sandbox limit (the server queues the request; 429/503
+                answers are retried within this budget). Without it such a
+                create raises :class:`~evalbox.TooManySandboxesError` at once.
+            api_url: API URL (default ``$EVALBOX_API_URL``).
+            api_key: API key (default ``$EVALBOX_API_KEY``).
+            client: A :class:`Client` to use instead of ``api_url``/``api_key``.
+        """
+        c = _client(client, api_url, api_key)
+        info = c._run(
+            core.create_sandbox(
+                c._cfg,
+                template=template,
+                runtime=runtime,
+                timeout=timeout,
+                cpu=cpu,
+                memory_mb=memory_mb,
+                disk_mb=disk_mb,
+                env=env,
+                metadata=metadata,
+                network=network,
+                wait=wait,
+            )
+        )
+        return cls(info, c)
+
+    @classmethod
+    def connect(
+        cls,
+        sandbox_id: str,
+        *,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        client: Client | None = None,
+    ) -> Sandbox:
+        """Attach to a running sandbox by id.
+
+        Raises :class:`~evalbox.NotFoundError` for an unknown id and
+        :class:`~evalbox.SandboxNotRunningError` for one that ended.
+        """
+        c = _client(client, api_url, api_key)
+        return cls(c._run(core.connect_sandbox(c._cfg, sandbox_id)), c)
+
+    @staticmethod
+    def list(
+        *,
+        metadata: Mapping[str, str] | None = None,
+        state: Literal["running", "all"] = "running",
+        api_url: str | None = None,
+        api_key: str | None = None,
+        client: Client | None = None,
+    ) -> builtins.list[SandboxInfo]:
+        """The team's sandboxes, newest first, whose metadata has all the given pairs.
+
+        ``state="all"`` also lists the ended ones.
+        """
+        c = _client(client, api_url, api_key)
+        return c._run(core.list_sandboxes(c._cfg, metadata=metadata, state=state))
+
+    @staticmethod
+    def kill_by_id(
+        sandbox_id: str,
+        *,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        client: Client | None = None,
+    ) -> None:
+        """Delete a sandbox by id (also fine when it already ended; an unknown id raises NotFoundError)."""
+        c = _client(client, api_url, api_key)
+        c._run(core.delete_sandbox(c._cfg, sandbox_id))
+
+    @staticmethod
+    def kill_all(
+        metadata: Mapping[str, str],
+        *,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        client: Client | None = None,
+    ) -> builtins.list[str]:
+        """Delete every running sandbox whose metadata has all the given pairs (at least one); returns their ids."""
+        c = _client(client, api_url, api_key)
+        return c._run(core.delete_sandboxes(c._cfg, metadata))
+
+    def kill(self) -> None:
+        """Delete the sandbox: kill every process in it and free its resources. Idempotent."""
+        self._client._run(core.delete_sandbox(self._client._cfg, self.id))
+
+    def info(self) -> SandboxInfo:
+        """The sandbox as the server sees it now (state, expiry, …)."""
+        return self._client._run(core.get_sandbox(self._client._cfg, self.id))
+
+    def set_timeout(self, seconds: int) -> SandboxInfo:
+        """Make the sandbox expire ``seconds`` from now (bounded by the server's maximum)."""
+        return self._client._run(core.set_timeout(self._client._cfg, self.id, seconds))
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.kill()
+            return
+        try:
+            self.kill()
+        except EvalboxError as e:  # do not hide the exception that ended the block
+            _log.warning("deleting sandbox %s after an error failed: %s", self.id, e)
+
+
+class Files:
+    """Files inside a sandbox (``sb.files``). Paths are absolute."""
+
+    def __init__(self, sandbox_id: str, client: Client) -> None:
+        self._id = sandbox_id
+        self._client = client
+
+    def write(self, path: str, data: core.WriteData, *, mode: int | None = None) -> FileInfo:
+        """Write a file, creating missing parent directories and replacing an existing file.
+
+        ``data`` is text (written as UTF-8), bytes, a binary file object (read
+        in chunks and streamed, never held whole) or an iterable of byte
+        chunks. ``mode`` is the permission bits (default ``0o644``).
+        """
+        return self._client._run(core.write_file(self._client._cfg, self._id, path, core.upload_from(data), mode))
+
+    def upload(self, local: core.PathLike, remote: str, *, mode: int | None = None) -> FileInfo:
+        """Stream a local file into the sandbox; ``mode`` defaults to the local file's permission bits."""
+        with open(local, "rb") as f:
+            if mode is None:
+                mode = os.fstat(f.fileno()).st_mode & 0o7777
+            return self.write(remote, f, mode=mode)
+
+    def read(self, path: str) -> bytes:
+        """A file's content."""
+        return self._client._run(core.read_file(self._client._cfg, self._id, path, stream=False)).content
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """A file's content as text."""
+        return self.read(path).decode(encoding)
+
+    def download(self, remote: str, local: core.PathLike | IO[bytes]) -> int:
+        """Stream a file out of the sandbox into a local path or binary file; returns its size.
+
+        A local path is only created once the server answered; a partly
+        written one is removed when the transfer fails.
+        """
+        resp = self._client._run(core.read_file(self._client._cfg, self._id, remote, stream=True))
+        try:
+            if not isinstance(local, (str, os.PathLike)):
+                return self._copy(resp, local)
+            try:
+                with open(local, "wb") as f:
+                    return self._copy(resp, f)
+            except BaseException:
+                os.unlink(local)
+                raise
+        finally:
+            resp.close()
+
+    def _copy(self, resp: httpx.Response, f: IO[bytes]) -> int:
+        n = 0
+        try:
+            for chunk in resp.iter_bytes(core.CHUNK_SIZE):
+                f.write(chunk)
+                n += len(chunk)
+        except httpx.TransportError as e:
+            raise core.connection_error(e) from e
+        return n
+
+    def list(self, path: str) -> builtins.list[FileInfo]:
+        """A directory's entries (not recursive), sorted by name."""
+        return self._client._run(core.list_files(self._client._cfg, self._id, path))
+
+    def stat(self, path: str) -> FileInfo:
+        """Describe a path (a symlink itself, not its target)."""
+        return self._client._run(core.stat_file(self._client._cfg, self._id, path))
+
+    def mkdir(self, path: str, *, parents: bool = False, mode: int | None = None) -> FileInfo:
+        """Create a directory; with ``parents`` also missing parents, and an existing directory is fine."""
+        return self._client._run(core.mkdir(self._client._cfg, self._id, path, parents=parents, mode=mode))
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file or directory (a non-empty directory needs ``recursive``)."""
+        self._client._run(core.remove_file(self._client._cfg, self._id, path, recursive=recursive))
+
+
+OutputCallback = Callable[[str], object]
+
+
+class Commands:
+    """Commands inside a sandbox (``sb.commands``)."""
+
+    def __init__(self, sandbox_id: str, client: Client) -> None:
+        self._id = sandbox_id
+        self._client = client
+
+    @overload
+    def run(
+        self,
+        cmd: str | Iterable[str],
+        *,
+        timeout: float | None = ...,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        user: str | None = ...,
+        stdin: str | bytes | None = ...,
+        on_stdout: OutputCallback | None = ...,
+        on_stderr: OutputCallback | None = ...,
+        background: Literal[False] = ...,
+        max_output_bytes: int | None = ...,
+        tag: str | None = ...,
+    ) -> CommandResult: ...
+
+    @overload
+    def run(
+        self,
+        cmd: str | Iterable[str],
+        *,
+        timeout: float | None = ...,
+        cwd: str | None = ...,
+        env: Mapping[str, str] | None = ...,
+        user: str | None = ...,
+        stdin: str | bytes | None = ...,
+        on_stdout: None = ...,
+        on_stderr: None = ...,
+        background: Literal[True],
+        max_output_bytes: int | None = ...,
+        tag: str | None = ...,
+    ) -> CommandHandle: ...
+
+    def run(
+        self,
+        cmd: str | Iterable[str],
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+        stdin: str | bytes | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        background: bool = False,
+        max_output_bytes: int | None = None,
+        tag: str | None = None,
+    ) -> CommandResult | CommandHandle:
+        """Run a command and wait for it, or start it in the background.
+
+        Args:
+            cmd: A shell command line (runs as ``/bin/sh -c cmd``) or an argv list.
+            timeout: Seconds; at the timeout the whole process tree is killed
+                and the result has status ``timed_out`` with the output so far.
+                Default: none (bounded by the sandbox's TTL).
+            cwd: Working directory; default the template's.
+            env: Added to the sandbox's environment.
+            user: User name or uid; default the template's.
+            stdin: Written to the command's standard input, which is then closed.
+            on_stdout: Called with each chunk of stdout as it is produced
+                (the output is then streamed; the result still holds all of it).
+            on_stderr: Same for stderr.
+            background: Start the command and return a :class:`CommandHandle` at once.
+            max_output_bytes: Cap on stdout and on stderr, each; default the server's.
+            tag: A label shown when listing background commands.
+
+        A non-zero exit code, a timeout or a signal is not an exception: see
+        :attr:`CommandResult.status`.
+        """
+        body = core.exec_body(
+            cmd,
+            cwd=cwd,
+            env=env,
+            user=user,
+            stdin=stdin,
+            timeout=timeout,
+            max_output_bytes=max_output_bytes,
+            tag=tag,
+        )
+        cfg = self._client._cfg
+        if background:
+            if on_stdout is not None or on_stderr is not None:
+                raise ValueError("on_stdout/on_stderr need background=False; iterate handle.stdout instead")
+            return CommandHandle(self._client._run(core.start_process(cfg, self._id, body)), self._id, self._client)
+        if on_stdout is None and on_stderr is None:
+            return self._client._run(core.run_command(cfg, self._id, body))
+        resp = self._client._run(core.stream_command(cfg, self._id, body))
+        result: CommandResult | None = None
+        with contextlib.closing(self._client._events(resp, keep_output=True)) as events:
+            for ev in events:
+                if isinstance(ev, CommandResult):
+                    result = ev
+                elif (cb := on_stdout if ev.stream == "stdout" else on_stderr) is not None:
+                    cb(ev.data)
+        assert result is not None, "an event stream without a result raises"
+        return result
+
+    def list(self) -> builtins.list[ProcessInfo]:
+        """The sandbox's background commands, running and ended."""
+        return self._client._run(core.list_processes(self._client._cfg, self._id))
+
+    def connect(self, command_id: str) -> CommandHandle:
+        """A handle on a background command by its id (:attr:`CommandHandle.id`)."""
+        return CommandHandle(
+            self._client._run(core.get_process(self._client._cfg, self._id, command_id)), self._id, self._client
+        )
+
+
+class CommandHandle:
+    """A background command (``sb.commands.run(..., background=True)``)."""
+
+    id: str
+    """The command's id in the API (for :meth:`Commands.connect`)."""
+    pid: int
+    """Its OS process id inside the sandbox."""
+    sandbox_id: str
+
+    def __init__(self, info: ProcessInfo, sandbox_id: str, client: Client) -> None:
+        self.id = info.id
+        self.pid = info.pid
+        self.sandbox_id = sandbox_id
+        self._client = client
+
+    def __repr__(self) -> str:
+        return f"CommandHandle(id={self.id!r}, pid={self.pid}, sandbox_id={self.sandbox_id!r})"
+
+    def info(self) -> ProcessInfo:
+        """The command's state now (``running``, and its ``result`` once it ended)."""
+        return self._client._run(core.get_process(self._client._cfg, self.sandbox_id, self.id))
+
+    def wait(self, timeout: float | None = None, *, poll_interval: float = 1.0) -> CommandResult:
+        """Wait for the command to end and return its result with its output.
+
+        Each request is a long poll held by the server up to
+        ``poll_interval`` seconds, so the result comes as soon as the command
+        ends whatever its value. Raises :class:`~evalbox.CommandTimeoutError`
+        when ``timeout`` seconds pass first (the command keeps running).
+        """
+        return self._client._run(
+            core.wait_process(self._client._cfg, self.sandbox_id, self.id, timeout=timeout, poll_interval=poll_interval)
+        )
+
+    def kill(self, signal: str | int | None = None) -> None:
+        """Without ``signal``, SIGKILL the command and its whole process tree; else send that signal
+        (a name like ``"SIGTERM"`` or a number) to the command."""
+        cfg = self._client._cfg
+        if signal is None:
+            self._client._run(core.kill_process(cfg, self.sandbox_id, self.id))
+        else:
+            self._client._run(core.signal_process(cfg, self.sandbox_id, self.id, signal))
+
+    @property
+    def stdout(self) -> Iterator[str]:
+        """The command's stdout in chunks: what it printed so far, then live until it ends."""
+        return self._output("stdout")
+
+    @property
+    def stderr(self) -> Iterator[str]:
+        """The command's stderr in chunks: what it printed so far, then live until it ends."""
+        return self._output("stderr")
+
+    def _output(self, which: str) -> Iterator[str]:
+        resp = self._client._run(core.stream_process(self._client._cfg, self.sandbox_id, self.id))
+        with contextlib.closing(self._client._events(resp, keep_output=False)) as events:
+            for ev in events:
+                if isinstance(ev, core.Output) and ev.stream == which:
+                    yield ev.data

@@ -1,0 +1,201 @@
+"""Exceptions raised by the evalbox SDK.
+
+Every error the server answers is an :class:`EvalboxError` whose subclass is
+chosen by the stable error ``code`` of the answer (``{"error": {"code",
+"message"}}``, see ``api/openapi.yaml``); unknown codes fall back on the HTTP
+status. Network failures are :class:`APIConnectionError`.
+
+A command that exits non-zero, is killed or times out is *not* an error: see
+:attr:`evalbox.CommandResult.status`.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "APIConnectionError",
+    "AuthenticationError",
+    "BadRequestError",
+    "CommandTimeoutError",
+    "ConflictError",
+    "EvalboxError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "RateLimitedError",
+    "SandboxNotRunningError",
+    "ServerError",
+    "ServiceUnavailableError",
+    "TooManySandboxesError",
+]
+
+
+class EvalboxError(Exception):
+    """Base class of every error raised by the SDK.
+
+    Attributes:
+        code: The server's stable error code (``"not_found"``, …), or
+            ``"connection"`` for a network failure.
+        status: The HTTP status, or ``None`` when the error did not come with
+            one (an error event inside a stream, a network failure, a
+            client-side timeout).
+        message: Human-readable detail.
+        retry_after: The server's ``Retry-After`` in seconds, when it sent one.
+    """
+
+    code: str
+    status: int | None
+    message: str
+    retry_after: float | None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "",
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.message = message
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        if not self.code:
+            return self.message
+        if not self.message:
+            return self.code
+        return f"{self.code}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, status={self.status!r}, message={self.message!r})"
+
+
+class BadRequestError(EvalboxError):
+    """400 ``bad_request``: malformed input, unknown field, bad value or bad path."""
+
+
+class AuthenticationError(EvalboxError):
+    """401 ``unauthorized``: missing, unknown or revoked API key."""
+
+
+class PermissionDeniedError(EvalboxError):
+    """403 ``forbidden``: the key may not do this (an admin key is needed)."""
+
+
+class NotFoundError(EvalboxError):
+    """404 ``not_found``: no such sandbox, process, path, template, team or key for this team."""
+
+
+class ConflictError(EvalboxError):
+    """409 ``conflict``: the request clashes with the current state (e.g. mkdir of an existing path)."""
+
+
+class SandboxNotRunningError(EvalboxError):
+    """409 ``sandbox_not_running``: the sandbox ended (deleted, expired or lost)."""
+
+
+class PayloadTooLargeError(EvalboxError):
+    """413 ``payload_too_large``: the upload is larger than the server's maximum file size."""
+
+
+class TooManySandboxesError(EvalboxError):
+    """429 ``too_many_sandboxes``: the team is at its active-sandbox limit. Nothing was created."""
+
+
+class RateLimitedError(EvalboxError):
+    """429 ``rate_limited``: the team is at its concurrent-command limit. Nothing was run."""
+
+
+class CommandTimeoutError(EvalboxError, builtins.TimeoutError):
+    """``timeout``: a background command was still running when a wait gave up.
+
+    The command keeps running. Also an instance of the built-in
+    :class:`TimeoutError`. It is exported as ``evalbox.TimeoutError`` too
+    (but not by ``from evalbox import *``, which would shadow the built-in).
+    A foreground command that hits its own ``timeout`` is not an error: its
+    result has status ``"timed_out"``.
+    """
+
+
+class ServerError(EvalboxError):
+    """5xx ``internal``: a fault of the server."""
+
+
+class ServiceUnavailableError(ServerError):
+    """503 ``unavailable``: the server cannot take the request now. Nothing was done."""
+
+
+class APIConnectionError(EvalboxError):
+    """The server could not be reached, or the connection broke mid-answer.
+
+    Attributes:
+        unsent: True when the request surely did not reach the server (the
+            connection could not be made), so that sending it again is safe.
+    """
+
+    unsent: bool
+
+    def __init__(self, message: str, *, unsent: bool = False) -> None:
+        super().__init__(message, code="connection")
+        self.unsent = unsent
+
+
+_BY_CODE: dict[str, type[EvalboxError]] = {
+    "bad_request": BadRequestError,
+    "unauthorized": AuthenticationError,
+    "forbidden": PermissionDeniedError,
+    "not_found": NotFoundError,
+    "conflict": ConflictError,
+    "sandbox_not_running": SandboxNotRunningError,
+    "payload_too_large": PayloadTooLargeError,
+    "too_many_sandboxes": TooManySandboxesError,
+    "rate_limited": RateLimitedError,
+    "timeout": CommandTimeoutError,
+    "internal": ServerError,
+    "unavailable": ServiceUnavailableError,
+}
+
+
+def error_class(code: str, status: int | None) -> type[EvalboxError]:
+    """The exception class for an error code, falling back on the HTTP status."""
+    cls = _BY_CODE.get(code)
+    if cls is None and status is not None:
+        cls = _BY_CODE.get(_code_for_status(status))
+    return cls or EvalboxError
+
+
+def error_from_detail(
+    detail: Mapping[str, Any] | None, *, status: int | None = None, retry_after: float | None = None
+) -> EvalboxError:
+    """Build the exception for an ``ErrorDetail`` object (``{"code", "message"}``)."""
+    code = ""
+    message = ""
+    if detail is not None:
+        code = str(detail.get("code") or "")
+        message = str(detail.get("message") or "")
+    if not code:
+        code = "internal" if status is None else _code_for_status(status)
+    return error_class(code, status)(message, code=code, status=status, retry_after=retry_after)
+
+
+_STATUS_CODES: dict[int, str] = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    408: "timeout",
+    409: "conflict",
+    413: "payload_too_large",
+    429: "rate_limited",
+    503: "unavailable",
+}
+
+
+def _code_for_status(status: int) -> str:
+    return _STATUS_CODES.get(status, "internal" if status >= 500 else "bad_request")
