@@ -1,0 +1,608 @@
+// Package oci imports OCI and Docker images as template root filesystems.
+//
+// The image side (docker-archive tarballs, OCI image layouts, registries,
+// manifests, indexes, compression) is go-containerregistry's. Layers are
+// applied here, in order, straight onto the destination directory (rather
+// than through mutate.Extract's flattened stream) because that keeps what a
+// flattened stream loses: hardlinks to files of lower layers and hardlinks
+// whose target a later layer replaces keep the content overlayfs would show,
+// relative symlinks that climb above the root are kept (a chroot clamps
+// them), and extended attributes are restored. See applier for how paths are
+// kept inside the destination.
+package oci
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"golang.org/x/sys/unix"
+)
+
+var (
+	// ErrInvalidImage is wrapped by errors about the image itself: not a
+	// tarball or layout, truncated or corrupt, a missing manifest or blob,
+	// content that does not match its digest, an entry that would escape the
+	// destination, or an image for another platform.
+	ErrInvalidImage = errors.New("invalid image")
+	// ErrUnknownRef is wrapped when ref names no image of the source, or the
+	// source holds several images and no ref chose one.
+	ErrUnknownRef = errors.New("unknown image ref")
+)
+
+// Config is what an image says about running it.
+type Config struct {
+	Env        []string // KEY=VALUE, in image order
+	Workdir    string
+	User       string
+	Entrypoint []string
+	Cmd        []string
+}
+
+// Annotations naming an image in an OCI layout's index.json.
+const (
+	annotationRefName    = "org.opencontainers.image.ref.name"
+	annotationContainerd = "io.containerd.image.name"
+)
+
+// Import reads the image at src — a docker-archive tarball (`docker save`
+// format) or an OCI image layout directory (index.json; if it holds several
+// manifests, ref selects one by the org.opencontainers.image.ref.name
+// annotation, else it must hold exactly one) — and writes its flattened root
+// filesystem into dst (must not exist; created; on any error nothing is left
+// at dst). It returns the image config and the image's digest (manifest
+// digest, "sha256:…").
+//
+// In a layout, ref may also be the io.containerd.image.name annotation (what
+// `docker save` writes) or a manifest digest; in a docker-archive it is one
+// of the image's RepoTags. When the chosen manifest is an index, the image for
+// the host's platform (linux/amd64 on amd64 hosts) is taken and its digest is
+// returned. A docker-archive holds no registry manifest: its digest is the one
+// of the manifest go-containerregistry derives from it (what `crane push`
+// would upload), which for an archive of uncompressed layers costs a gzip
+// pass; it runs alongside the extraction.
+//
+// dst's parent must exist. The filesystem is written into a hidden sibling
+// directory (".<base>.import-*") renamed to dst at the end; a crash can leave
+// one behind.
+func Import(ctx context.Context, src, ref, dst string) (Config, string, error) {
+	cfg, digest, err := importLocal(ctx, src, ref, dst)
+	if err != nil {
+		return Config{}, "", fmt.Errorf("oci: %s: %w", src, cancelled(ctx, err))
+	}
+	return cfg, digest, nil
+}
+
+func importLocal(ctx context.Context, src, ref, dst string) (Config, string, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	img, err := openLocal(ctx, src, ref)
+	if err != nil {
+		return Config{}, "", err
+	}
+	return unpack(ctx, cancel, img, true, dst)
+}
+
+// ImportRemote does the same from a registry reference (e.g.
+// "registry.example:5000/py:3.12"), using the default keychain; it is for
+// hosts that reach a registry. Registries on localhost, loopback and private
+// (RFC 1918) addresses are spoken to over plain HTTP, others over HTTPS.
+func ImportRemote(ctx context.Context, ref, dst string) (Config, string, error) {
+	cfg, digest, err := importRemote(ctx, ref, dst)
+	if err != nil {
+		return Config{}, "", fmt.Errorf("oci: %s: %w", ref, cancelled(ctx, err))
+	}
+	return cfg, digest, nil
+}
+
+func importRemote(ctx context.Context, ref, dst string) (Config, string, error) {
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return Config{}, "", fmt.Errorf("%w: %w", ErrUnknownRef, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	img, err := remote.Image(r,
+		remote.WithContext(ctx),
+		remote.WithAuthFromKeychain(authn.DefaultKeychain),
+		remote.WithPlatform(hostPlatform()))
+	if err != nil {
+		var terr *transport.Error
+		if errors.As(err, &terr) && terr.StatusCode == 404 {
+			return Config{}, "", fmt.Errorf("%w: %w", ErrUnknownRef, err)
+		}
+		return Config{}, "", err
+	}
+	return unpack(ctx, cancel, img, false, dst)
+}
+
+// cancelled reports ctx's error in place of err when ctx ended: whatever
+// failed then failed because of it.
+func cancelled(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return cerr
+	}
+	return err
+}
+
+func hostPlatform() v1.Platform { return v1.Platform{OS: "linux", Architecture: runtime.GOARCH} }
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidImage}, args...)...)
+}
+
+// openLocal opens a docker-archive file or an OCI layout directory.
+func openLocal(ctx context.Context, src, ref string) (v1.Image, error) {
+	st, err := os.Stat(src)
+	if err != nil {
+		return nil, err
+	}
+	if st.IsDir() {
+		return openLayout(src, ref)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, invalid("neither a tarball nor an OCI layout directory")
+	}
+	return openArchive(ctx, src, ref)
+}
+
+// ctxFile is an *os.File whose reads stop once ctx is done. It seeks, so tar
+// readers skip entries instead of reading them.
+type ctxFile struct {
+	ctx context.Context
+	f   *os.File
+}
+
+func (c ctxFile) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.f.Read(p)
+}
+
+func (c ctxFile) Seek(off int64, whence int) (int64, error) { return c.f.Seek(off, whence) }
+func (c ctxFile) Close() error                              { return c.f.Close() }
+
+// corrupt tells a damaged archive from one that is just not an image.
+func corrupt(err error) bool {
+	var serr *json.SyntaxError
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, tar.ErrHeader) || errors.As(err, &serr)
+}
+
+func openArchive(ctx context.Context, src, ref string) (v1.Image, error) {
+	opener := func() (io.ReadCloser, error) {
+		f, err := os.Open(src)
+		if err != nil {
+			return nil, err
+		}
+		return ctxFile{ctx, f}, nil
+	}
+	if err := checkArchive(src); err != nil {
+		return nil, err
+	}
+	m, err := tarball.LoadManifest(opener)
+	if corrupt(err) {
+		return nil, invalid("truncated or corrupt tarball: %w", err)
+	}
+	if err != nil {
+		return nil, invalid("not a docker-archive tarball (no readable manifest.json; an OCI image layout must be given as a directory): %w", err)
+	}
+	var tag *name.Tag
+	switch {
+	case ref != "":
+		t, err := name.NewTag(ref)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnknownRef, err)
+		}
+		if !archiveHasTag(m, t) {
+			return nil, fmt.Errorf("%w: %q is not in the archive (tags: %s)", ErrUnknownRef, ref, archiveTags(m))
+		}
+		tag = &t
+	case len(m) != 1:
+		return nil, fmt.Errorf("%w: the archive holds %d images (tags: %s); choose one with a ref", ErrUnknownRef, len(m), archiveTags(m))
+	}
+	img, err := tarball.Image(opener, tag)
+	if corrupt(err) {
+		return nil, invalid("truncated or corrupt tarball: %w", err)
+	}
+	if err != nil {
+		return nil, invalid("docker-archive: %w", err)
+	}
+	return img, nil
+}
+
+// checkArchive checks that src is a whole tar archive, reading only its
+// headers.
+func checkArchive(src string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var head [512]byte
+	n, err := io.ReadFull(f, head[:])
+	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+		return err
+	}
+	if n >= 2 && head[0] == 0x1f && head[1] == 0x8b {
+		return invalid("a gzip-compressed file: decompress it (gunzip) and import the tarball")
+	}
+	if n < len(head) || !tarHeaderValid(head[:]) {
+		return invalid("neither a tarball nor an OCI layout directory")
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	// The reader skips entry data by seeking, checking it is there. It takes
+	// a file cut at an entry boundary for a whole archive: the end-of-archive
+	// marker (two zero blocks) after the last entry tells them apart.
+	tr := tar.NewReader(f)
+	var end int64 // where the last entry's data ends
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil && !errors.Is(err, tar.ErrInsecurePath) {
+			return invalid("truncated or corrupt tarball: %w", err)
+		}
+		pos, err := f.Seek(0, io.SeekCurrent)
+		if err != nil {
+			return err
+		}
+		end = pos + (hdr.Size+511)&^511
+	}
+	var marker [1024]byte
+	if n, _ := f.ReadAt(marker[:], end); n < len(marker) || marker != [1024]byte{} {
+		return invalid("truncated or corrupt tarball: no end-of-archive marker after the last entry")
+	}
+	return nil
+}
+
+// tarHeaderValid checks the checksum of a tar header block: any tar format
+// (V7, USTAR, PAX, GNU) has one, and random data almost never matches it.
+func tarHeaderValid(b []byte) bool {
+	var want int64
+	for _, c := range b[148:156] {
+		if c >= '0' && c <= '7' {
+			want = want*8 + int64(c-'0')
+		} else if c != ' ' && c != 0 {
+			return false
+		}
+	}
+	var sum int64
+	for i, c := range b {
+		if i >= 148 && i < 156 {
+			c = ' '
+		}
+		sum += int64(c)
+	}
+	return sum == want && sum != 8*' '
+}
+
+func archiveHasTag(m tarball.Manifest, t name.Tag) bool {
+	for _, d := range m {
+		for _, s := range d.RepoTags {
+			if rt, err := name.NewTag(s); err == nil && rt.Name() == t.Name() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func archiveTags(m tarball.Manifest) string {
+	var tags []string
+	for _, d := range m {
+		tags = append(tags, d.RepoTags...)
+	}
+	if len(tags) == 0 {
+		return "none"
+	}
+	return strings.Join(tags, ", ")
+}
+
+func openLayout(src, ref string) (v1.Image, error) {
+	if _, err := os.Stat(filepath.Join(src, "index.json")); err != nil {
+		return nil, invalid("a directory without index.json: not an OCI image layout")
+	}
+	idx, err := layout.ImageIndexFromPath(src)
+	if err != nil {
+		return nil, invalid("OCI layout: %w", err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		return nil, invalid("OCI layout index.json: %w", err)
+	}
+	candidates := im.Manifests
+	if ref != "" {
+		candidates = nil
+		for _, d := range im.Manifests {
+			if d.Annotations[annotationRefName] == ref || d.Annotations[annotationContainerd] == ref || d.Digest.String() == ref {
+				candidates = append(candidates, d)
+			}
+		}
+		if len(candidates) == 0 {
+			return nil, fmt.Errorf("%w: %q is not in the layout (refs: %s)", ErrUnknownRef, ref, layoutRefs(im))
+		}
+	} else if len(candidates) != 1 {
+		return nil, fmt.Errorf("%w: the layout holds %d manifests (refs: %s); choose one with a ref", ErrUnknownRef, len(candidates), layoutRefs(im))
+	}
+	d := candidates[0]
+	if len(candidates) > 1 {
+		// Several manifests under one name: platform variants.
+		if d, err = pickPlatform(candidates); err != nil {
+			return nil, err
+		}
+	}
+	return resolveLayout(idx, d, 0)
+}
+
+func layoutRefs(im *v1.IndexManifest) string {
+	var refs []string
+	for _, d := range im.Manifests {
+		if r := d.Annotations[annotationRefName]; r != "" {
+			refs = append(refs, r)
+		} else {
+			refs = append(refs, d.Digest.String())
+		}
+	}
+	if len(refs) == 0 {
+		return "none"
+	}
+	return strings.Join(refs, ", ")
+}
+
+// resolveLayout follows d (an image, or an index to take the host platform's
+// image from) to an image whose manifest is present.
+func resolveLayout(idx v1.ImageIndex, d v1.Descriptor, depth int) (v1.Image, error) {
+	if depth > 4 {
+		return nil, invalid("indexes nested too deep")
+	}
+	switch d.MediaType {
+	case types.OCIImageIndex, types.DockerManifestList:
+		child, err := idx.ImageIndex(d.Digest)
+		if err != nil {
+			return nil, missing(d, err)
+		}
+		im, err := child.IndexManifest()
+		if err != nil {
+			return nil, missing(d, err)
+		}
+		cd, err := pickPlatform(im.Manifests)
+		if err != nil {
+			return nil, err
+		}
+		return resolveLayout(child, cd, depth+1)
+	case types.OCIManifestSchema1, types.DockerManifestSchema2:
+		img, err := idx.Image(d.Digest)
+		if err != nil {
+			return nil, missing(d, err)
+		}
+		if _, err := img.RawManifest(); err != nil {
+			return nil, missing(d, err)
+		}
+		return img, nil
+	default:
+		return nil, invalid("manifest %s has unsupported media type %q", d.Digest, d.MediaType)
+	}
+}
+
+func missing(d v1.Descriptor, err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return invalid("manifest %s is missing from the layout (blobs/%s/%s)", d.Digest, d.Digest.Algorithm, d.Digest.Hex)
+	}
+	return invalid("manifest %s: %w", d.Digest, err)
+}
+
+// pickPlatform chooses the host platform's manifest among descs.
+func pickPlatform(descs []v1.Descriptor) (v1.Descriptor, error) {
+	want := hostPlatform()
+	for _, d := range descs {
+		if d.Platform != nil && d.Platform.Satisfies(want) {
+			return d, nil
+		}
+	}
+	if len(descs) == 1 && descs[0].Platform == nil {
+		return descs[0], nil
+	}
+	var have []string
+	for _, d := range descs {
+		if d.Platform != nil {
+			have = append(have, d.Platform.String())
+		} else {
+			have = append(have, "unknown")
+		}
+	}
+	return v1.Descriptor{}, invalid("no %s image in the index (platforms: %s)", want.String(), strings.Join(have, ", "))
+}
+
+// unpack writes img's root filesystem to dst. cancel cancels ctx, which
+// img's reads watch. local says the layers come from a local file, so that
+// an error reading them means the file is bad.
+func unpack(ctx context.Context, cancel context.CancelFunc, img v1.Image, local bool, dst string) (Config, string, error) {
+	start := time.Now()
+	dst = filepath.Clean(dst)
+	if _, err := os.Lstat(dst); err == nil {
+		return Config{}, "", fmt.Errorf("destination %s: %w", dst, fs.ErrExist)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return Config{}, "", fmt.Errorf("destination: %w", err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return Config{}, "", invalid("reading the image config: %w", err)
+	}
+	if (cf.OS != "" && cf.OS != "linux") || (cf.Architecture != "" && cf.Architecture != runtime.GOARCH) {
+		return Config{}, "", invalid("the image is for %s/%s, this host runs %s", cf.OS, cf.Architecture, hostPlatform().String())
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		return Config{}, "", invalid("listing layers: %w", err)
+	}
+	if len(layers) != len(cf.RootFS.DiffIDs) {
+		return Config{}, "", invalid("%d layers but the config lists %d diff ids", len(layers), len(cf.RootFS.DiffIDs))
+	}
+
+	// The digest may cost a pass over the layers (docker-archive): compute it
+	// alongside; on error, stop it and wait for it.
+	type result struct {
+		h   v1.Hash
+		err error
+	}
+	digestc := make(chan result, 1)
+	go func() {
+		h, err := img.Digest()
+		digestc <- result{h, err}
+	}()
+	waited := false
+	defer func() {
+		if !waited {
+			cancel()
+			<-digestc
+		}
+	}()
+
+	tmp, err := os.MkdirTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".import-")
+	if err != nil {
+		return Config{}, "", fmt.Errorf("destination: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return Config{}, "", err
+	}
+	a, err := newApplier(tmp)
+	if err != nil {
+		return Config{}, "", err
+	}
+	defer a.close()
+	for i, l := range layers {
+		if err := applyLayer(ctx, a, l, cf.RootFS.DiffIDs[i], local); err != nil {
+			return Config{}, "", fmt.Errorf("layer %d of %d: %w", i+1, len(layers), err)
+		}
+	}
+	if err := a.finish(); err != nil {
+		return Config{}, "", err
+	}
+
+	r := <-digestc
+	waited = true
+	if r.err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return Config{}, "", cerr
+		}
+		return Config{}, "", invalid("computing the image digest: %w", r.err)
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
+		if err == unix.EEXIST {
+			return Config{}, "", fmt.Errorf("destination %s: %w", dst, fs.ErrExist)
+		}
+		return Config{}, "", &os.LinkError{Op: "rename", Old: tmp, New: dst, Err: err}
+	}
+	done = true
+	if a.skippedDevices > 0 {
+		slog.Warn("oci import: device nodes not created (not permitted)", "dst", dst, "count", a.skippedDevices)
+	}
+	slog.Debug("oci import", "dst", dst, "layers", len(layers), "duration", time.Since(start))
+	c := cf.Config
+	return Config{Env: c.Env, Workdir: c.WorkingDir, User: c.User, Entrypoint: c.Entrypoint, Cmd: c.Cmd}, r.h.String(), nil
+}
+
+// applyLayer applies one layer, checking its content against its diff id.
+func applyLayer(ctx context.Context, a *applier, l v1.Layer, diffID v1.Hash, local bool) error {
+	rc, err := l.Uncompressed()
+	if err != nil {
+		if local {
+			return invalid("opening: %w", err)
+		}
+		return fmt.Errorf("opening: %w", err)
+	}
+	defer rc.Close()
+	lr := &layerReader{ctx: ctx, r: rc, h: sha256.New()}
+	ra := newReadAhead(lr, 1<<20, 4)
+	err = a.apply(ctx, ra)
+	if err == nil {
+		// The tar's end may leave padding unread; the diff id covers it.
+		_, err = io.CopyBuffer(io.Discard, onlyReader{ra}, a.buf)
+	}
+	ra.close() // lr is ours again
+	if lr.err != nil && ctx.Err() == nil {
+		if local || corrupt(lr.err) {
+			return invalid("reading: %w", lr.err)
+		}
+		return fmt.Errorf("reading: %w", lr.err)
+	}
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return cerr
+		}
+		var errno unix.Errno
+		if !errors.Is(err, ErrInvalidImage) && (corrupt(err) || errors.As(err, &errno) && imageErrno(errno)) {
+			return invalid("%w", err)
+		}
+		return err
+	}
+	if diffID.Algorithm == "sha256" {
+		if got := hex.EncodeToString(lr.h.Sum(nil)); got != diffID.Hex {
+			return invalid("content is sha256:%s, the config says %s (corrupt image)", got, diffID)
+		}
+	}
+	return nil
+}
+
+// imageErrno reports errors that the layer's own content causes: a parent
+// that is a file, a dangling or looping symlink on the way, a name too long,
+// a hardlink to nothing.
+func imageErrno(e unix.Errno) bool {
+	switch e {
+	case unix.ENOENT, unix.ENOTDIR, unix.ELOOP, unix.ENAMETOOLONG, unix.EINVAL, unix.EXDEV, unix.EISDIR, unix.EMLINK:
+		return true
+	}
+	return false
+}
+
+// layerReader reads a layer's uncompressed stream, hashing it, stopping once
+// ctx is done and keeping the first read error.
+type layerReader struct {
+	ctx context.Context
+	r   io.Reader
+	h   hash.Hash
+	err error
+}
+
+func (l *layerReader) Read(p []byte) (int, error) {
+	if err := l.ctx.Err(); err != nil {
+		return 0, err
+	}
+	n, err := l.r.Read(p)
+	l.h.Write(p[:n])
+	if err != nil && err != io.EOF && l.err == nil {
+		l.err = err
+	}
+	return n, err
+}
