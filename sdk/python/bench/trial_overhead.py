@@ -56,6 +56,33 @@ class Row:
     p99_ms: float
     cpu_ms: float
     per_s: float
+    server_cpu_ms: float | None = None
+
+
+#: The pid of the server this script started (None: it watches no server's CPU).
+server_pid: int | None = None
+
+
+def proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads, and its waited-for children)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+class ServerCPU:
+    """Measures the server's CPU over a block: ``with ServerCPU() as s: ...; s.per(n)``."""
+
+    def __enter__(self) -> ServerCPU:
+        self.start = None if server_pid is None else proc_cpu(server_pid)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = None if server_pid is None else proc_cpu(server_pid)
+        self.used = None if self.start is None or end is None else end - self.start
+
+    def per(self, n: int) -> float | None:
+        return None if self.used is None else self.used / n * 1e3
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -72,14 +99,15 @@ def measure_seq(client: str, n: int, trial: Callable[[], None], *, subprocesses:
     for _ in range(5):  # warm up connections and caches
         trial()
     lat: list[float] = []
-    cpu0, ccpu0, t0 = time.process_time(), child_cpu(), time.perf_counter()
-    for _ in range(n):
-        s = time.perf_counter()
-        trial()
-        lat.append(time.perf_counter() - s)
-    wall = time.perf_counter() - t0
-    cpu = (time.process_time() - cpu0) + (child_cpu() - ccpu0 if subprocesses else 0.0)
-    return Row(client, "sequential", n, pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3, cpu / n * 1e3, n / wall)
+    with ServerCPU() as srv:
+        cpu0, ccpu0, t0 = time.process_time(), child_cpu(), time.perf_counter()
+        for _ in range(n):
+            s = time.perf_counter()
+            trial()
+            lat.append(time.perf_counter() - s)
+        wall = time.perf_counter() - t0
+        cpu = (time.process_time() - cpu0) + (child_cpu() - ccpu0 if subprocesses else 0.0)
+    return Row(client, "sequential", n, pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3, cpu / n * 1e3, n / wall, srv.per(n))
 
 
 def measure_threads(client: str, n: int, conc: int, trial: Callable[[], None], *, subprocesses: bool = False) -> Row:
@@ -95,13 +123,13 @@ def measure_threads(client: str, n: int, conc: int, trial: Callable[[], None], *
     with ThreadPoolExecutor(conc) as pool:
         list(pool.map(one, range(conc)))  # warm-up
         lat.clear()
-        cpu0, ccpu0, t0 = time.process_time(), child_cpu(), time.perf_counter()
-        list(pool.map(one, range(n)))
-        wall = time.perf_counter() - t0
-    cpu = (time.process_time() - cpu0) + (child_cpu() - ccpu0 if subprocesses else 0.0)
-    return Row(
-        client, f"{conc} at once (threads)", n, pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3, cpu / n * 1e3, n / wall
-    )
+        with ServerCPU() as srv:
+            cpu0, ccpu0, t0 = time.process_time(), child_cpu(), time.perf_counter()
+            list(pool.map(one, range(n)))
+            wall = time.perf_counter() - t0
+            cpu = (time.process_time() - cpu0) + (child_cpu() - ccpu0 if subprocesses else 0.0)
+    p50, p99 = pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3
+    return Row(client, f"{conc} at once (threads)", n, p50, p99, cpu / n * 1e3, n / wall, srv.per(n))
 
 
 def bench(url: str, key: str, n: int, conc: int) -> list[Row]:
@@ -144,38 +172,25 @@ def bench(url: str, key: str, n: int, conc: int) -> list[Row]:
                     await sb.commands.run(COMMAND)
                 return time.perf_counter() - s
 
+            async def measure(mode: str, m: int, conc: int) -> Row:
+                sem = asyncio.Semaphore(conc)
+
+                async def limited() -> float:
+                    async with sem:
+                        return await trial()
+
+                with ServerCPU() as srv:
+                    cpu0, t0 = time.process_time(), time.perf_counter()
+                    lat = list(await asyncio.gather(*(limited() for _ in range(m))))
+                    wall = time.perf_counter() - t0
+                    cpu = time.process_time() - cpu0
+                p50, p99 = pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3
+                return Row("SDK async", mode, m, p50, p99, cpu / m * 1e3, m / wall, srv.per(m))
+
             for _ in range(5):
                 await trial()
-            cpu0, t0 = time.process_time(), time.perf_counter()
-            lat = [await trial() for _ in range(n)]
-            wall = time.perf_counter() - t0
-            cpu = time.process_time() - cpu0
-            out.append(
-                Row("SDK async", "sequential", n, pct(lat, 0.5) * 1e3, pct(lat, 0.99) * 1e3, cpu / n * 1e3, n / wall)
-            )
-
-            sem = asyncio.Semaphore(conc)
-
-            async def limited() -> float:
-                async with sem:
-                    return await trial()
-
-            m = n * 2
-            cpu0, t0 = time.process_time(), time.perf_counter()
-            lat = list(await asyncio.gather(*(limited() for _ in range(m))))
-            wall = time.perf_counter() - t0
-            cpu = time.process_time() - cpu0
-            out.append(
-                Row(
-                    "SDK async",
-                    f"{conc} at once (asyncio)",
-                    m,
-                    pct(lat, 0.5) * 1e3,
-                    pct(lat, 0.99) * 1e3,
-                    cpu / m * 1e3,
-                    m / wall,
-                )
-            )
+            out.append(await measure("sequential", n, 1))
+            out.append(await measure(f"{conc} at once (asyncio)", n * 2, conc))
         return out
 
     rows += asyncio.run(async_rows())
@@ -205,13 +220,22 @@ def bench(url: str, key: str, n: int, conc: int) -> list[Row]:
 
 def table(rows: list[Row]) -> str:
     lines = [
-        "| client | trials | n | p50 ms/trial | p99 ms/trial | client CPU ms/trial | trials/s |",
-        "|---|---|---|---|---|---|---|",
+        "| client | trials | n | p50 ms/trial | p99 ms/trial | client CPU ms/trial | server CPU ms/trial | trials/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(
-            f"| {r.client} | {r.mode} | {r.n} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.cpu_ms:.2f} | {r.per_s:.0f} |"
-        )
+        srv = "" if r.server_cpu_ms is None else f"{r.server_cpu_ms:.2f}"
+        cells = [
+            r.client,
+            r.mode,
+            str(r.n),
+            f"{r.p50_ms:.2f}",
+            f"{r.p99_ms:.2f}",
+            f"{r.cpu_ms:.2f}",
+            srv,
+            f"{r.per_s:.0f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -274,6 +298,8 @@ def main() -> None:
         url, key = args.api_url, args.api_key or os.environ.get("EVALBOX_API_KEY", "")
     else:
         proc, url, key, data = start_server(pool=args.concurrency)
+        global server_pid
+        server_pid = proc.pid
     try:
         rows = bench(url, key, args.n, args.concurrency)
     finally:

@@ -126,7 +126,7 @@ def start_server(*extra: str) -> Server:
 
 
 def stop_server(s: Server) -> None:
-    """SIGTERM (graceful: it deletes its sandboxes), then remove the data dir."""
+    """SIGTERM (graceful: it deletes its sandboxes), then check that it left no mount, and remove the data dir."""
     s.proc.send_signal(signal.SIGTERM)
     try:
         s.proc.wait(60)
@@ -135,8 +135,19 @@ def stop_server(s: Server) -> None:
         s.proc.wait(10)
         raise
     finally:
+        leaked = _mounts_under(s.data_dir)
+        for m in reversed(leaked):  # clean up all the same, innermost first
+            subprocess.run(["umount", "-l", m], check=False)
         shutil.rmtree(s.data_dir, ignore_errors=True)
     assert s.proc.returncode == 0, f"evalbox serve exited with {s.proc.returncode}"
+    assert not leaked, f"evalbox serve left mounts behind: {leaked}"
+
+
+def _mounts_under(d: Path) -> list[str]:
+    prefix = str(d) + "/"
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1] for line in f]
+    return [p for p in points if p.startswith(prefix)]
 
 
 def _tail(data_dir: Path, n: int = 30) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import io
 import json
+import signal
 import time
 from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
@@ -314,6 +315,7 @@ def test_bad_arguments_fail_before_any_request() -> None:
     with pytest.raises(ValueError, match="permission"):
         core.file_mode(0o17777)
     assert core.sandbox_path("a/b?c") == "/sandboxes/a%2Fb%3Fc"
+    assert (core.signal_name(signal.SIGTERM), core.signal_name(9), core.signal_name("TERM")) == ("15", "9", "TERM")
 
 
 def test_parse_time() -> None:

@@ -21,6 +21,7 @@ from typing import IO, Any, Literal, TypeVar, overload
 import httpx
 
 from . import _core as core
+from . import _pool
 from .errors import EvalboxError
 from .models import CommandResult, FileInfo, ProcessInfo, SandboxInfo
 
@@ -40,6 +41,10 @@ class AsyncClient:
 
     Without ``client=`` the SDK uses a default client per (event loop, URL,
     key). Close a client you made with :meth:`aclose` or ``async with``.
+
+    Its default HTTP client uses a connection pool whose cost per request does
+    not grow with the number of requests in flight (see ``_pool.py``); it
+    ignores proxy environment variables. Pass ``http_client`` to use another.
     """
 
     def __init__(
@@ -58,7 +63,10 @@ class AsyncClient:
         self._http = (
             http_client
             if http_client is not None
-            else httpx.AsyncClient(limits=core.http_limits(), timeout=core.http_timeout())
+            else httpx.AsyncClient(
+                transport=_pool.async_transport(max_idle=core.MAX_IDLE_CONNECTIONS, keepalive_expiry=core.KEEPALIVE),
+                timeout=core.http_timeout(),
+            )
         )
 
     @property

@@ -115,11 +115,18 @@ def _version() -> str:
     return __version__
 
 
+#: Idle connections kept for reuse, and for how long (seconds).
+MAX_IDLE_CONNECTIONS = 256
+KEEPALIVE = 60.0
+
+
 def http_limits() -> httpx.Limits:
-    """Connection pool of the SDK's HTTP clients: no cap (every sandbox of a
+    """Connection pool of the SDK's sync HTTP client: no cap (every sandbox of a
     large parallel run may hold a connection for a long command), many idle
     connections kept for reuse."""
-    return httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=60)
+    return httpx.Limits(
+        max_connections=None, max_keepalive_connections=MAX_IDLE_CONNECTIONS, keepalive_expiry=KEEPALIVE
+    )
 
 
 def http_timeout() -> httpx.Timeout:

@@ -385,8 +385,9 @@ class Files:
         try:
             if not isinstance(local, (str, os.PathLike)):
                 return self._copy(resp, local)
+            f = open(local, "wb")  # noqa: SIM115 (closed by the with below)
             try:
-                with open(local, "wb") as f:
+                with f:
                     return self._copy(resp, f)
             except BaseException:
                 os.unlink(local)
