@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"github.com/evalbox/evalbox/internal/bench"
+	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/cli"
 	"github.com/evalbox/evalbox/internal/runtime/namespaces"
 	"github.com/evalbox/evalbox/internal/sandbox"
@@ -32,6 +33,7 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		Builtins: []string{"base", "python"}, Runtimes: c.Runtimes, Pools: pools,
 		Limits:  client.Limits{MaxSandboxes: c.MaxSandboxes, MaxConcurrentExec: c.MaxConcurrentExecs},
 		Service: sandbox.Config{DefaultTimeout: c.DefaultTimeout, MaxTimeout: c.MaxTimeout, MaxFileBytes: c.MaxFileBytes},
+		Catalog: catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
 		Logger:  c.Logger,
 	})
 }

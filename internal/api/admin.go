@@ -176,23 +176,6 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, p auth.Princi
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, _ auth.Principal) {
-	ts, err := s.templates.List()
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	out := client.TemplateList{Templates: make([]client.Template, 0, len(ts))}
-	for _, t := range ts {
-		out.Templates = append(out.Templates, client.Template{
-			Name: t.Name, Digest: t.Digest, SizeBytes: t.SizeBytes, BuiltAt: t.BuiltAt,
-			CPU: t.Defaults.CPU, MemoryMB: t.Defaults.MemoryMB, DiskMB: t.Defaults.DiskMB,
-			Workdir: t.Defaults.Workdir, User: t.Defaults.User,
-		})
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
 func (s *Server) listPools(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	if err := requireAdmin(p); err != nil {
 		writeError(w, err)

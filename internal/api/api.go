@@ -1,7 +1,7 @@
 // Package api serves the REST API under /v1 (api/openapi.yaml is its
 // contract): it authenticates the caller, validates input at the edge, and
 // maps requests onto the sandbox service, the store (teams, keys) and the
-// template registry. Errors are always {"error":{"code","message"}}.
+// template catalog. Errors are always {"error":{"code","message"}}.
 package api
 
 import (
@@ -17,10 +17,10 @@ import (
 	"time"
 
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
-	"github.com/evalbox/evalbox/internal/template"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -55,7 +55,7 @@ type Server struct {
 	svc       *sandbox.Service
 	store     Store
 	auth      Authenticator
-	templates *template.Registry
+	templates *catalog.Service
 	runtimes  []string
 	defaults  client.Limits
 	log       *slog.Logger
@@ -67,7 +67,7 @@ type Config struct {
 	Service   *sandbox.Service
 	Store     Store
 	Auth      Authenticator
-	Templates *template.Registry
+	Templates *catalog.Service
 	Runtimes  []string
 	Pools     Pools
 	// DefaultLimits are given to teams created without limits.
@@ -119,6 +119,12 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/keys", a(s.listKeys))
 	s.mux.HandleFunc("DELETE /v1/keys/{id}", a(s.revokeKey))
 	s.mux.HandleFunc("GET /v1/templates", a(s.listTemplates))
+	s.mux.HandleFunc("POST /v1/templates", a(s.buildTemplate))
+	s.mux.HandleFunc("POST /v1/templates/import", a(s.importTemplate))
+	s.mux.HandleFunc("GET /v1/templates/{name}", a(s.getTemplate))
+	s.mux.HandleFunc("DELETE /v1/templates/{name}", a(s.deleteTemplate))
+	s.mux.HandleFunc("GET /v1/templates/{name}/builds/{id}", a(s.getBuild))
+	s.mux.HandleFunc("GET /v1/templates/{name}/builds/{id}/logs", a(s.buildLogs))
 	s.mux.HandleFunc("GET /v1/pools", a(s.listPools))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(client.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))

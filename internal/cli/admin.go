@@ -210,42 +210,6 @@ func teamTable(cmd *cobra.Command, teams []client.Team) error {
 	return t.flush()
 }
 
-func newTemplateCmd(a *app) *cobra.Command {
-	cmd := groupCommand(&cobra.Command{
-		Use:     "template",
-		Aliases: []string{"templates"},
-		Short:   "Inspect templates",
-	})
-	var asJSON bool
-	ls := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List the templates sandboxes can be created from",
-		Args:    args(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			tmpls, err := a.client().ListTemplates(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				if tmpls == nil {
-					tmpls = []client.Template{}
-				}
-				return printJSON(out(cmd), client.TemplateList{Templates: tmpls})
-			}
-			t := newTable(out(cmd), "NAME", "DIGEST", "SIZE", "CPU", "MEMORY_MB", "DISK_MB", "BUILT")
-			for _, tm := range tmpls {
-				t.row(tm.Name, shortDigest(tm.Digest), humanBytes(tm.SizeBytes), strconv.FormatFloat(tm.CPU, 'g', -1, 64),
-					strconv.Itoa(tm.MemoryMB), strconv.Itoa(tm.DiskMB), timeCell(tm.BuiltAt))
-			}
-			return t.flush()
-		},
-	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print the list as JSON")
-	cmd.AddCommand(ls, newTemplateInitCmd())
-	return cmd
-}
-
 // shortDigest keeps "algo:" and 12 hex digits.
 func shortDigest(d string) string {
 	algo, hex, ok := strings.Cut(d, ":")

@@ -407,9 +407,11 @@ team-3  rl     100            64         2026-03-01T12:00:00Z
 	}
 
 	r = f.run(t, "", "template", "ls").ok(t)
-	want = `NAME    DIGEST               SIZE     CPU  MEMORY_MB  DISK_MB  BUILT
-base    sha256:0123456789ab  50.0MiB  1    512        1024     2026-03-01T12:00:00Z
-python  sha256:fedcba987654  3.0GiB   0.5  1024       2048     2026-03-01T12:00:00Z
+	want = `NAME    SOURCE   DIGEST               SIZE     CPU  MEMORY_MB  DISK_MB  BUILT
+base    builtin  sha256:0123456789ab  50.0MiB  1    512        1024     2026-03-01T12:00:00Z
+python  build    sha256:fedcba987654  3.0GiB   0.5  1024       2048     2026-03-01T12:00:00Z
+
+template store: 5.0GiB on disk
 `
 	if r.stdout != want {
 		t.Errorf("template ls:\n%s\nwant:\n%s", r.stdout, want)
@@ -434,11 +436,13 @@ func TestServe(t *testing.T) {
 	}
 	runCLI(t, "", "serve", "--data-dir", "/tmp/ebx", "--listen", "127.0.0.1:0", "--runsc", "/bin/runsc", "--agent", "/bin/agent",
 		"--templates-dir", "/tmp/tmpl", "--default-timeout", "600", "--max-timeout", "2h", "--max-sandboxes", "10", "--max-execs", "20",
-		"--max-file-bytes", "512MiB", "--pool", "base:gvisor=4, python:namespaces=2,node=1", "--log-level", "debug").ok(t)
+		"--max-file-bytes", "512MiB", "--pool", "base:gvisor=4, python:namespaces=2,node=1", "--log-level", "debug",
+		"--max-builds", "3", "--build-timeout", "10m", "--build-network", "none").ok(t)
 	want := ServeConfig{
 		DataDir: "/tmp/ebx", Listen: "127.0.0.1:0", RunscPath: "/bin/runsc", AgentPath: "/bin/agent", TemplatesDir: "/tmp/tmpl",
 		DefaultTimeout: 10 * time.Minute, MaxTimeout: 2 * time.Hour, MaxSandboxes: 10, MaxConcurrentExecs: 20, MaxFileBytes: 512 << 20,
-		Pool:     []PoolSpec{{"base", "gvisor", 4}, {"python", "namespaces", 2}, {"node", "", 1}},
+		Pool:      []PoolSpec{{"base", "gvisor", 4}, {"python", "namespaces", 2}, {"node", "", 1}},
+		MaxBuilds: 3, BuildTimeout: 10 * time.Minute, BuildNetwork: "none",
 		LogLevel: -4, Logger: got.Logger,
 	}
 	if got.Logger == nil || !got.Logger.Enabled(context.Background(), -4) {

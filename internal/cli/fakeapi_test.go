@@ -181,9 +181,9 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	})
 	mux.HandleFunc("GET /v1/templates", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, 200, client.TemplateList{Templates: []client.Template{
-			{Name: "base", Digest: "sha256:0123456789abcdef0123", SizeBytes: 50 << 20, BuiltAt: fakeNow, CPU: 1, MemoryMB: 512, DiskMB: 1024, Workdir: "/work", User: "user"},
-			{Name: "python", Digest: "sha256:fedcba9876543210fedc", SizeBytes: 3 << 30, BuiltAt: fakeNow, CPU: 0.5, MemoryMB: 1024, DiskMB: 2048, Workdir: "/work", User: "user"},
-		}})
+			{Name: "base", Digest: "sha256:0123456789abcdef0123", SizeBytes: 50 << 20, BuiltAt: fakeNow, CPU: 1, MemoryMB: 512, DiskMB: 1024, Workdir: "/work", User: "user", Source: client.TemplateSourceBuiltin},
+			{Name: "python", Digest: "sha256:fedcba9876543210fedc", SizeBytes: 3 << 30, BuiltAt: fakeNow, CPU: 0.5, MemoryMB: 1024, DiskMB: 2048, Workdir: "/work", User: "user", Source: client.TemplateSourceBuild},
+		}, DiskUsageBytes: 5 << 30})
 	})
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/v1/health" && r.Header.Get("Authorization") != "Bearer "+fakeKey {

@@ -41,6 +41,12 @@ type ServeConfig struct {
 	// Mirror is the Debian mirror built-in templates are bootstrapped from
 	// (empty = the host's apt sources).
 	Mirror string
+	// MaxBuilds is how many template builds of a team run at once (more
+	// queue); BuildTimeout bounds one build; BuildNetwork is the most
+	// network build steps get (outbound or none).
+	MaxBuilds    int
+	BuildTimeout time.Duration
+	BuildNetwork string
 	// LogLevel is the minimum level logged; Logger logs to stderr at it.
 	LogLevel slog.Level
 	Logger   *slog.Logger
@@ -68,6 +74,8 @@ const (
 	DefaultMaxSandboxes   = 20
 	DefaultMaxExecs       = 64
 	DefaultMaxFileBytes   = 1 << 30
+	DefaultMaxBuilds      = 2
+	DefaultBuildTimeout   = 30 * time.Minute
 	defaultLogLevelString = "info"
 )
 
@@ -77,6 +85,7 @@ func newServeCmd() *cobra.Command {
 		defTimeout   = seconds(DefaultTimeout)
 		maxTimeout   = seconds(DefaultMaxTimeout)
 		maxFileBytes = byteSize(DefaultMaxFileBytes)
+		buildTimeout = seconds(DefaultBuildTimeout)
 		pool         string
 		logLevel     string
 	)
@@ -101,6 +110,13 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			cfg.DefaultTimeout = time.Duration(defTimeout)
 			cfg.MaxTimeout = time.Duration(maxTimeout)
 			cfg.MaxFileBytes = int64(maxFileBytes)
+			cfg.BuildTimeout = time.Duration(buildTimeout)
+			if cfg.MaxBuilds <= 0 || cfg.BuildTimeout <= 0 {
+				return usagef(cmd, "--max-builds and --build-timeout must be positive")
+			}
+			if cfg.BuildNetwork != "outbound" && cfg.BuildNetwork != "none" {
+				return usagef(cmd, "--build-network %q: want outbound or none", cfg.BuildNetwork)
+			}
 			if cfg.DefaultTimeout <= 0 || cfg.MaxTimeout < cfg.DefaultTimeout {
 				return usagef(cmd, "want 0 < --default-timeout (%v) <= --max-timeout (%v)", cfg.DefaultTimeout, cfg.MaxTimeout)
 			}
@@ -133,6 +149,9 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.StringVar(&pool, "pool", "", `warm pools, e.g. "base:gvisor=4,python:namespaces=2"`)
 	f.StringSliceVar(&cfg.Runtimes, "runtimes", nil, "runtimes to enable, e.g. gvisor,namespaces (default: all)")
 	f.StringVar(&cfg.Mirror, "mirror", os.Getenv("EVALBOX_DEBIAN_MIRROR"), "Debian mirror for the built-in templates (default: the host's apt sources; env EVALBOX_DEBIAN_MIRROR)")
+	f.IntVar(&cfg.MaxBuilds, "max-builds", DefaultMaxBuilds, "template builds of a team that run at once (more queue)")
+	f.Var(&buildTimeout, "build-timeout", "longest template build (seconds or a duration)")
+	f.StringVar(&cfg.BuildNetwork, "build-network", "outbound", "network of template build steps: outbound (specs may opt out) or none")
 	f.StringVar(&logLevel, "log-level", defaultLogLevelString, "debug, info, warn or error")
 	return cmd
 }

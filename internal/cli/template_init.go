@@ -18,13 +18,13 @@ func newTemplateInitCmd() *cobra.Command {
 	var quiet bool
 	cmd := &cobra.Command{
 		Use:   "init [NAME...]",
-		Short: "Build the built-in templates (base, python) into a template directory",
+		Short: "Build the built-in templates (base, python, node) into a template directory",
 		Long: `Build the built-in templates from the host's Debian mirror with mmdebstrap
 (run as root). A template whose build spec is unchanged is kept: re-running is
 cheap. Without names, every built-in is built.`,
 		RunE: func(cmd *cobra.Command, names []string) error {
 			if len(names) == 0 {
-				names = []string{"base", "python"}
+				names = template.BuiltinNames()
 			}
 			for _, n := range names {
 				if _, ok := template.Builtins[n]; !ok {

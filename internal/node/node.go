@@ -59,7 +59,9 @@ type Config struct {
 	StateDir string
 	// StartTimeout bounds a cold start, agent handshake included.
 	StartTimeout time.Duration
-	Logger       *slog.Logger
+	// Build is the shape of template build sandboxes.
+	Build  BuildConfig
+	Logger *slog.Logger
 }
 
 // Node runs sandboxes on this host.
@@ -121,6 +123,7 @@ func New(cfg Config) (*Node, error) {
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 60 * time.Second
 	}
+	cfg.Build.setDefaults()
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -278,6 +281,9 @@ func (n *Node) start(ctx context.Context, key PoolKey) (_ *Sandbox, err error) {
 	}
 	if err := sb.Agent.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("node: agent %s did not answer: %w", id, err)
+	}
+	if err := readyCheck(ctx, sb); err != nil {
+		return nil, err
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()

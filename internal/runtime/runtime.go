@@ -67,6 +67,18 @@ type Sandbox interface {
 	OOMKills() (int64, error)
 }
 
+// UpperExporter is implemented by sandboxes that can export their
+// copy-on-write layer: what the sandbox changed in its root filesystem, as
+// a tar archive in overlayfs format (a deleted file is a 0/0 character
+// device, a directory that replaced a lower one carries the xattr
+// trusted.overlay.opaque=y in a PAX record). Template builds capture each
+// run step with it. The gVisor driver implements it.
+type UpperExporter interface {
+	// ExportUpper writes the archive to the file path (created or
+	// truncated).
+	ExportUpper(ctx context.Context, path string) error
+}
+
 // Usage is a sandbox's host resource use.
 type Usage struct {
 	// MemoryBytes is the memory charged to the sandbox's cgroup.

@@ -42,6 +42,14 @@ type Node interface {
 	Runtimes() []string
 }
 
+// Templates resolves the template a team names for a new sandbox.
+type Templates interface {
+	// Acquire returns the team's template name (a built-in or one of the
+	// team's; "" team: built-ins only) and keeps its files until release
+	// is called. An unknown name is a *Error with CodeNotFound.
+	Acquire(ctx context.Context, teamID, name string) (tpl *template.Template, release func(), err error)
+}
+
 // Config holds the service's limits and defaults.
 type Config struct {
 	DefaultRuntime string
@@ -116,7 +124,7 @@ type Service struct {
 	cfg       Config
 	store     Store
 	node      Node
-	templates *template.Registry
+	templates Templates
 	log       *slog.Logger
 
 	sandboxSlots *quota.Limiter
@@ -152,7 +160,7 @@ type entry struct {
 
 // New returns the service. Call Recover once before serving and Close at
 // shutdown.
-func New(cfg Config, st Store, n Node, templates *template.Registry, log *slog.Logger) *Service {
+func New(cfg Config, st Store, n Node, templates Templates, log *slog.Logger) *Service {
 	cfg.setDefaults()
 	if log == nil {
 		log = slog.Default()
@@ -250,9 +258,28 @@ func (s *Service) ForgetTeam(teamID string) {
 // (queueing up to req.WaitSeconds), starts the sandbox and records it. It
 // returns once the sandbox's agent answers; on error nothing is left.
 func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSandboxRequest) (client.Sandbox, error) {
-	key, tpl, ttl, err := s.validateCreate(req)
+	key, ttl, err := s.validateCreate(req)
 	if err != nil {
 		return client.Sandbox{}, err
+	}
+	// The template's files stay until the sandbox's row says it uses them.
+	tpl, releaseTemplate, err := s.templates.Acquire(ctx, teamID, req.Template)
+	if err != nil {
+		if errors.Is(err, template.ErrNotFound) {
+			return client.Sandbox{}, errorf(client.CodeNotFound, "template %q not found", req.Template)
+		}
+		return client.Sandbox{}, err
+	}
+	defer releaseTemplate()
+	key.Template = tpl.Ref()
+	if req.CPU == 0 {
+		key.Shape.CPU = tpl.Defaults.CPU
+	}
+	if req.MemoryMB == 0 {
+		key.Shape.MemoryMB = tpl.Defaults.MemoryMB
+	}
+	if req.DiskMB == 0 {
+		key.Shape.DiskMB = tpl.Defaults.DiskMB
 	}
 	team, err := s.Team(ctx, teamID)
 	if err != nil {
@@ -274,14 +301,14 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 			return client.Sandbox{}, ctx.Err()
 		}
 		// The detail (host paths, runsc's log) is for the operator only.
-		s.log.Error("sandbox failed to start", "team", teamID, "template", tpl.Name, "runtime", key.Runtime, "err", err)
+		s.log.Error("sandbox failed to start", "team", teamID, "template", req.Template, "runtime", key.Runtime, "err", err)
 		return client.Sandbox{}, &Error{Code: client.CodeUnavailable, RetryAfter: 1, Err: err,
 			Message: fmt.Sprintf("the %s sandbox failed to start; try again (the server log has the detail)", key.Runtime)}
 	}
 	now := time.Now().UTC()
 	envKeys := slices.Sorted(maps.Keys(req.Env))
 	row := client.Sandbox{
-		ID: sb.ID, TeamID: teamID, Template: tpl.Name, TemplateDigest: tpl.Digest,
+		ID: sb.ID, TeamID: teamID, Template: req.Template, TemplateDigest: tpl.Digest,
 		Runtime: sb.Runtime, RuntimeVersion: sb.RuntimeVersion, State: client.StateRunning,
 		CPU: key.Shape.CPU, MemoryMB: key.Shape.MemoryMB, DiskMB: key.Shape.DiskMB, Network: key.Shape.Network,
 		Metadata: req.Metadata, EnvKeys: envKeys, CreatedAt: now, ExpiresAt: now.Add(ttl), FromPool: sb.FromPool,
@@ -311,63 +338,68 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 		s.end(ctx, e, client.StateDeleted, "creator disconnected")
 		return client.Sandbox{}, ctx.Err()
 	}
-	s.log.Info("sandbox created", "sandbox", sb.ID, "team", teamID, "template", tpl.Name,
+	s.log.Info("sandbox created", "sandbox", sb.ID, "team", teamID, "template", req.Template,
 		"runtime", sb.Runtime, "from_pool", sb.FromPool, "env_keys", len(envKeys))
 	return row, nil
 }
 
 // DefaultKey is the pool key of a create request that names only template
-// and runtime: the sandboxes a warm pool should hold.
-func (s *Service) DefaultKey(template, runtime string) (node.PoolKey, error) {
-	key, _, _, err := s.validateCreate(client.CreateSandboxRequest{Template: template, Runtime: runtime})
-	return key, err
+// (a built-in) and runtime: the sandboxes a warm pool should hold.
+func (s *Service) DefaultKey(ctx context.Context, template, runtime string) (node.PoolKey, error) {
+	req := client.CreateSandboxRequest{Template: template, Runtime: runtime}
+	key, _, err := s.validateCreate(req)
+	if err != nil {
+		return key, err
+	}
+	tpl, release, err := s.templates.Acquire(ctx, "", template)
+	if err != nil {
+		return key, err
+	}
+	release()
+	key.Template = tpl.Ref()
+	key.Shape.CPU, key.Shape.MemoryMB, key.Shape.DiskMB = tpl.Defaults.CPU, tpl.Defaults.MemoryMB, tpl.Defaults.DiskMB
+	return key, nil
 }
 
-func (s *Service) validateCreate(req client.CreateSandboxRequest) (node.PoolKey, *template.Template, time.Duration, error) {
+// validateCreate checks a create request on its own; the template's
+// defaults fill the shape's zero fields later.
+func (s *Service) validateCreate(req client.CreateSandboxRequest) (node.PoolKey, time.Duration, error) {
 	var key node.PoolKey
 	if req.Template == "" {
-		return key, nil, 0, errorf(client.CodeBadRequest, "template is required")
-	}
-	tpl, err := s.templates.Get(req.Template)
-	if err != nil {
-		if errors.Is(err, template.ErrNotFound) {
-			return key, nil, 0, errorf(client.CodeNotFound, "template %q not found", req.Template)
-		}
-		return key, nil, 0, err
+		return key, 0, errorf(client.CodeBadRequest, "template is required")
 	}
 	rt := req.Runtime
 	if rt == "" {
 		rt = s.cfg.DefaultRuntime
 	}
 	if !slices.Contains(s.node.Runtimes(), rt) {
-		return key, nil, 0, errorf(client.CodeBadRequest, "runtime %q is not available (have %s)", rt, strings.Join(s.node.Runtimes(), ", "))
+		return key, 0, errorf(client.CodeBadRequest, "runtime %q is not available (have %s)", rt, strings.Join(s.node.Runtimes(), ", "))
 	}
 	ttl := s.cfg.DefaultTimeout
 	switch {
 	case req.Timeout < 0:
-		return key, nil, 0, errorf(client.CodeBadRequest, "timeout must be ≥ 0 seconds, got %d", req.Timeout)
+		return key, 0, errorf(client.CodeBadRequest, "timeout must be ≥ 0 seconds, got %d", req.Timeout)
 	case time.Duration(req.Timeout)*time.Second > s.cfg.MaxTimeout:
-		return key, nil, 0, errorf(client.CodeBadRequest, "timeout %ds is above the maximum %ds", req.Timeout, int(s.cfg.MaxTimeout.Seconds()))
+		return key, 0, errorf(client.CodeBadRequest, "timeout %ds is above the maximum %ds", req.Timeout, int(s.cfg.MaxTimeout.Seconds()))
 	case req.Timeout > 0:
 		ttl = time.Duration(req.Timeout) * time.Second
 	}
-	shape := node.Shape{CPU: tpl.Defaults.CPU, MemoryMB: tpl.Defaults.MemoryMB, DiskMB: tpl.Defaults.DiskMB,
-		Pids: s.cfg.Pids, Network: client.NetworkNone}
+	shape := node.Shape{Pids: s.cfg.Pids, Network: client.NetworkNone}
 	if req.CPU != 0 {
 		if req.CPU < 0.1 || req.CPU > s.cfg.MaxCPU {
-			return key, nil, 0, errorf(client.CodeBadRequest, "cpu must be between 0.1 and %g, got %g", s.cfg.MaxCPU, req.CPU)
+			return key, 0, errorf(client.CodeBadRequest, "cpu must be between 0.1 and %g, got %g", s.cfg.MaxCPU, req.CPU)
 		}
 		shape.CPU = req.CPU
 	}
 	if req.MemoryMB != 0 {
 		if req.MemoryMB < 32 || req.MemoryMB > s.cfg.MaxMemoryMB {
-			return key, nil, 0, errorf(client.CodeBadRequest, "memory_mb must be between 32 and %d, got %d", s.cfg.MaxMemoryMB, req.MemoryMB)
+			return key, 0, errorf(client.CodeBadRequest, "memory_mb must be between 32 and %d, got %d", s.cfg.MaxMemoryMB, req.MemoryMB)
 		}
 		shape.MemoryMB = req.MemoryMB
 	}
 	if req.DiskMB != 0 {
 		if req.DiskMB < 16 || req.DiskMB > s.cfg.MaxDiskMB {
-			return key, nil, 0, errorf(client.CodeBadRequest, "disk_mb must be between 16 and %d, got %d", s.cfg.MaxDiskMB, req.DiskMB)
+			return key, 0, errorf(client.CodeBadRequest, "disk_mb must be between 16 and %d, got %d", s.cfg.MaxDiskMB, req.DiskMB)
 		}
 		shape.DiskMB = req.DiskMB
 	}
@@ -376,19 +408,19 @@ func (s *Service) validateCreate(req client.CreateSandboxRequest) (node.PoolKey,
 	case client.NetworkOutbound:
 		shape.Network = client.NetworkOutbound
 	default:
-		return key, nil, 0, errorf(client.CodeBadRequest, "network must be %q or %q, got %q", client.NetworkNone, client.NetworkOutbound, req.Network)
+		return key, 0, errorf(client.CodeBadRequest, "network must be %q or %q, got %q", client.NetworkNone, client.NetworkOutbound, req.Network)
 	}
 	if req.WaitSeconds < 0 || time.Duration(req.WaitSeconds)*time.Second > s.cfg.MaxWait {
-		return key, nil, 0, errorf(client.CodeBadRequest, "wait_seconds must be between 0 and %d", int(s.cfg.MaxWait.Seconds()))
+		return key, 0, errorf(client.CodeBadRequest, "wait_seconds must be between 0 and %d", int(s.cfg.MaxWait.Seconds()))
 	}
 	if err := validateEnv(req.Env); err != nil {
-		return key, nil, 0, err
+		return key, 0, err
 	}
 	if err := validateMetadata(req.Metadata); err != nil {
-		return key, nil, 0, err
+		return key, 0, err
 	}
-	key = node.PoolKey{Template: tpl.Name, Runtime: rt, Shape: shape}
-	return key, tpl, ttl, nil
+	key = node.PoolKey{Template: req.Template, Runtime: rt, Shape: shape}
+	return key, ttl, nil
 }
 
 func validateEnv(env map[string]string) error {

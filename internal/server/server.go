@@ -19,6 +19,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/api"
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/gvisor"
@@ -27,6 +28,7 @@ import (
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template"
+	"github.com/evalbox/evalbox/internal/template/oci"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -54,7 +56,11 @@ type Config struct {
 	// Team defaults (for the admin team and teams created without limits).
 	Limits  client.Limits
 	Service sandbox.Config
-	Logger  *slog.Logger
+	// Catalog configures template builds and imports.
+	Catalog catalog.Config
+	// Build is the shape of template build sandboxes.
+	Build  node.BuildConfig
+	Logger *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
 	Ready func(addr string)
@@ -130,6 +136,12 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("server: %w", err)
 		}
 	}
+	// Built and imported templates and the layer cache are this server's
+	// state, next to its database (the built-ins' directory is a cache that
+	// servers may share).
+	if err := templates.UseStore(filepath.Join(cfg.DataDir, "images")); err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
 
 	// Host-wide names (cgroup parents, link aliases) carry the instance,
 	// so that two servers on one host never sweep each other's sandboxes.
@@ -172,7 +184,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}()
 
 	n, err := node.New(node.Config{Runtimes: runtimes, Templates: templates, AgentPath: cfg.Agent,
-		StateDir: filepath.Join(cfg.DataDir, "sandboxes"), Logger: log})
+		StateDir: filepath.Join(cfg.DataDir, "sandboxes"), Build: cfg.Build, Logger: log})
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
@@ -182,12 +194,28 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Info("removed leftover sandboxes", "count", len(removed))
 	}
 	n.SweepEvery(time.Minute)
-	svc := sandbox.New(cfg.Service, st, n, templates, log)
+	cat := cfg.Catalog
+	if cat.Mirror == "" {
+		cat.Mirror = cfg.Mirror
+	}
+	if cat.MaxCPU == 0 {
+		cat.MaxCPU, cat.MaxMemoryMB, cat.MaxDiskMB = cfg.Service.MaxCPU, cfg.Service.MaxMemoryMB, cfg.Service.MaxDiskMB
+	}
+	tmpls, err := catalog.New(cat, st, templates, n, ociImporter{}, log)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	// Stops builds (their sandboxes go with the node, closed before).
+	defer tmpls.Close()
+	svc := sandbox.New(cfg.Service, st, n, tmpls, log)
 	if err := svc.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
+	if err := tmpls.Recover(ctx); err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
 	for _, p := range cfg.Pools {
-		key, err := svc.DefaultKey(p.Template, p.Runtime)
+		key, err := svc.DefaultKey(ctx, p.Template, p.Runtime)
 		if err != nil {
 			return fmt.Errorf("server: pool %s:%s: %w", p.Template, p.Runtime, err)
 		}
@@ -195,7 +223,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	handler := api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
-		Templates: templates, Runtimes: n.Runtimes(), Pools: n, DefaultLimits: cfg.Limits, Logger: log})
+		Templates: tmpls, Runtimes: n.Runtimes(), Pools: n, DefaultLimits: cfg.Limits, Logger: log})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -227,6 +255,7 @@ func Run(ctx context.Context, cfg Config) error {
 	case <-time.After(shutdownGrace):
 		log.Warn("requests still running after the grace period; ending their sandboxes")
 	}
+	tmpls.Close()
 	_ = svc.Close(shutCtx)
 	if err := <-shutdown; err != nil {
 		_ = srv.Close()
@@ -253,4 +282,17 @@ func instanceID(dataDir string) string {
 	}
 	sum := sha256.Sum256([]byte(abs))
 	return hex.EncodeToString(sum[:4])
+}
+
+// ociImporter imports images with internal/template/oci.
+type ociImporter struct{}
+
+func (ociImporter) Import(ctx context.Context, src, ref, dst string) (template.ImageConfig, string, error) {
+	c, d, err := oci.Import(ctx, src, ref, dst)
+	return template.ImageConfig(c), d, err
+}
+
+func (ociImporter) ImportRemote(ctx context.Context, ref, dst string) (template.ImageConfig, string, error) {
+	c, d, err := oci.ImportRemote(ctx, ref, dst)
+	return template.ImageConfig(c), d, err
 }

@@ -51,6 +51,37 @@ var migrations = []string{
 	);
 	CREATE INDEX sandboxes_team ON sandboxes(team_id, created_at);
 	CREATE INDEX sandboxes_state ON sandboxes(state, expires_at);`,
+	// 2: a team's templates (names pointing at stored template digests)
+	// and their builds.
+	`CREATE TABLE templates (
+		team_id    TEXT NOT NULL REFERENCES teams(id),
+		name       TEXT NOT NULL,
+		digest     TEXT NOT NULL,
+		source     TEXT NOT NULL,
+		build_id   TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		PRIMARY KEY (team_id, name)
+	);
+	CREATE INDEX templates_digest ON templates(digest);
+	CREATE TABLE template_builds (
+		id           TEXT PRIMARY KEY,
+		team_id      TEXT NOT NULL REFERENCES teams(id),
+		template     TEXT NOT NULL,
+		kind         TEXT NOT NULL,
+		state        TEXT NOT NULL,
+		digest       TEXT NOT NULL DEFAULT '',
+		error        TEXT NOT NULL DEFAULT '',
+		failed_step  INTEGER NOT NULL DEFAULT 0,
+		steps        INTEGER NOT NULL DEFAULT 0,
+		cached_steps INTEGER NOT NULL DEFAULT 0,
+		built_steps  INTEGER NOT NULL DEFAULT 0,
+		created_at   INTEGER NOT NULL,
+		started_at   INTEGER,
+		finished_at  INTEGER
+	);
+	CREATE INDEX template_builds_team ON template_builds(team_id, template, created_at);
+	CREATE INDEX template_builds_state ON template_builds(state);
+	CREATE INDEX sandboxes_template ON sandboxes(template_digest, state);`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

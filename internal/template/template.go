@@ -1,10 +1,20 @@
-// Package template keeps the root filesystems sandboxes start from.
+// Package template keeps the root filesystems sandboxes start from, on the
+// host: the built-in templates, the layer cache and the templates built from
+// build specs or imported from OCI images.
 //
-// A template is a directory <dir>/<name>/ holding rootfs/ (the root
-// filesystem, never written once built) and template.json (its digest and
-// defaults). The built-ins (base, python) are bootstrapped from the host's
-// Debian mirror with mmdebstrap and cached by the digest of their build
-// spec: they are rebuilt only when the spec changes.
+// Built-ins live in the registry's directory as <dir>/<name>/ holding
+// rootfs/ (the root filesystem, never written once built) and template.json
+// (its digest and defaults). They are bootstrapped from the host's Debian
+// mirror with mmdebstrap and cached by the digest of their build spec: they
+// are rebuilt only when the spec changes. The directory is a cache that
+// several servers may share.
+//
+// Built and imported templates live in the store (UseStore), addressed by
+// their digest: <store>/templates/<hex>/{rootfs,template.json}. A build runs
+// its steps one cached layer at a time (<store>/layers/<hex>, directories in
+// overlayfs format) and flattens the layers into the template's rootfs at the
+// end, so that every runtime still gets one read-only directory. See
+// Builder.
 package template
 
 import (
@@ -25,6 +35,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -32,15 +43,43 @@ import (
 // ErrNotFound is returned for an unknown template.
 var ErrNotFound = errors.New("template not found")
 
+// Sources of a template.
+const (
+	SourceBuiltin = "builtin" // bootstrapped from Debian with mmdebstrap
+	SourceBuild   = "build"   // built from a build spec
+	SourceImport  = "import"  // imported from an OCI image
+)
+
 // Template is a built template.
 type Template struct {
+	// Name is the built-in's name, or the name the template was first
+	// built under (a team's names for it are kept by the control plane).
 	Name      string    `json:"name"`
 	Digest    string    `json:"digest"`
 	SizeBytes int64     `json:"size_bytes"`
 	BuiltAt   time.Time `json:"built_at"`
 	Defaults  Defaults  `json:"defaults"`
+	// Source is SourceBuiltin, SourceBuild or SourceImport.
+	Source string `json:"source,omitempty"`
+	// From is the digest of the template a build started from, or the
+	// image reference and manifest digest of an import.
+	From string `json:"from,omitempty"`
+	// Layers are the digests of the build's layers, bottom first.
+	Layers []string `json:"layers,omitempty"`
+	// Cmd is an imported image's entrypoint and command, recorded (not
+	// started: every sandbox's first process is the guest agent).
+	Cmd []string `json:"cmd,omitempty"`
 	// RootFS is the absolute path of the root filesystem (not stored).
 	RootFS string `json:"-"`
+}
+
+// Ref is how the node finds the template again: a built-in's name, or the
+// digest of a stored template.
+func (t *Template) Ref() string {
+	if t.Source == SourceBuiltin {
+		return t.Name
+	}
+	return t.Digest
 }
 
 // Defaults are what a sandbox of the template gets unless the request says
@@ -52,12 +91,17 @@ type Defaults struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Workdir  string            `json:"workdir"`
 	User     string            `json:"user"`
+	// ReadyCmd, when set, runs (sh -c) in every new sandbox of the
+	// template before it is handed out; a non-zero exit fails the start.
+	ReadyCmd string `json:"ready_cmd,omitempty"`
 }
 
 // EnvList is the template's default environment as sorted KEY=VALUE.
-func (t *Template) EnvList() []string {
-	env := make([]string, 0, len(t.Defaults.Env))
-	for k, v := range t.Defaults.Env {
+func (t *Template) EnvList() []string { return envList(t.Defaults.Env) }
+
+func envList(m map[string]string) []string {
+	env := make([]string, 0, len(m))
+	for k, v := range m {
 		env = append(env, k+"="+v)
 	}
 	sort.Strings(env)
@@ -84,6 +128,24 @@ var Builtins = map[string]BuiltinSpec{
 		Packages: []string{"bash", "coreutils", "ca-certificates"}, Defaults: baseDefaults},
 	"python": {Name: "python", Suite: "bookworm", Variant: "minbase",
 		Packages: []string{"bash", "coreutils", "ca-certificates", "python3", "python3-pip", "python3-venv"}, Defaults: baseDefaults},
+	"node": {Name: "node", Suite: "bookworm", Variant: "minbase",
+		Packages: []string{"bash", "coreutils", "ca-certificates", "nodejs", "npm"}, Defaults: baseDefaults},
+}
+
+// BuiltinNames lists the built-ins, sorted.
+func BuiltinNames() []string {
+	names := make([]string, 0, len(Builtins))
+	for n := range Builtins {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// IsBuiltin reports whether name is a built-in template.
+func IsBuiltin(name string) bool {
+	_, ok := Builtins[name]
+	return ok
 }
 
 // Digest is the content hash of a built-in's spec (and so of its build).
@@ -101,14 +163,19 @@ var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 // ValidName reports whether name can name a template.
 func ValidName(name string) bool { return nameRE.MatchString(name) }
 
-// Registry is the template store in a directory.
+// Registry is the template store on this host: the built-ins in one
+// directory and, once UseStore was called, the built and imported
+// templates and the layer cache in another.
 type Registry struct {
-	dir string
-	log *slog.Logger
+	dir   string
+	store string // "" until UseStore
+	log   *slog.Logger
 
 	mu    sync.Mutex
-	cache map[string]*Template
-	build sync.Mutex // one build at a time
+	cache map[string]*Template // by Ref
+	build sync.Mutex           // one built-in build at a time
+	// usage caches DiskUsage; reset when the store changes.
+	usage atomic.Int64
 }
 
 // Open opens (creating) the template store in dir.
@@ -123,50 +190,67 @@ func Open(dir string, log *slog.Logger) (*Registry, error) {
 	if err := os.MkdirAll(abs, 0o755); err != nil {
 		return nil, fmt.Errorf("template: %w", err)
 	}
-	return &Registry{dir: abs, log: log, cache: map[string]*Template{}}, nil
+	r := &Registry{dir: abs, log: log, cache: map[string]*Template{}}
+	r.usage.Store(-1)
+	return r, nil
 }
 
-// Dir is the store's directory.
+// Dir is the directory of the built-ins.
 func (r *Registry) Dir() string { return r.dir }
 
-// Get returns a built template.
-func (r *Registry) Get(name string) (*Template, error) {
-	if !ValidName(name) {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
-	}
+// Get returns a built template by Ref: a built-in's name or a stored
+// template's digest.
+func (r *Registry) Get(ref string) (*Template, error) {
 	r.mu.Lock()
-	t, ok := r.cache[name]
+	t, ok := r.cache[ref]
 	r.mu.Unlock()
 	if ok {
 		return t, nil
 	}
-	t, err := r.load(name)
+	var err error
+	if hexDigest, isDigest := strings.CutPrefix(ref, "sha256:"); isDigest {
+		t, err = r.loadStored(hexDigest)
+	} else if ValidName(ref) {
+		t, err = r.load(ref)
+	} else {
+		err = fmt.Errorf("%w: %q", ErrNotFound, ref)
+	}
 	if err != nil {
 		return nil, err
 	}
 	r.mu.Lock()
-	r.cache[name] = t
+	r.cache[ref] = t
 	r.mu.Unlock()
 	return t, nil
 }
 
 func (r *Registry) load(name string) (*Template, error) {
-	b, err := os.ReadFile(filepath.Join(r.dir, name, "template.json"))
+	t, err := readTemplate(filepath.Join(r.dir, name), name)
+	if err != nil {
+		return nil, err
+	}
+	t.Source = SourceBuiltin
+	return t, nil
+}
+
+// readTemplate reads dir/template.json; dir/rootfs is the root filesystem.
+func readTemplate(dir, what string) (*Template, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "template.json"))
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, what)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("template %s: %w", name, err)
+		return nil, fmt.Errorf("template %s: %w", what, err)
 	}
 	var t Template
 	if err := json.Unmarshal(b, &t); err != nil {
-		return nil, fmt.Errorf("template %s: %w", name, err)
+		return nil, fmt.Errorf("template %s: %w", what, err)
 	}
-	t.RootFS = filepath.Join(r.dir, name, "rootfs")
+	t.RootFS = filepath.Join(dir, "rootfs")
 	return &t, nil
 }
 
-// List returns every built template, by name.
+// List returns every built-in that is built, by name.
 func (r *Registry) List() ([]*Template, error) {
 	entries, err := os.ReadDir(r.dir)
 	if err != nil {
@@ -282,7 +366,7 @@ func (r *Registry) EnsureBuiltin(ctx context.Context, name, mirror string, logw 
 	if err != nil {
 		return nil, fmt.Errorf("template %s: %w", name, err)
 	}
-	t := &Template{Name: name, Digest: digest, SizeBytes: size, BuiltAt: time.Now().UTC(), Defaults: spec.Defaults}
+	t := &Template{Name: name, Digest: digest, SizeBytes: size, BuiltAt: time.Now().UTC(), Defaults: spec.Defaults, Source: SourceBuiltin}
 	b, _ := json.MarshalIndent(t, "", "  ")
 	if err := os.WriteFile(filepath.Join(tmp, "template.json"), b, 0o644); err != nil {
 		return nil, fmt.Errorf("template %s: %w", name, err)
@@ -302,6 +386,7 @@ func (r *Registry) EnsureBuiltin(ctx context.Context, name, mirror string, logw 
 	r.mu.Lock()
 	delete(r.cache, name)
 	r.mu.Unlock()
+	r.usage.Store(-1)
 	r.log.Info("built template", "template", name, "digest", digest, "size_bytes", size, "duration", time.Since(start).Round(time.Millisecond))
 	return r.Get(name)
 }

@@ -15,15 +15,6 @@ func (c *Client) Health(ctx context.Context) (*Health, error) {
 	return &h, nil
 }
 
-// ListTemplates lists the templates sandboxes can be created from.
-func (c *Client) ListTemplates(ctx context.Context) ([]Template, error) {
-	var l TemplateList
-	if err := c.do(ctx, &request{method: http.MethodGet, path: "/templates", retry: true}, &l); err != nil {
-		return nil, err
-	}
-	return l.Templates, nil
-}
-
 // CreateTeam creates a team (admin key only).
 func (c *Client) CreateTeam(ctx context.Context, req CreateTeamRequest) (*Team, error) {
 	var t Team

@@ -174,9 +174,11 @@ type request struct {
 	query  url.Values
 	// in is marshalled as the JSON body when not nil.
 	in any
-	// raw is a streamed body (file upload) of rawSize bytes (-1 unknown).
+	// raw is a streamed body (file upload) of rawSize bytes (-1 unknown),
+	// of type rawType (default application/octet-stream).
 	raw     io.Reader
 	rawSize int64
+	rawType string
 	accept  string
 	// retry allows retrying on 429/503 answers.
 	retry bool
@@ -233,7 +235,11 @@ func (c *Client) send(ctx context.Context, r *request) (*http.Response, error) {
 				// io.NopCloser, so an *os.File still goes out with sendfile.
 				req.Body = io.NopCloser(r.raw)
 			}
-			req.Header.Set("Content-Type", ContentTypeOctetStream)
+			ct := r.rawType
+			if ct == "" {
+				ct = ContentTypeOctetStream
+			}
+			req.Header.Set("Content-Type", ct)
 			if r.rawSize > expectContinueMin {
 				// Let the server refuse (404, 413 from the Content-Length,
 				// …) before the body is sent. Not for chunked bodies: there

@@ -176,6 +176,26 @@ func TestClientCoversSpec(t *testing.T) {
 		func() error { _, err := c.ListKeys(ctx); return err },
 		func() error { return c.RevokeKey(ctx, "k-1") },
 		func() error { _, err := c.ListTemplates(ctx); return err },
+		func() error {
+			_, err := c.BuildTemplate(ctx, BuildTemplateRequest{Name: "t", Spec: TemplateSpec{From: "base",
+				Steps: []TemplateStep{{Run: "true"}, {Copy: &CopyStep{Src: "a", Dst: "/a"}}, {Env: map[string]string{"A": "1"}}}}}, nil)
+			return err
+		},
+		func() error {
+			_, err := c.ImportTemplate(ctx, ImportOptions{Name: "t", Ref: "r"}, strings.NewReader("tar"), 3)
+			return err
+		},
+		func() error { _, err := c.GetTemplate(ctx, "t"); return err },
+		func() error { return c.DeleteTemplate(ctx, "t") },
+		func() error { _, err := c.GetBuild(ctx, "t", "bld_1"); return err },
+		func() error {
+			_, err := c.FollowBuild(ctx, "t", "bld_1", nil)
+			if errors.Is(err, errNoEnd) {
+				// The spec-only server answers an empty stream.
+				return nil
+			}
+			return err
+		},
 		func() error { _, err := c.ListPools(ctx); return err },
 	}
 	for i, call := range calls {

@@ -263,7 +263,11 @@ type KeyList struct {
 
 // Template is a root filesystem plus defaults.
 type Template struct {
-	Name      string    `json:"name"`
+	Name string `json:"name"`
+	// Digest identifies the template exactly: built-ins by their build
+	// spec and mirror, built templates by their spec, base and build
+	// context, imports by the image's manifest digest. The same inputs
+	// give the same digest.
 	Digest    string    `json:"digest"`
 	SizeBytes int64     `json:"size_bytes"`
 	BuiltAt   time.Time `json:"built_at"`
@@ -272,12 +276,139 @@ type Template struct {
 	DiskMB    int       `json:"disk_mb"`
 	Workdir   string    `json:"workdir"`
 	User      string    `json:"user"`
+	// Source is builtin, build or import. Built-ins belong to every team.
+	Source string `json:"source"`
+	// Env is the default environment of the template's sandboxes.
+	Env map[string]string `json:"env,omitempty"`
+	// ReadyCmd runs in every new sandbox before it is handed out.
+	ReadyCmd string `json:"ready_cmd,omitempty"`
+	// From is what a build started from (a template digest) or what was
+	// imported (image reference and manifest digest).
+	From string `json:"from,omitempty"`
+	// Layers are the digests of a built template's layers, bottom first.
+	Layers []string `json:"layers,omitempty"`
+	// Cmd is an imported image's entrypoint and command (recorded, not run).
+	Cmd []string `json:"cmd,omitempty"`
+	// BuildID is the build that made the template (not for built-ins).
+	BuildID string `json:"build_id,omitempty"`
 }
 
-// TemplateList is the body of GET /v1/templates.
+// Template sources.
+const (
+	TemplateSourceBuiltin = "builtin"
+	TemplateSourceBuild   = "build"
+	TemplateSourceImport  = "import"
+)
+
+// TemplateList is the body of GET /v1/templates: the built-ins and the
+// team's own templates.
 type TemplateList struct {
 	Templates []Template `json:"templates"`
+	// DiskUsageBytes is the disk the server's template store uses
+	// (built-ins, templates and the layer cache; shared files counted once).
+	DiskUsageBytes int64 `json:"disk_usage_bytes"`
 }
+
+// TemplateSpec is a build spec: a template to start from, steps run in
+// order in a build sandbox, and the defaults of the result.
+type TemplateSpec struct {
+	// From names the template to start from: a built-in, or one of the
+	// team's templates (built or imported).
+	From  string         `json:"from"`
+	Steps []TemplateStep `json:"steps,omitempty"`
+	// Defaults of the template's sandboxes (0 = those of From).
+	CPU      float64 `json:"cpu,omitempty"`
+	MemoryMB int     `json:"memory_mb,omitempty"`
+	DiskMB   int     `json:"disk_mb,omitempty"`
+	// ReadyCmd runs (sh -c) at the end of the build and in every new
+	// sandbox before it is handed out; it must exit 0.
+	ReadyCmd string `json:"ready_cmd,omitempty"`
+	// Network of the run steps: outbound (default, for package installs)
+	// or none.
+	Network string `json:"network,omitempty"`
+}
+
+// TemplateStep is one build step: exactly one of its fields is set. run
+// executes a shell command (/bin/sh -c) and keeps what it changed as a
+// cached layer; copy adds files of the build context as a layer; env,
+// workdir and user change the configuration of later steps and of the
+// template's sandboxes.
+type TemplateStep struct {
+	Run     string            `json:"run,omitempty"`
+	Copy    *CopyStep         `json:"copy,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Workdir string            `json:"workdir,omitempty"`
+	User    string            `json:"user,omitempty"`
+}
+
+// CopyStep copies Src (a file or directory of the build context, relative
+// to its root) to Dst in the template (absolute, or relative to the
+// workdir). A directory's content is copied into Dst; a file lands at Dst,
+// or inside it when Dst ends with "/" or is a directory. Copied files are
+// owned by root and keep their modes.
+type CopyStep struct {
+	Src string `json:"src"`
+	Dst string `json:"dst"`
+}
+
+// BuildTemplateRequest is the body of POST /v1/templates (JSON), or its
+// "request" part (multipart/form-data, followed by a "context" part: the
+// build context as a tar archive).
+type BuildTemplateRequest struct {
+	// Name of the template; building an existing name replaces it once
+	// the build succeeds.
+	Name string       `json:"name"`
+	Spec TemplateSpec `json:"spec"`
+}
+
+// TemplateBuild is a build (or import) of a template.
+type TemplateBuild struct {
+	ID       string `json:"id"`
+	Template string `json:"template"`
+	// Kind is build or import.
+	Kind  string `json:"kind"`
+	State string `json:"state"`
+	// Digest of the template, once the build succeeded.
+	Digest string `json:"digest,omitempty"`
+	// Error says why a build failed; FailedStep is the failing step
+	// (1-based; 0 when the failure was not a step's).
+	Error      string `json:"error,omitempty"`
+	FailedStep int    `json:"failed_step,omitempty"`
+	// Steps is the number of steps; CachedSteps the run and copy steps
+	// whose layer came from the cache, BuiltSteps those that ran.
+	Steps       int        `json:"steps"`
+	CachedSteps int        `json:"cached_steps"`
+	BuiltSteps  int        `json:"built_steps"`
+	CreatedAt   time.Time  `json:"created_at"`
+	StartedAt   *time.Time `json:"started_at,omitempty"`
+	FinishedAt  *time.Time `json:"finished_at,omitempty"`
+}
+
+// Build kinds and states.
+const (
+	BuildKindBuild  = "build"
+	BuildKindImport = "import"
+
+	BuildStateQueued    = "queued"
+	BuildStateRunning   = "running"
+	BuildStateSucceeded = "succeeded"
+	BuildStateFailed    = "failed"
+)
+
+// BuildEvent is one line of a build's log stream (application/x-ndjson):
+// {"type":"log","data":"…"} while it runs, and a last
+// {"type":"end","build":{…}} with the build's final state.
+type BuildEvent struct {
+	Type  string         `json:"type"`
+	Data  string         `json:"data,omitempty"`
+	Build *TemplateBuild `json:"build,omitempty"`
+}
+
+// BuildEvent types.
+const (
+	BuildEventLog = "log"
+	BuildEventEnd = "end"
+)
 
 // Health is the body of GET /v1/health.
 type Health struct {
@@ -307,6 +438,8 @@ const (
 	ContentTypeJSON        = "application/json"
 	ContentTypeNDJSON      = "application/x-ndjson"
 	ContentTypeOctetStream = "application/octet-stream"
+	// ContentTypeTar is the media type of build contexts and image archives.
+	ContentTypeTar = "application/x-tar"
 )
 
 // Pool is a warm pool of ready sandboxes of one template, runtime and shape.

@@ -397,6 +397,20 @@ func (r *Runtime) remove(ctx context.Context, id string) error {
 	return lastErr
 }
 
+// ExportUpper implements runtime.UpperExporter: `runsc tar rootfs-upper`
+// serializes the sandbox's in-memory overlay upper layer (a tmpfs in
+// overlayfs format; xattrs travel as PAX records).
+func (s *sandbox) ExportUpper(ctx context.Context, path string) error {
+	out, err := exec.CommandContext(ctx, s.r.cfg.Runsc, "--root", s.r.cfg.RootDir,
+		"--log", filepath.Join(s.stateDir, "runsc-tar.log"), "tar", "rootfs-upper", "--file", path, s.id).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("gvisor: runsc tar rootfs-upper %s: %w: %s", s.id, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+var _ runtime.UpperExporter = (*sandbox)(nil)
+
 // OOMKills implements runtime.Sandbox.
 func (s *sandbox) OOMKills() (int64, error) {
 	cg, err := cgroups.Open(s.r.cfg.CgroupParent, s.id)

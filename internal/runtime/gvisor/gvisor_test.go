@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"fmt"
@@ -330,5 +331,61 @@ func BenchmarkStart(b *testing.B) {
 			}
 			b.ReportMetric(float64(destroy.Microseconds())/float64(b.N)/1000, "destroy-ms/op")
 		})
+	}
+}
+
+// TestExportUpper checks that a sandbox's changes come out as an overlayfs
+// layer: new and changed files with their metadata, a deleted file as a
+// 0/0 character device, a replaced directory as opaque.
+func TestExportUpper(t *testing.T) {
+	runsc, agent, rootfs := testBinaries(t)
+	netm, err := network.New(network.Config{Scope: fmt.Sprintf("evalbox-gv-test-%d", os.Getpid())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: t.TempDir(), netm: netm}
+	r := e.newRuntime(t)
+	t.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			t.Errorf("close runtime: %v", err)
+		}
+	})
+	s := e.start(t, r, "gv-upper", runtime.NetworkNone)
+	if out := s.sh(t, "set -e; echo new > /etc/added; chown 12:34 /etc/added; chmod 4750 /etc/added; rm /etc/hostname; "+
+		"rm -rf /var/cache; mkdir -p /var/cache/fresh; ln -s /etc/added /root/link; echo ok"); !strings.HasSuffix(out, "ok\n") {
+		t.Fatalf("changes: %s", out)
+	}
+	p := filepath.Join(t.TempDir(), "upper.tar")
+	if err := s.sb.ExportUpper(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := map[string]*tar.Header{}
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		got[strings.TrimSuffix(strings.TrimPrefix(h.Name, "./"), "/")] = h
+	}
+	if h := got["etc/added"]; h == nil || h.Typeflag != tar.TypeReg || h.Mode&0o7777 != 0o4750 || h.Uid != 12 || h.Gid != 34 {
+		t.Errorf("etc/added: %+v", h)
+	}
+	if h := got["etc/hostname"]; h == nil || h.Typeflag != tar.TypeChar || h.Devmajor != 0 || h.Devminor != 0 {
+		t.Errorf("etc/hostname is not a whiteout: %+v", h)
+	}
+	if h := got["var/cache"]; h == nil || h.Typeflag != tar.TypeDir || h.PAXRecords["SCHILY.xattr.trusted.overlay.opaque"] != "y" {
+		t.Errorf("var/cache is not opaque: %+v", h)
+	}
+	if h := got["root/link"]; h == nil || h.Typeflag != tar.TypeSymlink || h.Linkname != "/etc/added" {
+		t.Errorf("root/link: %+v", h)
+	}
+	if _, ok := got["usr/bin/bash"]; ok {
+		t.Error("an unchanged file is in the layer")
 	}
 }

@@ -1,0 +1,530 @@
+package catalog
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/sandbox"
+	"github.com/evalbox/evalbox/internal/store"
+	"github.com/evalbox/evalbox/internal/template"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// activeBuild is a build that is queued or running: its log, and the
+// signal its log followers wait on.
+type activeBuild struct {
+	id, teamID, name string
+	max              int64
+
+	mu        sync.Mutex
+	f         *os.File
+	size      int64
+	truncated bool
+	changed   chan struct{} // closed (and replaced) on every write and at the end
+	done      bool
+}
+
+// Write appends to the build log and wakes its followers. Past the log's
+// maximum, output is dropped (once noted in the log).
+func (a *activeBuild) Write(p []byte) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.done {
+		return len(p), nil
+	}
+	if a.size+int64(len(p)) > a.max {
+		if !a.truncated {
+			a.truncated = true
+			n, _ := a.f.WriteString("\n[log truncated: over the maximum of the build log]\n")
+			a.size += int64(n)
+			a.wake()
+		}
+		return len(p), nil
+	}
+	n, err := a.f.Write(p)
+	a.size += int64(n)
+	a.wake()
+	if err != nil {
+		return n, err
+	}
+	return len(p), nil
+}
+
+func (a *activeBuild) logf(format string, args ...any) {
+	fmt.Fprintf(a, format+"\n", args...)
+}
+
+// wake signals followers; a.mu is held.
+func (a *activeBuild) wake() {
+	close(a.changed)
+	a.changed = make(chan struct{})
+}
+
+// wait returns the channel closed at the next write, or nil once the build
+// is over.
+func (a *activeBuild) wait() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.done {
+		return nil
+	}
+	return a.changed
+}
+
+// finish closes the log and releases its followers.
+func (a *activeBuild) finish() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.done = true
+	close(a.changed)
+	a.f.Close()
+}
+
+// job is the work of one build or import, run once it is admitted.
+type job func(ctx context.Context, a *activeBuild, b *client.TemplateBuild) (*template.Template, error)
+
+// begin registers a new build of (team, name): a conflict if one is
+// active. The caller calls start or abandon.
+func (s *Service) begin(teamID, name, kind string, steps int) (*client.TemplateBuild, *activeBuild, error) {
+	b := &client.TemplateBuild{ID: store.NewID("bld"), Template: name, Kind: kind, State: client.BuildStateQueued,
+		Steps: steps, CreatedAt: time.Now().UTC()}
+	f, err := os.OpenFile(s.logPath(b.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("catalog: build log: %w", err)
+	}
+	a := &activeBuild{id: b.ID, teamID: teamID, name: name, max: s.cfg.MaxLogBytes, f: f, changed: make(chan struct{})}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		f.Close()
+		os.Remove(s.logPath(b.ID))
+		return nil, nil, errorf(client.CodeUnavailable, "the server is shutting down")
+	}
+	key := [2]string{teamID, name}
+	if other, ok := s.pending[key]; ok {
+		f.Close()
+		os.Remove(s.logPath(b.ID))
+		return nil, nil, errorf(client.CodeConflict, "template %s is being built already (build %s)", name, other)
+	}
+	s.pending[key] = b.ID
+	s.active[b.ID] = a
+	return b, a, nil
+}
+
+// abandon undoes begin for a build refused before it was recorded.
+func (s *Service) abandon(a *activeBuild) {
+	s.mu.Lock()
+	delete(s.pending, [2]string{a.teamID, a.name})
+	delete(s.active, a.id)
+	s.mu.Unlock()
+	a.finish()
+	os.Remove(s.logPath(a.id))
+}
+
+// start records the build and runs it in the background: it waits for a
+// slot (the team's, then the server's), runs work under the build timeout,
+// points the name at the result and records the outcome. cleanup runs
+// after the build in every case.
+func (s *Service) start(ctx context.Context, b *client.TemplateBuild, a *activeBuild, work job, cleanup func()) (client.TemplateBuild, error) {
+	row, err := s.store.InsertBuild(ctx, a.teamID, *b)
+	if err != nil {
+		cleanup()
+		s.abandon(a)
+		return client.TemplateBuild{}, err
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer cleanup()
+		s.run(row, a, work)
+	}()
+	return row, nil
+}
+
+func (s *Service) run(b client.TemplateBuild, a *activeBuild, work job) {
+	ctx := s.ctx
+	defer func() {
+		s.mu.Lock()
+		delete(s.pending, [2]string{a.teamID, a.name})
+		delete(s.active, a.id)
+		s.mu.Unlock()
+		a.finish()
+	}()
+	fail := func(msg string, step int) {
+		now := time.Now().UTC()
+		b.State, b.Error, b.FailedStep, b.FinishedAt = client.BuildStateFailed, msg, step, &now
+		a.logf("build failed: %s", msg)
+		if err := s.store.UpdateBuild(context.WithoutCancel(ctx), b); err != nil {
+			s.log.Error("record build", "build", b.ID, "err", err)
+		}
+		s.log.Info("template build failed", "build", b.ID, "team", a.teamID, "template", a.name, "step", step)
+	}
+	if s.teamSlots.Waiting(a.teamID) > 0 || s.teamSlots.InUse(a.teamID) >= s.cfg.MaxBuildsPerTeam {
+		a.logf("queued: the team runs %d build(s) at once", s.cfg.MaxBuildsPerTeam)
+	}
+	releaseTeam, err := s.teamSlots.Acquire(ctx, a.teamID, s.cfg.MaxBuildsPerTeam, -1)
+	if err != nil {
+		fail("the server shut down before the build started", 0)
+		return
+	}
+	defer releaseTeam()
+	releaseAll, err := s.allSlots.Acquire(ctx, "", s.cfg.MaxBuilds, -1)
+	if err != nil {
+		fail("the server shut down before the build started", 0)
+		return
+	}
+	defer releaseAll()
+	now := time.Now().UTC()
+	b.State, b.StartedAt = client.BuildStateRunning, &now
+	if err := s.store.UpdateBuild(ctx, b); err != nil {
+		fail("internal error (the server log has the detail)", 0)
+		s.log.Error("record build", "build", b.ID, "err", err)
+		return
+	}
+	s.log.Info("template build started", "build", b.ID, "team", a.teamID, "template", a.name, "kind", b.Kind)
+	bctx, cancel := context.WithTimeout(ctx, s.cfg.BuildTimeout)
+	t, err := work(bctx, a, &b)
+	cancel()
+	if err != nil {
+		var se *template.StepError
+		switch {
+		case ctx.Err() != nil:
+			fail("the server shut down during the build", 0)
+		case errors.Is(bctx.Err(), context.DeadlineExceeded):
+			fail(fmt.Sprintf("the build timed out after %s", s.cfg.BuildTimeout), stepOf(err))
+		case errors.As(err, &se):
+			fail(s.storeless(se.Error()), se.Step)
+		default:
+			if !errors.Is(err, errUser) {
+				s.log.Error("template build", "build", b.ID, "err", err)
+			}
+			fail(s.storeless(err.Error()), 0)
+		}
+		return
+	}
+	old, err := s.store.PutTemplate(context.WithoutCancel(ctx), store.TemplateRow{TeamID: a.teamID, Name: a.name,
+		Digest: t.Digest, Source: t.Source, BuildID: b.ID})
+	if err != nil {
+		s.log.Error("record template", "build", b.ID, "err", err)
+		fail("internal error (the server log has the detail)", 0)
+		s.collect(context.WithoutCancel(ctx), t.Digest)
+		return
+	}
+	if old != t.Digest {
+		s.collect(context.WithoutCancel(ctx), old)
+	}
+	done := time.Now().UTC()
+	b.State, b.Digest, b.FinishedAt = client.BuildStateSucceeded, t.Digest, &done
+	a.logf("template %s: %s", a.name, t.Digest)
+	if err := s.store.UpdateBuild(context.WithoutCancel(ctx), b); err != nil {
+		s.log.Error("record build", "build", b.ID, "err", err)
+	}
+	s.log.Info("template built", "build", b.ID, "team", a.teamID, "template", a.name, "digest", t.Digest,
+		"cached_steps", b.CachedSteps, "built_steps", b.BuiltSteps, "duration", done.Sub(*b.StartedAt).Round(time.Millisecond))
+}
+
+func stepOf(err error) int {
+	var se *template.StepError
+	if errors.As(err, &se) {
+		return se.Step
+	}
+	return 0
+}
+
+// errUser marks import errors caused by the image, not the server.
+var errUser = errors.New("importing the image")
+
+// Build starts a build of spec as the team's template name, with the
+// build context read from contextTar (nil: none). It checks everything it
+// can before answering — the name, the spec, the template it starts from,
+// the context and its copy sources — and returns the queued build; the
+// build itself runs in the background (FollowLog streams its log).
+func (s *Service) Build(ctx context.Context, teamID, name string, spec client.TemplateSpec, contextTar io.Reader) (client.TemplateBuild, error) {
+	if err := checkName(name); err != nil {
+		return client.TemplateBuild{}, err
+	}
+	if err := template.ValidateSpec(spec); err != nil {
+		return client.TemplateBuild{}, errorf(client.CodeBadRequest, "%v", err)
+	}
+	if spec.CPU > s.cfg.MaxCPU || spec.MemoryMB > s.cfg.MaxMemoryMB || spec.DiskMB > s.cfg.MaxDiskMB {
+		return client.TemplateBuild{}, errorf(client.CodeBadRequest, "cpu, memory_mb and disk_mb may be at most %g, %d and %d",
+			s.cfg.MaxCPU, s.cfg.MaxMemoryMB, s.cfg.MaxDiskMB)
+	}
+	network := spec.Network
+	if network == "" {
+		network = s.cfg.BuildNetwork
+	}
+	if network == client.NetworkOutbound && s.cfg.BuildNetwork == client.NetworkNone {
+		return client.TemplateBuild{}, errorf(client.CodeBadRequest, "this server runs builds without network (network: none)")
+	}
+	from, err := s.resolve(ctx, teamID, spec.From)
+	if err != nil {
+		if isNotFound(err) {
+			return client.TemplateBuild{}, errorf(client.CodeBadRequest, "from: no template named %q (built-ins: base, python, node; or one of the team's)", spec.From)
+		}
+		return client.TemplateBuild{}, err
+	}
+	b, a, err := s.begin(teamID, name, client.BuildKindBuild, len(spec.Steps))
+	if err != nil {
+		return client.TemplateBuild{}, err
+	}
+	release := s.pin(from)
+	work, err := s.reg.NewWorkDir(b.ID + "-context-")
+	if err != nil {
+		release()
+		s.abandon(a)
+		return client.TemplateBuild{}, err
+	}
+	cleanup := func() {
+		release()
+		if err := os.RemoveAll(work); err != nil {
+			s.log.Error("remove build context", "dir", work, "err", err)
+		}
+	}
+	ctxDir := ""
+	if contextTar != nil {
+		ctxDir = filepath.Join(work, "context")
+		if err := os.Mkdir(ctxDir, 0o700); err != nil {
+			cleanup()
+			s.abandon(a)
+			return client.TemplateBuild{}, err
+		}
+		if err := template.ExtractContext(contextTar, ctxDir, s.cfg.MaxContextBytes); err != nil {
+			cleanup()
+			s.abandon(a)
+			var ce *template.ContextError
+			if errors.As(err, &ce) && ce.TooLarge {
+				return client.TemplateBuild{}, errorf(client.CodePayloadTooLarge, "%s", ce.Msg)
+			}
+			if errors.As(err, &ce) {
+				return client.TemplateBuild{}, errorf(client.CodeBadRequest, "%s", ce.Msg)
+			}
+			return client.TemplateBuild{}, err
+		}
+	}
+	if err := template.CheckContext(spec, ctxDir); err != nil {
+		cleanup()
+		s.abandon(a)
+		return client.TemplateBuild{}, errorf(client.CodeBadRequest, "%v", err)
+	}
+	return s.start(ctx, b, a, func(ctx context.Context, a *activeBuild, b *client.TemplateBuild) (*template.Template, error) {
+		res, err := s.builder.Build(ctx, template.BuildRequest{ID: b.ID, Name: name, Spec: spec, From: from,
+			ContextDir: ctxDir, Network: network, Log: a})
+		b.CachedSteps, b.BuiltSteps = res.Cached, res.Built
+		return res.Template, err
+	}, cleanup)
+}
+
+func isNotFound(err error) bool {
+	var se *sandbox.Error
+	return errors.Is(err, template.ErrNotFound) || (errors.As(err, &se) && se.Code == client.CodeNotFound)
+}
+
+// Import starts importing an OCI image as the team's template name: from
+// archive (a docker-archive tarball, or an OCI image layout as a tar
+// archive; ref picks one image of several), or, with archive nil, from
+// the registry reference image.
+func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, archive io.Reader) (client.TemplateBuild, error) {
+	if err := checkName(name); err != nil {
+		return client.TemplateBuild{}, err
+	}
+	if s.oci == nil {
+		return client.TemplateBuild{}, errorf(client.CodeUnavailable, "this server cannot import images")
+	}
+	if (archive == nil) == (image == "") {
+		return client.TemplateBuild{}, errorf(client.CodeBadRequest, "give either an image archive (the body) or a registry reference (image), not both")
+	}
+	b, a, err := s.begin(teamID, name, client.BuildKindImport, 0)
+	if err != nil {
+		return client.TemplateBuild{}, err
+	}
+	work, err := s.reg.NewWorkDir(b.ID + "-import-")
+	if err != nil {
+		s.abandon(a)
+		return client.TemplateBuild{}, err
+	}
+	cleanup := func() {
+		if err := os.RemoveAll(work); err != nil {
+			s.log.Error("remove import", "dir", work, "err", err)
+		}
+	}
+	src := ""
+	if archive != nil {
+		if src, err = s.saveArchive(archive, work); err != nil {
+			cleanup()
+			s.abandon(a)
+			return client.TemplateBuild{}, err
+		}
+	}
+	from := image
+	if from == "" {
+		from = ref
+	}
+	return s.start(ctx, b, a, func(ctx context.Context, a *activeBuild, b *client.TemplateBuild) (*template.Template, error) {
+		tdir := filepath.Join(work, "template")
+		if err := os.Mkdir(tdir, 0o700); err != nil {
+			return nil, err
+		}
+		var cfg template.ImageConfig
+		var digest string
+		var err error
+		if image != "" {
+			a.logf("pulling %s", image)
+			cfg, digest, err = s.oci.ImportRemote(ctx, image, filepath.Join(tdir, "rootfs"))
+		} else {
+			a.logf("importing the uploaded image%s", map[bool]string{true: " " + ref, false: ""}[ref != ""])
+			cfg, digest, err = s.oci.Import(ctx, src, ref, filepath.Join(tdir, "rootfs"))
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%w: %s", errUser, s.storeless(err.Error()))
+		}
+		a.logf("image %s", digest)
+		return s.reg.AddImport(tdir, name, from, digest, cfg, template.Builtins["base"].Defaults)
+	}, cleanup)
+}
+
+// saveArchive stores an uploaded image archive in work and returns what
+// to import: the archive itself (docker-archive), or the directory it was
+// unpacked into (an OCI layout).
+func (s *Service) saveArchive(archive io.Reader, work string) (string, error) {
+	p := filepath.Join(work, "image.tar")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return "", err
+	}
+	n, err := io.Copy(f, io.LimitReader(archive, s.cfg.MaxImportBytes+1))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", err
+	}
+	if n > s.cfg.MaxImportBytes {
+		return "", errorf(client.CodePayloadTooLarge, "the image archive is over the maximum of %d bytes", s.cfg.MaxImportBytes)
+	}
+	kind, err := archiveKind(p)
+	if err != nil {
+		return "", errorf(client.CodeBadRequest, "image archive: %v", err)
+	}
+	if kind == "docker" {
+		return p, nil
+	}
+	dir := filepath.Join(work, "layout")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", err
+	}
+	f, err = os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if err := template.ExtractContext(f, dir, 0); err != nil {
+		return "", errorf(client.CodeBadRequest, "image archive: %v", err)
+	}
+	_ = os.Remove(p)
+	return dir, nil
+}
+
+// archiveKind tells a docker-archive (manifest.json) from an OCI layout
+// (oci-layout) by the tar members at its root.
+func archiveKind(p string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	kind := ""
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return "", fmt.Errorf("not a valid tar archive (%v)", err)
+		}
+		switch path.Clean(hdr.Name) {
+		case "oci-layout":
+			kind = "oci"
+		case "manifest.json":
+			if kind == "" {
+				kind = "docker"
+			}
+		}
+	}
+	if kind == "" {
+		return "", errors.New("neither a docker-archive tarball (no manifest.json) nor an OCI image layout (no oci-layout)")
+	}
+	return kind, nil
+}
+
+// GetBuild returns a build of the team's template name.
+func (s *Service) GetBuild(ctx context.Context, teamID, name, id string) (client.TemplateBuild, error) {
+	b, err := s.store.GetBuild(ctx, teamID, id)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && b.Template != name) {
+		return client.TemplateBuild{}, errorf(client.CodeNotFound, "build %s of template %s not found", id, name)
+	}
+	return b, err
+}
+
+// FollowLog sends the log of a build to emit, from its start: all of it
+// for a finished build, and as it is written for one that runs, until it
+// ends. It returns the build as it ended.
+func (s *Service) FollowLog(ctx context.Context, teamID, name, id string, emit func([]byte) error) (client.TemplateBuild, error) {
+	if _, err := s.GetBuild(ctx, teamID, name, id); err != nil {
+		return client.TemplateBuild{}, err
+	}
+	f, err := os.Open(s.logPath(id))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return client.TemplateBuild{}, err
+	}
+	if f != nil {
+		defer f.Close()
+	}
+	buf := make([]byte, 32<<10)
+	for {
+		// Take the wake-up channel before reading: a write after the read
+		// closes it.
+		s.mu.Lock()
+		a := s.active[id]
+		s.mu.Unlock()
+		var wake <-chan struct{}
+		if a != nil {
+			wake = a.wait()
+		}
+		for f != nil {
+			n, err := f.Read(buf)
+			if n > 0 {
+				if err := emit(buf[:n]); err != nil {
+					return client.TemplateBuild{}, err
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return client.TemplateBuild{}, err
+			}
+		}
+		if wake == nil {
+			// Over: the log is complete and the row final.
+			return s.store.GetBuild(context.WithoutCancel(ctx), teamID, id)
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return client.TemplateBuild{}, ctx.Err()
+		}
+	}
+}

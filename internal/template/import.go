@@ -1,0 +1,111 @@
+package template
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ImageConfig is what an OCI image says about running it.
+type ImageConfig struct {
+	Env        []string // KEY=VALUE
+	Workdir    string
+	User       string
+	Entrypoint []string
+	Cmd        []string
+}
+
+// NewWorkDir makes a directory in the store's work area (removed by the
+// caller, or at the next start).
+func (r *Registry) NewWorkDir(prefix string) (string, error) {
+	if err := r.needStore(); err != nil {
+		return "", err
+	}
+	d, err := os.MkdirTemp(filepath.Join(r.store, tmpDir), prefix)
+	if err != nil {
+		return "", fmt.Errorf("template: %w", err)
+	}
+	return d, nil
+}
+
+// AddImport stores an imported image as a template: dir (in the store's
+// work area) holds its root filesystem in dir/rootfs. Its defaults are the
+// image's env, workdir and user over shape's cpu, memory and disk; its
+// digest depends only on the image's manifest digest and those defaults,
+// so importing the same image twice gives the same template. dir is
+// consumed.
+func (r *Registry) AddImport(dir, name, from, manifestDigest string, cfg ImageConfig, shape Defaults) (*Template, error) {
+	rootfs := filepath.Join(dir, "rootfs")
+	d := Defaults{CPU: shape.CPU, MemoryMB: shape.MemoryMB, DiskMB: shape.DiskMB, Env: map[string]string{},
+		Workdir: cfg.Workdir, User: imageUser(rootfs, cfg.User)}
+	for _, kv := range cfg.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		if k != "" {
+			d.Env[k] = v
+		}
+	}
+	if _, ok := d.Env["PATH"]; !ok {
+		d.Env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	}
+	if d.Workdir == "" {
+		d.Workdir = "/"
+	}
+	digest := digestOf("import/v1", manifestDigest, d)
+	if r.HasStored(digest) {
+		if err := removeTree(dir); err != nil {
+			return nil, fmt.Errorf("template: %w", err)
+		}
+		return r.Get(digest)
+	}
+	if err := prepareRootFS(rootfs); err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	size, err := dirSize(rootfs)
+	if err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	t := &Template{Name: name, Digest: digest, SizeBytes: size, BuiltAt: time.Now().UTC(), Defaults: d,
+		Source: SourceImport, From: strings.TrimSpace(from + " " + manifestDigest),
+		Cmd: append(append([]string(nil), cfg.Entrypoint...), cfg.Cmd...)}
+	if err := writeTemplateJSON(dir, t); err != nil {
+		return nil, err
+	}
+	if err := r.commitStored(dir, digest); err != nil {
+		return nil, err
+	}
+	return r.Get(digest)
+}
+
+// imageUser maps an image's User ("", "name", "uid", "name:group",
+// "uid:gid") onto what the agent takes: a name or uid. Without a user the
+// image runs as root: "root" when /etc/passwd knows it, else uid 0.
+func imageUser(rootfs, u string) string {
+	u, _, _ = strings.Cut(u, ":")
+	if u != "" {
+		return u
+	}
+	// The image's own symlinks resolve inside its root, never on the host.
+	root, err := unix.Open(rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "0"
+	}
+	defer unix.Close(root)
+	fd, err := unix.Openat2(root, "etc/passwd", &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT})
+	if err != nil {
+		return "0"
+	}
+	f := os.NewFile(uintptr(fd), "passwd")
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "root:") {
+			return "root"
+		}
+	}
+	return "0"
+}

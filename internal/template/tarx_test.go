@@ -1,0 +1,161 @@
+package template
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func needRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (ownership, xattrs in trusted.*, mknod, mounts)")
+	}
+}
+
+// entry is one member of a test archive.
+type entry struct {
+	name     string
+	typ      byte
+	body     string
+	link     string
+	mode     int64
+	uid, gid int
+	major    int64
+	minor    int64
+	pax      map[string]string
+}
+
+func tarOf(t testing.TB, entries ...entry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Typeflag: e.typ, Linkname: e.link, Mode: e.mode, Uid: e.uid, Gid: e.gid,
+			Devmajor: e.major, Devminor: e.minor, PAXRecords: e.pax, ModTime: time.Unix(1700000000, 0), Format: tar.FormatPAX}
+		if h.Typeflag == 0 {
+			h.Typeflag = tar.TypeReg
+		}
+		if h.Typeflag == tar.TypeReg {
+			h.Size = int64(len(e.body))
+		}
+		if h.Mode == 0 {
+			h.Mode = 0o644
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(e.body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestExtractLayer(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	archive := tarOf(t,
+		entry{name: "./", typ: tar.TypeDir, mode: 0o755},
+		entry{name: "./etc/", typ: tar.TypeDir, mode: 0o755},
+		entry{name: "./etc/a", body: "alpha", mode: 0o4750, uid: 12, gid: 34,
+			pax: map[string]string{"SCHILY.xattr.user.k": "v", "SCHILY.xattr.trusted.overlay.redirect": "/x"}},
+		entry{name: "./etc/b", typ: tar.TypeLink, link: "./etc/a"},
+		entry{name: "./etc/gone", typ: tar.TypeChar, mode: 0},
+		entry{name: "./etc/sda", typ: tar.TypeBlock, major: 8},
+		entry{name: "./etc/null", typ: tar.TypeChar, major: 1, minor: 3},
+		entry{name: "./etc/l", typ: tar.TypeSymlink, link: "/etc/a", uid: 5, gid: 6},
+		entry{name: "./etc/fifo", typ: tar.TypeFifo, mode: 0o600},
+		entry{name: "./var/cache/", typ: tar.TypeDir, mode: 0o700, uid: 7,
+			pax: map[string]string{"SCHILY.xattr.trusted.overlay.opaque": "y"}},
+		entry{name: "./var/cache/new", body: "n"},
+	)
+	if _, err := extractTar(bytes.NewReader(archive), dir, extractOptions{layer: true}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := lstat(filepath.Join(dir, "etc/a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Mode&0o7777 != 0o4750 || a.Uid != 12 || a.Gid != 34 || a.Nlink != 2 {
+		t.Errorf("etc/a: mode %o uid %d gid %d nlink %d", a.Mode&0o7777, a.Uid, a.Gid, a.Nlink)
+	}
+	buf := make([]byte, 16)
+	if n, err := unix.Lgetxattr(filepath.Join(dir, "etc/a"), "user.k", buf); err != nil || string(buf[:n]) != "v" {
+		t.Errorf("user.k: %q %v", buf[:n], err)
+	}
+	if _, err := unix.Lgetxattr(filepath.Join(dir, "etc/a"), "trusted.overlay.redirect", buf); err == nil {
+		t.Error("trusted.overlay.redirect was kept")
+	}
+	if st, err := lstat(filepath.Join(dir, "etc/gone")); err != nil || !isWhiteout(st) {
+		t.Errorf("etc/gone is not a whiteout: %v", err)
+	}
+	for _, p := range []string{"etc/sda", "etc/null"} {
+		if _, err := os.Lstat(filepath.Join(dir, p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("device %s was created: %v", p, err)
+		}
+	}
+	if l, err := lstat(filepath.Join(dir, "etc/l")); err != nil || l.Uid != 5 {
+		t.Errorf("etc/l: %v", err)
+	}
+	if st, err := lstat(filepath.Join(dir, "etc/fifo")); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+		t.Errorf("etc/fifo: %v", err)
+	}
+	if !isOpaque(filepath.Join(dir, "var/cache")) {
+		t.Error("var/cache lost its opaque mark")
+	}
+	if st, _ := lstat(filepath.Join(dir, "var/cache")); st.Mode&0o777 != 0o700 || st.Uid != 7 {
+		t.Errorf("var/cache: mode %o uid %d", st.Mode&0o777, st.Uid)
+	}
+	if st, _ := lstat(dir); st.Mode&0o777 != 0o755 {
+		t.Errorf("root: mode %o, want the archive's 755", st.Mode&0o777)
+	}
+}
+
+func TestExtractContextRefuses(t *testing.T) {
+	needRoot(t)
+	outside := t.TempDir()
+	cases := map[string][]byte{
+		"dot-dot":  tarOf(t, entry{name: "a/../../x", body: "x"}),
+		"absolute": tarOf(t, entry{name: "/tmp/x", body: "x"}),
+		"device":   tarOf(t, entry{name: "null", typ: tar.TypeChar, major: 1, minor: 3}),
+		// A symlink first, then a file "through" it: must not land outside.
+		"through a symlink": tarOf(t, entry{name: "l", typ: tar.TypeSymlink, link: outside}, entry{name: "l/pwned", body: "x"}),
+		"hard link out":     tarOf(t, entry{name: "h", typ: tar.TypeLink, link: "../../etc/passwd"}),
+		"not a tar":         []byte(strings.Repeat("x", 1024)),
+	}
+	for name, archive := range cases {
+		dir := t.TempDir()
+		err := ExtractContext(bytes.NewReader(archive), dir, 0)
+		var ce *ContextError
+		if !errors.As(err, &ce) {
+			t.Errorf("%s: %v, want a ContextError", name, err)
+		}
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Errorf("a context wrote outside its directory: %v", entries)
+	}
+	// Ownership is not taken from the archive; the size is bounded.
+	dir := t.TempDir()
+	if err := ExtractContext(bytes.NewReader(tarOf(t, entry{name: "f", body: "abc", uid: 1000, gid: 1000})), dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := lstat(filepath.Join(dir, "f")); st.Uid != 0 || st.Gid != 0 {
+		t.Errorf("context file owned by %d:%d", st.Uid, st.Gid)
+	}
+	err := ExtractContext(bytes.NewReader(tarOf(t, entry{name: "big", body: strings.Repeat("x", 100)})), t.TempDir(), 10)
+	var ce *ContextError
+	if !errors.As(err, &ce) || !ce.TooLarge {
+		t.Errorf("oversize context: %v", err)
+	}
+}
