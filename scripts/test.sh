@@ -24,6 +24,16 @@ echo "== built-in templates in $EVALBOX_TEMPLATES_DIR"
 bin/evalbox template init --templates-dir "$EVALBOX_TEMPLATES_DIR" --quiet
 export EVALBOX_TEST_ROOTFS="$EVALBOX_TEMPLATES_DIR/base/rootfs"
 
+echo "== Python SDK (sdk/python): ruff, mypy, pytest against a real evalbox serve"
+if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+fi
+python3 -m venv sdk/python/.venv
+sdk/python/.venv/bin/pip install -q --disable-pip-version-check -e 'sdk/python[dev]' -c sdk/python/constraints.txt
+wheeldir=$(mktemp -d); sdk/python/.venv/bin/pip wheel -q --no-deps -w "$wheeldir" sdk/python; rm -rf "$wheeldir"
+(cd sdk/python && .venv/bin/ruff check . ../../examples && .venv/bin/ruff format --check . ../../examples && .venv/bin/mypy)
+(cd sdk/python && EVALBOX_BIN_DIR="$PWD/../../bin" .venv/bin/pytest -q -W error)
+
 # The end-to-end suite runs a race-enabled server next to the real agent
 # and runsc.
 mkdir -p bin/race
