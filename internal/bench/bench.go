@@ -27,7 +27,7 @@ func Command() *cobra.Command {
 		Use:   "bench",
 		Short: "Benchmark evalbox on this machine (starts its own server)",
 	}
-	cmd.AddCommand(sandboxCommand())
+	cmd.AddCommand(sandboxCommand(), templatesCommand())
 	return cmd
 }
 

@@ -265,7 +265,7 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 	if network == client.NetworkOutbound && s.cfg.BuildNetwork == client.NetworkNone {
 		return client.TemplateBuild{}, errorf(client.CodeBadRequest, "this server runs builds without network (network: none)")
 	}
-	from, err := s.resolve(ctx, teamID, spec.From)
+	from, release, err := s.Acquire(ctx, teamID, spec.From)
 	if err != nil {
 		if isNotFound(err) {
 			return client.TemplateBuild{}, errorf(client.CodeBadRequest, "from: no template named %q (built-ins: base, python, node; or one of the team's)", spec.From)
@@ -274,9 +274,9 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 	}
 	b, a, err := s.begin(teamID, name, client.BuildKindBuild, len(spec.Steps))
 	if err != nil {
+		release()
 		return client.TemplateBuild{}, err
 	}
-	release := s.pin(from)
 	work, err := s.reg.NewWorkDir(b.ID + "-context-")
 	if err != nil {
 		release()

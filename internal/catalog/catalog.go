@@ -216,9 +216,11 @@ func errorf(code, format string, a ...any) *sandbox.Error {
 	return &sandbox.Error{Code: code, Message: fmt.Sprintf(format, a...)}
 }
 
-// resolve returns the template a team means by name: a built-in (built now
-// if it never was), or one of the team's own.
-func (s *Service) resolve(ctx context.Context, teamID, name string) (*template.Template, error) {
+// Acquire resolves a team's template for a new sandbox or a build and
+// keeps its files until release is called (a delete of the name meanwhile
+// removes the name only): a built-in (built now if it never was), or one
+// of the team's own. teamID "" resolves built-ins only.
+func (s *Service) Acquire(ctx context.Context, teamID, name string) (*template.Template, func(), error) {
 	if template.IsBuiltin(name) {
 		t, err := s.reg.Get(name)
 		if errors.Is(err, template.ErrNotFound) {
@@ -226,52 +228,45 @@ func (s *Service) resolve(ctx context.Context, teamID, name string) (*template.T
 			t, err = s.reg.EnsureBuiltin(ctx, name, s.cfg.Mirror, nil)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("catalog: built-in %s: %w", name, err)
+			return nil, nil, fmt.Errorf("catalog: built-in %s: %w", name, err)
 		}
-		return t, nil
+		return t, func() {}, nil
 	}
 	if !template.ValidName(name) || teamID == "" {
-		return nil, errorf(client.CodeNotFound, "template %q not found", name)
+		return nil, nil, errorf(client.CodeNotFound, "template %q not found", name)
 	}
 	row, err := s.store.GetTemplate(ctx, teamID, name)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, errorf(client.CodeNotFound, "template %q not found", name)
+		return nil, nil, errorf(client.CodeNotFound, "template %q not found", name)
 	}
-	if err != nil {
-		return nil, err
-	}
-	t, err := s.reg.Get(row.Digest)
-	if errors.Is(err, template.ErrNotFound) {
-		return nil, errorf(client.CodeNotFound, "template %q not found", name)
-	}
-	return t, err
-}
-
-// Acquire resolves a team's template for a new sandbox and keeps its files
-// until release is called (a delete of the name meanwhile removes the name
-// only). teamID "" resolves built-ins only.
-func (s *Service) Acquire(ctx context.Context, teamID, name string) (*template.Template, func(), error) {
-	t, err := s.resolve(ctx, teamID, name)
 	if err != nil {
 		return nil, nil, err
 	}
-	return t, s.pin(t), nil
+	// Pin first: collect detaches a digest only while it holds s.mu and
+	// sees no pin, so after this either the files stay, or Get misses them.
+	release := s.pin(row.Digest)
+	t, err := s.reg.Get(row.Digest)
+	if err != nil {
+		release()
+		if errors.Is(err, template.ErrNotFound) {
+			return nil, nil, errorf(client.CodeNotFound, "template %q not found", name)
+		}
+		return nil, nil, err
+	}
+	return t, release, nil
 }
 
 // pin keeps a stored template's files until the returned func is called.
-func (s *Service) pin(t *template.Template) func() {
-	if t.Source == template.SourceBuiltin {
-		return func() {}
-	}
+func (s *Service) pin(digest string) func() {
 	s.mu.Lock()
-	s.pins[t.Digest]++
+	s.pins[digest]++
 	s.mu.Unlock()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			s.mu.Lock()
-			if s.pins[t.Digest]--; s.pins[t.Digest] <= 0 {
-				delete(s.pins, t.Digest)
+			if s.pins[digest]--; s.pins[digest] <= 0 {
+				delete(s.pins, digest)
 			}
 			s.mu.Unlock()
 		})
@@ -280,20 +275,28 @@ func (s *Service) pin(t *template.Template) func() {
 
 // collect removes the stored template digest if nothing uses it any more:
 // no name of any team, no running sandbox, no create or build in flight.
+// The check and the detach hold s.mu (a pin waits for them); the files are
+// deleted after.
 func (s *Service) collect(ctx context.Context, digest string) {
 	if digest == "" {
 		return
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.pins[digest] > 0 {
+		s.mu.Unlock()
 		return
 	}
 	inUse, err := s.store.DigestInUse(ctx, digest)
 	if err != nil || inUse {
+		s.mu.Unlock()
 		return
 	}
-	if err := s.reg.RemoveStored(digest); err != nil {
+	remove, err := s.reg.DetachStored(digest)
+	s.mu.Unlock()
+	if err == nil {
+		err = remove()
+	}
+	if err != nil {
 		s.log.Error("remove unused template", "digest", digest, "err", err)
 		return
 	}

@@ -345,13 +345,13 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 
 // DefaultKey is the pool key of a create request that names only template
 // (a built-in) and runtime: the sandboxes a warm pool should hold.
-func (s *Service) DefaultKey(ctx context.Context, template, runtime string) (node.PoolKey, error) {
-	req := client.CreateSandboxRequest{Template: template, Runtime: runtime}
+func (s *Service) DefaultKey(ctx context.Context, tmpl, runtime string) (node.PoolKey, error) {
+	req := client.CreateSandboxRequest{Template: tmpl, Runtime: runtime}
 	key, _, err := s.validateCreate(req)
 	if err != nil {
 		return key, err
 	}
-	tpl, release, err := s.templates.Acquire(ctx, "", template)
+	tpl, release, err := s.templates.Acquire(ctx, "", tmpl)
 	if err != nil {
 		return key, err
 	}

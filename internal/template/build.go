@@ -204,7 +204,7 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 		n := i + 1
 		kind := StepKind(st)
 		if err := ctx.Err(); err != nil {
-			return res, err
+			return res, &StepError{Step: n, Kind: kind, Err: err}
 		}
 		switch kind {
 		case StepEnv:
@@ -361,7 +361,9 @@ func (b *Builder) step(ctx context.Context, req BuildRequest, n int, st client.T
 		Env: envList(cfg.Env), Workdir: cfg.Workdir, User: cfg.User, Network: req.Network, Output: logw, UpperTar: upper})
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			// Cancelled or past the build's deadline: say so, not how the
+			// sandbox went away.
+			err = ctx.Err()
 		}
 		return &StepError{Step: n, Kind: kind, Err: err}
 	}

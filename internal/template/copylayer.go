@@ -191,7 +191,11 @@ func copyEntry(src, dst string, fi fs.FileInfo) error {
 		if err != nil {
 			return err
 		}
-		// Context files are root's already (ExtractContext).
+		// Context files are root's already (ExtractContext) and removed
+		// after the build: a hard link is the copy, when it can be made.
+		if err := os.Link(src, dst); err == nil {
+			return nil
+		}
 		return copyFile(src, dst, st)
 	}
 	return fmt.Errorf("%s: not a file, directory or symlink", src)

@@ -245,28 +245,38 @@ func (r *Registry) commitStored(dir, d string) error {
 
 // RemoveStored deletes the stored template with digest d. The caller makes
 // sure that nothing uses it (no template name points at it, no sandbox
-// runs from it). It is renamed out of the way first, so that a crash
-// midway leaves no half template behind.
+// runs from it).
 func (r *Registry) RemoveStored(d string) error {
-	if err := r.needStore(); err != nil {
+	remove, err := r.DetachStored(d)
+	if err != nil {
 		return err
 	}
+	return remove()
+}
+
+// DetachStored takes the stored template with digest d out of the store
+// at once (a rename: a crash midway leaves no half template behind) and
+// returns the function that deletes its files, which may take a while.
+func (r *Registry) DetachStored(d string) (remove func() error, err error) {
+	if err := r.needStore(); err != nil {
+		return nil, err
+	}
 	if hexOf(d) == "" {
-		return fmt.Errorf("template: bad digest %q", d)
+		return nil, fmt.Errorf("template: bad digest %q", d)
 	}
 	r.mu.Lock()
 	delete(r.cache, d)
 	r.mu.Unlock()
 	tmp, err := os.MkdirTemp(filepath.Join(r.store, tmpDir), "rm-")
 	if err != nil {
-		return fmt.Errorf("template: %w", err)
+		return nil, fmt.Errorf("template: %w", err)
 	}
 	if err := os.Rename(r.storedPath(d), filepath.Join(tmp, "t")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		_ = os.Remove(tmp)
-		return fmt.Errorf("template: remove %s: %w", d, err)
+		return nil, fmt.Errorf("template: remove %s: %w", d, err)
 	}
 	r.usage.Store(-1)
-	return removeTree(tmp)
+	return func() error { return removeTree(tmp) }, nil
 }
 
 // PruneLayers removes cached layers that no stored template lists in its

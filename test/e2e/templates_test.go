@@ -774,3 +774,94 @@ func TestTemplateDeleteInUse(t *testing.T) {
 		t.Errorf("delete base: %v", err)
 	}
 }
+
+// TestTemplateBuildQueueAndTimeout runs a server that takes one build per
+// team at a time and stops builds after a few seconds.
+func TestTemplateBuildQueueAndTimeout(t *testing.T) {
+	t.Parallel()
+	s, err := startServer(serverOptions{args: []string{"--max-builds", "1", "--build-timeout", "4s"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.stop(); err != nil {
+			t.Errorf("stop server: %v", err)
+		}
+	})
+	ctx := ctxT(t, 3*time.Minute)
+	team, err := s.admin.CreateTeam(ctx, client.CreateTeamRequest{Name: "builds", Limits: &client.Limits{MaxSandboxes: 2, MaxConcurrentExec: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := s.admin.CreateKey(ctx, client.CreateKeyRequest{Name: "k", TeamID: team.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client.New(s.url, key.Key)
+	spec := func(cmd string) client.TemplateSpec {
+		return client.TemplateSpec{From: "base", Network: client.NetworkNone, Steps: []client.TemplateStep{{Run: cmd}}}
+	}
+	// Two builds of one team: the second waits for the first.
+	b1, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "q1", Spec: spec("sleep 1.5; echo 1 > /q1")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "q2", Spec: spec("echo 2 > /q2")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second build of a name being built is a conflict.
+	if _, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "q1", Spec: spec("true")}, nil); err == nil ||
+		!strings.Contains(err.Error(), "being built already") {
+		t.Errorf("concurrent build of one name: %v", err)
+	}
+	var log2 strings.Builder
+	end2, err := c.FollowBuild(ctx, "q2", b2.ID, &log2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end1, err := c.GetBuild(ctx, "q1", b1.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if end1.State != client.BuildStateSucceeded || end2.State != client.BuildStateSucceeded ||
+		end2.StartedAt == nil || end1.FinishedAt == nil || end2.StartedAt.Before(*end1.FinishedAt) {
+		t.Errorf("builds overlapped or failed:\n%+v\n%+v", end1, end2)
+	}
+	if !strings.Contains(log2.String(), "queued: the team runs 1 build(s) at once") {
+		t.Errorf("the queued build's log does not say so:\n%s", log2.String())
+	}
+	// A build past the timeout fails, naming it, and leaves nothing.
+	var log3 strings.Builder
+	b3, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "slow", Spec: spec("sleep 60")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	end3, err := c.FollowBuild(ctx, "slow", b3.ID, &log3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if end3.State != client.BuildStateFailed || !strings.Contains(end3.Error, "timed out after 4s") || end3.FailedStep != 1 ||
+		time.Since(start) > 30*time.Second {
+		t.Errorf("slow build after %v: %+v\n%s", time.Since(start), end3, log3.String())
+	}
+	if _, err := c.GetTemplate(ctx, "slow"); !client.IsNotFound(err) {
+		t.Errorf("template of a timed-out build: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var left []string
+		left = append(left, hostLeftovers(s, strings.ReplaceAll(b3.ID, "_", "-")+"-1")...)
+		if entries, _ := os.ReadDir(filepath.Join(s.dataDir, "images", "tmp")); len(entries) > 0 {
+			left = append(left, fmt.Sprint("work dirs ", entries))
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed-out build left: %v", left)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
