@@ -865,3 +865,83 @@ func TestTemplateBuildQueueAndTimeout(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestTemplatesAcrossRestart kills the server during a build: after the
+// restart, built templates still work, and the interrupted build is
+// recorded as failed with nothing of it left on the host.
+func TestTemplatesAcrossRestart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s1, err := startServer(serverOptions{dataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 3*time.Minute)
+	c := s1.admin
+	spec := func(cmd string) client.TemplateSpec {
+		return client.TemplateSpec{From: "base", Network: client.NetworkNone, Steps: []client.TemplateStep{{Run: cmd}}}
+	}
+	b, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "keep", Spec: spec("echo kept > /kept")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if end, err := c.FollowBuild(ctx, "keep", b.ID, nil); err != nil || end.State != client.BuildStateSucceeded {
+		t.Fatalf("build keep: %+v %v", end, err)
+	}
+	// Its second step runs on an overlay mount of the first's layer.
+	interrupted := spec("echo a > /a")
+	interrupted.Steps = append(interrupted.Steps, client.TemplateStep{Run: "sleep 60"})
+	slow, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "interrupted", Spec: interrupted}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the second step runs (its build sandbox exists).
+	sbID := strings.ReplaceAll(slow.ID, "_", "-") + "-2"
+	for deadline := time.Now().Add(time.Minute); len(hostLeftovers(s1, sbID)) == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the build step never started")
+		}
+	}
+	if mi, _ := os.ReadFile("/proc/self/mountinfo"); !strings.Contains(string(mi), filepath.Join(dir, "images", "tmp")) {
+		t.Fatal("no overlay mount while the second step runs")
+	}
+	if err := s1.kill(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := startServer(serverOptions{dataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := s2.stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	c = s2.admin
+	end, err := c.GetBuild(ctx, "interrupted", slow.ID)
+	if err != nil || end.State != client.BuildStateFailed || !strings.Contains(end.Error, "restarted") {
+		t.Errorf("interrupted build after the restart: %+v %v", end, err)
+	}
+	if _, err := c.GetTemplate(ctx, "interrupted"); !client.IsNotFound(err) {
+		t.Errorf("template of the interrupted build: %v", err)
+	}
+	assertGone(t, s2, sbID)
+	if entries, _ := os.ReadDir(filepath.Join(dir, "images", "tmp")); len(entries) > 0 {
+		t.Errorf("work dirs left: %v", entries)
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), filepath.Join(dir, "images")) {
+		t.Errorf("mounts left under %s", filepath.Join(dir, "images"))
+	}
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "keep", Runtime: client.RuntimeNamespaces})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = c.DeleteSandbox(context.Background(), sb.ID)
+		assertGone(t, s2, sb.ID)
+	}()
+	if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "cat /kept"}); err != nil || res.Stdout != "kept\n" {
+		t.Errorf("template after the restart: %+v %v", res, err)
+	}
+}

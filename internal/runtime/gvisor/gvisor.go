@@ -384,6 +384,13 @@ func (r *Runtime) remove(ctx context.Context, id string) error {
 	for _, pid := range r.pidsOf(id) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
+	// A `runsc run` killed midway (the server died during a start) leaves
+	// its lock and control socket, which `runsc delete` does not know.
+	for _, f := range r.stateFiles(id) {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) && lastErr == nil {
+			lastErr = fmt.Errorf("gvisor: %w", err)
+		}
+	}
 	if cg, err := cgroups.Open(r.cfg.CgroupParent, id); err == nil {
 		if err := cg.Destroy(ctx); err != nil && lastErr == nil {
 			lastErr = fmt.Errorf("gvisor: %w", err)
@@ -410,6 +417,17 @@ func (s *sandbox) ExportUpper(ctx context.Context, path string) error {
 }
 
 var _ runtime.UpperExporter = (*sandbox)(nil)
+
+// stateFiles lists the files runsc keeps in its root for container id:
+// <id>_sandbox:<id>.{state,lock} and the control socket runsc-<id>.sock.
+func (r *Runtime) stateFiles(id string) []string {
+	files, _ := filepath.Glob(filepath.Join(r.cfg.RootDir, id+"_sandbox:"+id+".*"))
+	sock := filepath.Join(r.cfg.RootDir, "runsc-"+id+".sock")
+	if _, err := os.Lstat(sock); err == nil {
+		files = append(files, sock)
+	}
+	return files
+}
 
 // OOMKills implements runtime.Sandbox.
 func (s *sandbox) OOMKills() (int64, error) {
@@ -500,6 +518,19 @@ func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]strin
 	if cgIDs, err := cgroups.List(r.cfg.CgroupParent); err == nil {
 		for _, id := range cgIDs {
 			ids[id] = true
+		}
+	}
+	// Containers whose start was cut short: their state files.
+	if entries, err := os.ReadDir(r.cfg.RootDir); err == nil {
+		for _, e := range entries {
+			name := e.Name()
+			if id, ok := strings.CutPrefix(name, "runsc-"); ok && strings.HasSuffix(id, ".sock") {
+				if id = strings.TrimSuffix(id, ".sock"); validID(id) {
+					ids[id] = true
+				}
+			} else if id, _, ok := strings.Cut(name, "_sandbox:"); ok && validID(id) {
+				ids[id] = true
+			}
 		}
 	}
 	// Outbound sandboxes: network namespace files and links.
