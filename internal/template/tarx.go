@@ -230,7 +230,7 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		x.dirs[rel] = true
 		x.metas = append(x.metas, dirMeta{rel: rel, hdr: hdr, xattrs: x.xattrsOf(hdr)})
 		return nil
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg:
 		if x.o.maxBytes > 0 && x.total+hdr.Size > x.o.maxBytes {
 			return errTooLarge
 		}
@@ -372,11 +372,8 @@ func fileMeta(fd, uid, gid int, mode uint32, xattrs map[string]string, mtime tim
 
 // describeTarError makes an archive read error readable for users.
 func describeTarError(err error) string {
-	switch {
-	case errors.Is(err, tar.ErrHeader), errors.Is(err, io.ErrUnexpectedEOF):
+	if errors.Is(err, tar.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return "not a valid tar archive (" + err.Error() + ")"
-	case errors.Is(err, errTooLarge):
-		return err.Error()
 	}
 	return err.Error()
 }
