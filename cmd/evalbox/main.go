@@ -11,6 +11,7 @@ import (
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/server"
 	"github.com/evalbox/evalbox/pkg/client"
+	"time"
 )
 
 func main() {
@@ -31,9 +32,19 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		DataDir: c.DataDir, Listen: c.Listen, Runsc: c.RunscPath, Agent: c.AgentPath,
 		TemplatesDir: c.TemplatesDir, Mirror: c.Mirror,
 		Builtins: []string{"base", "python"}, Runtimes: c.Runtimes, Pools: pools,
-		Limits:  client.Limits{MaxSandboxes: c.MaxSandboxes, MaxConcurrentExec: c.MaxConcurrentExecs},
-		Service: sandbox.Config{DefaultTimeout: c.DefaultTimeout, MaxTimeout: c.MaxTimeout, MaxFileBytes: c.MaxFileBytes},
+		Limits: client.Limits{MaxSandboxes: c.MaxSandboxes, MaxConcurrentExec: c.MaxConcurrentExecs},
+		Service: sandbox.Config{DefaultTimeout: c.DefaultTimeout, MaxTimeout: c.MaxTimeout, MaxFileBytes: c.MaxFileBytes,
+			ExecWait: execWait(c.ExecWait)},
 		Catalog: catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
 		Logger:  c.Logger,
 	})
+}
+
+// execWait maps --exec-wait onto sandbox.Config.ExecWait, where 0 means the
+// default and a negative value means no queueing.
+func execWait(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

@@ -209,7 +209,7 @@ var statusOf = map[string]int{
 	client.CodeTimeout:           http.StatusRequestTimeout,
 	client.CodeUnavailable:       http.StatusServiceUnavailable,
 	client.CodeInternal:          http.StatusInternalServerError,
-	sandbox.CodeNoSpace:          http.StatusInsufficientStorage,
+	client.CodeNoSpace:           http.StatusInsufficientStorage,
 }
 
 // errorDetail maps err to its status, body and Retry-After seconds. Unknown

@@ -437,12 +437,12 @@ func TestServe(t *testing.T) {
 	runCLI(t, "", "serve", "--data-dir", "/tmp/ebx", "--listen", "127.0.0.1:0", "--runsc", "/bin/runsc", "--agent", "/bin/agent",
 		"--templates-dir", "/tmp/tmpl", "--default-timeout", "600", "--max-timeout", "2h", "--max-sandboxes", "10", "--max-execs", "20",
 		"--max-file-bytes", "512MiB", "--pool", "base:gvisor=4, python:namespaces=2,node=1", "--log-level", "debug",
-		"--max-builds", "3", "--build-timeout", "10m", "--build-network", "none").ok(t)
+		"--max-builds", "3", "--build-timeout", "10m", "--build-network", "none", "--exec-wait", "30").ok(t)
 	want := ServeConfig{
 		DataDir: "/tmp/ebx", Listen: "127.0.0.1:0", RunscPath: "/bin/runsc", AgentPath: "/bin/agent", TemplatesDir: "/tmp/tmpl",
 		DefaultTimeout: 10 * time.Minute, MaxTimeout: 2 * time.Hour, MaxSandboxes: 10, MaxConcurrentExecs: 20, MaxFileBytes: 512 << 20,
 		Pool:      []PoolSpec{{"base", "gvisor", 4}, {"python", "namespaces", 2}, {"node", "", 1}},
-		MaxBuilds: 3, BuildTimeout: 10 * time.Minute, BuildNetwork: "none",
+		MaxBuilds: 3, BuildTimeout: 10 * time.Minute, BuildNetwork: "none", ExecWait: 30 * time.Second,
 		LogLevel: -4, Logger: got.Logger,
 	}
 	if got.Logger == nil || !got.Logger.Enabled(context.Background(), -4) {

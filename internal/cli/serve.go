@@ -46,6 +46,9 @@ type ServeConfig struct {
 	// network build steps get (outbound or none).
 	MaxBuilds    int
 	BuildTimeout time.Duration
+	// ExecWait is how long a command queues for a slot when its team is at
+	// its concurrent-exec limit, before 429 rate_limited.
+	ExecWait     time.Duration
 	BuildNetwork string
 	// LogLevel is the minimum level logged; Logger logs to stderr at it.
 	LogLevel slog.Level
@@ -76,6 +79,7 @@ const (
 	DefaultMaxFileBytes   = 1 << 30
 	DefaultMaxBuilds      = 2
 	DefaultBuildTimeout   = 30 * time.Minute
+	DefaultExecWait       = 10 * time.Minute
 	defaultLogLevelString = "info"
 )
 
@@ -86,6 +90,7 @@ func newServeCmd() *cobra.Command {
 		maxTimeout   = seconds(DefaultMaxTimeout)
 		maxFileBytes = byteSize(DefaultMaxFileBytes)
 		buildTimeout = seconds(DefaultBuildTimeout)
+		execWait     = seconds(DefaultExecWait)
 		pool         string
 		logLevel     string
 	)
@@ -111,6 +116,10 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			cfg.MaxTimeout = time.Duration(maxTimeout)
 			cfg.MaxFileBytes = int64(maxFileBytes)
 			cfg.BuildTimeout = time.Duration(buildTimeout)
+			cfg.ExecWait = time.Duration(execWait)
+			if cfg.ExecWait < 0 {
+				return usagef(cmd, "--exec-wait must not be negative")
+			}
 			if cfg.MaxBuilds <= 0 || cfg.BuildTimeout <= 0 {
 				return usagef(cmd, "--max-builds and --build-timeout must be positive")
 			}
@@ -151,6 +160,7 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.StringVar(&cfg.Mirror, "mirror", os.Getenv("EVALBOX_DEBIAN_MIRROR"), "Debian mirror for the built-in templates (default: the host's apt sources; env EVALBOX_DEBIAN_MIRROR)")
 	f.IntVar(&cfg.MaxBuilds, "max-builds", DefaultMaxBuilds, "template builds of a team that run at once (more queue)")
 	f.Var(&buildTimeout, "build-timeout", "longest template build (seconds or a duration)")
+	f.Var(&execWait, "exec-wait", "how long a command queues for a team's exec slot before 429 rate_limited (0 = answer at once)")
 	f.StringVar(&cfg.BuildNetwork, "build-network", "outbound", "network of template build steps: outbound (specs may opt out) or none")
 	f.StringVar(&logLevel, "log-level", defaultLogLevelString, "debug, info, warn or error")
 	return cmd

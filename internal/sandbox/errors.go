@@ -25,11 +25,6 @@ func errorf(code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
-// Codes the agent reports that have no client.Code* twin.
-const (
-	CodeNoSpace = "no_space"
-)
-
 // fromAgent maps an agent error to an API error.
 func fromAgent(id string, err error) error {
 	var ae *agentproto.Error
@@ -43,7 +38,7 @@ func fromAgent(id string, err error) error {
 		case agentproto.CodePermission:
 			code = client.CodeForbidden
 		case agentproto.CodeNoSpace:
-			code = CodeNoSpace
+			code = client.CodeNoSpace
 		case agentproto.CodeTooLarge:
 			code = client.CodePayloadTooLarge
 		case agentproto.CodeInternal:

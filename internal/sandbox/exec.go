@@ -76,7 +76,7 @@ func (s *Service) execSlot(ctx context.Context, teamID string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	release, err := s.execSlots.Acquire(ctx, teamID, team.Limits.MaxConcurrentExec, s.cfg.ExecWait)
+	release, err := s.execSlots.Acquire(ctx, teamID, team.Limits.MaxConcurrentExec, max(s.cfg.ExecWait, 0))
 	if errors.Is(err, quota.ErrLimit) {
 		return nil, &Error{Code: client.CodeRateLimited, RetryAfter: 1, Err: err,
 			Message: fmt.Sprintf("team %s is at its limit of %d concurrent execs", team.Name, team.Limits.MaxConcurrentExec)}

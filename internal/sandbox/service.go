@@ -64,7 +64,8 @@ type Config struct {
 	// MaxWait bounds wait_seconds of a create request.
 	MaxWait time.Duration
 	// ExecWait is how long an exec queues for a slot when the team is at
-	// its concurrent-exec limit before failing with rate_limited.
+	// its concurrent-exec limit before failing with rate_limited (0: 10
+	// minutes; negative: not at all).
 	ExecWait time.Duration
 	// MaxOutputBytes is the default cap of stdout and stderr, each, of an
 	// exec; MaxOutputLimit the largest cap a request may ask for (output is

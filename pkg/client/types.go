@@ -44,6 +44,7 @@ const (
 	CodeTimeout           = "timeout"
 	CodeInternal          = "internal"
 	CodeUnavailable       = "unavailable"
+	CodeNoSpace           = "no_space" // the sandbox's disk is full
 )
 
 // ErrorBody is every error response: {"error":{"code","message"}}.

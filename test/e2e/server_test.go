@@ -20,7 +20,7 @@ import (
 // a graceful shutdown removes every live sandbox.
 func TestServerLimitsAndShutdown(t *testing.T) {
 	t.Parallel()
-	s, err := startServer(serverOptions{args: []string{"--max-file-bytes", "1048576", "--max-timeout", "60", "--default-timeout", "30"}})
+	s, err := startServer(serverOptions{args: []string{"--max-file-bytes", "1048576", "--max-timeout", "60", "--default-timeout", "30", "--exec-wait", "0"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,6 +64,22 @@ func TestServerLimitsAndShutdown(t *testing.T) {
 	}
 	if _, err := s.admin.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Timeout: 61}); client.ErrorCode(err) != client.CodeBadRequest {
 		t.Errorf("create past --max-timeout: %v", err)
+	}
+	// With --exec-wait 0, a command over the team's exec limit is refused
+	// at once with 429 rate_limited (a running background process holds
+	// the one slot).
+	tc, _, _ := newTeam(t, s, client.Limits{MaxSandboxes: 1, MaxConcurrentExec: 1})
+	tsb, err := tc.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeNamespaces})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids = append(ids, tsb.ID)
+	if _, err := tc.StartProcess(ctx, tsb.ID, client.ExecRequest{Cmd: "sleep 30"}); err != nil {
+		t.Fatal(err)
+	}
+	var apiErr *client.APIError
+	if _, err := tc.Exec(ctx, tsb.ID, client.ExecRequest{Cmd: "true"}); !client.IsRateLimited(err) || !asAPIError(err, &apiErr) || apiErr.Status != 429 {
+		t.Errorf("exec over the team's exec limit: %v", err)
 	}
 	// Graceful shutdown with live sandboxes: nothing of them stays.
 	stopped = true

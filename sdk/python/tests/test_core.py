@@ -92,7 +92,8 @@ SANDBOX = {
         ("rate_limited", 429, evalbox.RateLimitedError),
         ("internal", 500, evalbox.ServerError),
         ("unavailable", 503, evalbox.ServiceUnavailableError),
-        ("no_space", 507, evalbox.ServerError),  # a code this SDK does not know: by status
+        ("no_space", 507, evalbox.NoSpaceError),
+        ("some_new_code", 507, evalbox.ServerError),  # a code this SDK does not know: by status
     ],
 )
 def test_error_mapping(code: str, status: int, cls: type[evalbox.EvalboxError]) -> None:

@@ -104,6 +104,10 @@ class PayloadTooLargeError(EvalboxError):
     """413 ``payload_too_large``: the upload is larger than the server's maximum file size."""
 
 
+class NoSpaceError(EvalboxError):
+    """507 ``no_space``: the sandbox's disk (``disk_mb``) is full."""
+
+
 class TooManySandboxesError(EvalboxError):
     """429 ``too_many_sandboxes``: the team is at its active-sandbox limit. Nothing was created."""
 
@@ -154,6 +158,7 @@ _BY_CODE: dict[str, type[EvalboxError]] = {
     "conflict": ConflictError,
     "sandbox_not_running": SandboxNotRunningError,
     "payload_too_large": PayloadTooLargeError,
+    "no_space": NoSpaceError,
     "too_many_sandboxes": TooManySandboxesError,
     "rate_limited": RateLimitedError,
     "timeout": CommandTimeoutError,
