@@ -164,11 +164,14 @@ func (r *Registry) HasLayer(d string) bool {
 }
 
 // Layers lists the digests of the cached layers.
-func (r *Registry) Layers() ([]string, error) {
+func (r *Registry) Layers() ([]string, error) { return r.digestsIn(layersDir) }
+
+// digestsIn lists the digests named by the entries of a store directory.
+func (r *Registry) digestsIn(dir string) ([]string, error) {
 	if err := r.needStore(); err != nil {
 		return nil, err
 	}
-	entries, err := os.ReadDir(filepath.Join(r.store, layersDir))
+	entries, err := os.ReadDir(filepath.Join(r.store, dir))
 	if err != nil {
 		return nil, fmt.Errorf("template: %w", err)
 	}
@@ -211,22 +214,7 @@ func (r *Registry) HasStored(d string) bool {
 }
 
 // Stored lists the digests of the stored templates.
-func (r *Registry) Stored() ([]string, error) {
-	if err := r.needStore(); err != nil {
-		return nil, err
-	}
-	entries, err := os.ReadDir(filepath.Join(r.store, templatesDir))
-	if err != nil {
-		return nil, fmt.Errorf("template: %w", err)
-	}
-	var out []string
-	for _, e := range entries {
-		if hexOf("sha256:"+e.Name()) != "" {
-			out = append(out, "sha256:"+e.Name())
-		}
-	}
-	return out, nil
-}
+func (r *Registry) Stored() ([]string, error) { return r.digestsIn(templatesDir) }
 
 // commitStored moves a finished template directory (rootfs/ and
 // template.json) into the store under its digest. A template of the same

@@ -8,6 +8,8 @@ import (
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/evalbox/evalbox/internal/runtime/network"
 )
 
 // newNetns creates a network namespace for an outbound sandbox and
@@ -55,7 +57,7 @@ func setupNetns(path string) (netns.NsHandle, error) {
 	if err := writeSysctl("/proc/sys/net/ipv6/conf/default/disable_ipv6", "1"); err != nil && !errors.Is(err, unix.ENOENT) {
 		return netns.None(), fmt.Errorf("disable ipv6: %w", err)
 	}
-	if err := loUp(); err != nil {
+	if err := network.LoopbackUp(); err != nil {
 		return netns.None(), err
 	}
 	fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -63,27 +65,6 @@ func setupNetns(path string) (netns.NsHandle, error) {
 		return netns.None(), fmt.Errorf("open netns: %w", err)
 	}
 	return netns.NsHandle(fd), nil
-}
-
-// loUp brings up lo in the calling thread's network namespace.
-func loUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("socket: %w", err)
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("get lo flags: %w", err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("bring lo up: %w", err)
-	}
-	return nil
 }
 
 // removeNetns unmounts and removes a netns file made by newNetns; a

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/evalbox/evalbox/internal/runtime"
+	"github.com/evalbox/evalbox/internal/runtime/network"
 )
 
 // initArg0 is argv[0] of the re-executed binary when it must act as the
@@ -156,21 +157,8 @@ func readInitConfig() (*initConfig, error) {
 // turned off on it so that only the IPv4 path with its NAT and filter
 // rules exists.
 func setupNetwork(cfg *initConfig) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("socket: %w", err)
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
+	if err := network.LoopbackUp(); err != nil {
 		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("get lo flags: %w", err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("bring lo up: %w", err)
 	}
 	if cfg.Outbound {
 		// /proc/sys/net resolves to the opener's network namespace.
