@@ -21,6 +21,7 @@ import (
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
+	"github.com/evalbox/evalbox/internal/trial"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -56,6 +57,7 @@ type Server struct {
 	store     Store
 	auth      Authenticator
 	templates *catalog.Service
+	trials    *trial.Runner
 	runtimes  []string
 	defaults  client.Limits
 	log       *slog.Logger
@@ -82,6 +84,7 @@ func New(cfg Config) *Server {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	s.trials = trial.New(cfg.Service, s.log)
 	s.routes()
 	return s
 }
@@ -111,6 +114,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", a(s.statFile))
 	s.mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", a(s.listFiles))
 	s.mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", a(s.mkdir))
+	s.mux.HandleFunc("POST /v1/execute", a(s.execute))
 	s.mux.HandleFunc("POST /v1/teams", a(s.createTeam))
 	s.mux.HandleFunc("GET /v1/teams", a(s.listTeams))
 	s.mux.HandleFunc("GET /v1/teams/{id}", a(s.getTeam))

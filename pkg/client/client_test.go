@@ -197,6 +197,10 @@ func TestClientCoversSpec(t *testing.T) {
 			return err
 		},
 		func() error { _, err := c.ListPools(ctx); return err },
+		func() error {
+			_, err := c.Execute(ctx, ExecuteRequest{Scripts: []string{"print(1)"}, Language: LanguagePython, Timeout: 3})
+			return err
+		},
 	}
 	for i, call := range calls {
 		if err := call(); err != nil {

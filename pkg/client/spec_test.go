@@ -59,6 +59,8 @@ var wireTypes = map[string]reflect.Type{
 	"Pool":                 reflect.TypeFor[Pool](),
 	"PoolList":             reflect.TypeFor[PoolList](),
 	"Health":               reflect.TypeFor[Health](),
+	"ExecuteRequest":       reflect.TypeFor[ExecuteRequest](),
+	"ExecuteResponse":      reflect.TypeFor[ExecuteResponse](),
 }
 
 // enumConsts maps "Schema.property" to the prefix of the constants in
@@ -78,6 +80,7 @@ var enumConsts = map[string]string{
 	"TemplateBuild.kind":           "BuildKind",
 	"TemplateBuild.state":          "BuildState",
 	"BuildEvent.type":              "BuildEvent",
+	"ExecuteRequest.language":      "Language",
 	"Pool.runtime":                 "Runtime",
 	"Pool.network":                 "Network",
 }

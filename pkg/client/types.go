@@ -461,3 +461,28 @@ type Pool struct {
 type PoolList struct {
 	Pools []Pool `json:"pools"`
 }
+
+// Execute languages.
+const (
+	LanguagePython = "python"
+	LanguageBash   = "bash"
+)
+
+// ExecuteRequest is the body of POST /v1/execute: run each script in its
+// own fresh sandbox.
+type ExecuteRequest struct {
+	Scripts  []string `json:"scripts"`
+	Language string   `json:"language"`
+	// Timeout of each script's run in seconds (0 = 10).
+	Timeout float64 `json:"timeout,omitempty"`
+	// Template defaults to python for python scripts, base for bash.
+	Template string `json:"template,omitempty"`
+	Runtime  string `json:"runtime,omitempty"`
+}
+
+// ExecuteResponse is the body of a POST /v1/execute answer: one result per
+// script, in the request's order. A script whose sandboxes kept failing
+// has status "error" and says why in Error.
+type ExecuteResponse struct {
+	Results []ExecResult `json:"results"`
+}

@@ -1,0 +1,164 @@
+// Package trial runs one script in a fresh sandbox: create, write the
+// script, run it with a timeout, delete (also when a step fails). Infra
+// failures — a create that fails, a sandbox that dies, an agent that stops
+// answering — are retried on a fresh sandbox with backoff, a bounded number
+// of times; the script's own failures (non-zero exit, timeout) are results,
+// never retried. It is the unit of work of POST /v1/execute and eval runs.
+package trial
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/sandbox"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// Sandboxes is what a Runner needs of the sandbox service.
+type Sandboxes interface {
+	Create(ctx context.Context, teamID string, req client.CreateSandboxRequest) (client.Sandbox, error)
+	WriteFile(ctx context.Context, teamID, id, path, mode string, r io.Reader) (client.FileInfo, error)
+	Exec(ctx context.Context, teamID, id string, req client.ExecRequest, stdout, stderr io.Writer) (client.ExecResult, error)
+	Delete(ctx context.Context, teamID, id string) error
+}
+
+// Spec is one trial: a script written to Path and run with Argv.
+type Spec struct {
+	Template string
+	Runtime  string
+	// Script is the file's content; Path where it is written.
+	Script string
+	Path   string
+	Argv   []string
+	// Timeout of the run in seconds.
+	Timeout        float64
+	MaxOutputBytes int64
+	// Metadata labels the sandbox (e.g. the eval run it belongs to).
+	Metadata map[string]string
+}
+
+// Outcome is a trial's result: the run's result with its output, the
+// sandbox it ran in, and how many attempts it took. When every attempt hit
+// an infra failure, Result.Status is "error" and Result.Error says why.
+type Outcome struct {
+	Result   client.ExecResult
+	Sandbox  client.Sandbox
+	Attempts int
+}
+
+// Runner runs trials.
+type Runner struct {
+	sb  Sandboxes
+	log *slog.Logger
+	// Attempts bounds the tries of one trial (infra failures only).
+	Attempts int
+	// Backoff is the pause before the second try; it doubles after.
+	Backoff time.Duration
+	// CreateWait is how long a create queues at the team's sandbox limit.
+	CreateWait time.Duration
+}
+
+// New returns a Runner with 3 attempts, 100 ms first backoff and creates
+// that queue up to 10 minutes at the team's limit.
+func New(sb Sandboxes, log *slog.Logger) *Runner {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Runner{sb: sb, log: log, Attempts: 3, Backoff: 100 * time.Millisecond, CreateWait: 10 * time.Minute}
+}
+
+// Run runs spec in fresh sandboxes of the team until one attempt completes
+// or the attempts run out. It returns an error only when the trial cannot
+// run at all (bad input, unknown template, ctx ended); infra failures end
+// as an Outcome with status "error".
+func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, error) {
+	var last error
+	backoff := r.Backoff
+	for attempt := 1; attempt <= max(1, r.Attempts); attempt++ {
+		if attempt > 1 {
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return Outcome{}, ctx.Err()
+			case <-t.C:
+			}
+			backoff *= 2
+		}
+		out, err := r.once(ctx, teamID, spec)
+		out.Attempts = attempt
+		if err == nil {
+			return out, nil
+		}
+		if ctx.Err() != nil {
+			return Outcome{}, ctx.Err()
+		}
+		if !Retriable(err) {
+			return Outcome{}, err
+		}
+		r.log.Warn("trial infra failure", "team", teamID, "attempt", attempt, "err", err)
+		last = err
+	}
+	return Outcome{Attempts: max(1, r.Attempts), Result: client.ExecResult{
+		Status: client.StatusError, ExitCode: -1,
+		Error: fmt.Sprintf("infrastructure failure after %d attempts: %v", max(1, r.Attempts), last),
+	}}, nil
+}
+
+// once runs one attempt in one fresh sandbox, deleting it afterwards.
+func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (Outcome, error) {
+	sb, err := r.sb.Create(ctx, teamID, client.CreateSandboxRequest{
+		Template: spec.Template, Runtime: spec.Runtime, Metadata: spec.Metadata,
+		WaitSeconds: int(r.CreateWait / time.Second),
+	})
+	if err != nil {
+		return Outcome{}, fmt.Errorf("create: %w", err)
+	}
+	out := Outcome{Sandbox: sb}
+	defer func() {
+		// Deleting must happen even when ctx ended.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := r.sb.Delete(dctx, teamID, sb.ID); err != nil && !isCode(err, client.CodeNotFound) {
+			r.log.Warn("trial: delete sandbox", "sandbox", sb.ID, "err", err)
+		}
+	}()
+	if _, err := r.sb.WriteFile(ctx, teamID, sb.ID, spec.Path, "0644", strings.NewReader(spec.Script)); err != nil {
+		return out, fmt.Errorf("write %s: %w", spec.Path, err)
+	}
+	var stdout, stderr strings.Builder
+	res, err := r.sb.Exec(ctx, teamID, sb.ID, client.ExecRequest{
+		Argv: spec.Argv, Timeout: spec.Timeout, MaxOutputBytes: spec.MaxOutputBytes,
+	}, &stdout, &stderr)
+	if err != nil {
+		return out, fmt.Errorf("exec: %w", err)
+	}
+	res.Stdout, res.Stderr = stdout.String(), stderr.String()
+	out.Result = res
+	return out, nil
+}
+
+// Retriable reports whether err is an infra failure worth a fresh sandbox:
+// not bad input, a missing template or a refused quota.
+func Retriable(err error) bool {
+	var se *sandbox.Error
+	if !errors.As(err, &se) {
+		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+	}
+	switch se.Code {
+	case client.CodeBadRequest, client.CodeNotFound, client.CodeForbidden, client.CodeUnauthorized,
+		client.CodePayloadTooLarge, client.CodeTooManySandboxes, client.CodeConflict:
+		return false
+	}
+	return true
+}
+
+func isCode(err error, code string) bool {
+	var se *sandbox.Error
+	return errors.As(err, &se) && se.Code == code
+}
