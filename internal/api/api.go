@@ -18,6 +18,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/catalog"
+	"github.com/evalbox/evalbox/internal/evalrun"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
@@ -58,6 +59,7 @@ type Server struct {
 	auth      Authenticator
 	templates *catalog.Service
 	trials    *trial.Runner
+	evals     *evalrun.Service
 	runtimes  []string
 	defaults  client.Limits
 	log       *slog.Logger
@@ -70,6 +72,7 @@ type Config struct {
 	Store     Store
 	Auth      Authenticator
 	Templates *catalog.Service
+	Evals     *evalrun.Service
 	Runtimes  []string
 	Pools     Pools
 	// DefaultLimits are given to teams created without limits.
@@ -80,7 +83,7 @@ type Config struct {
 // New returns the API handler.
 func New(cfg Config) *Server {
 	s := &Server{pools: cfg.Pools, svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
-		runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux()}
+		evals: cfg.Evals, runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux()}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -115,6 +118,11 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", a(s.listFiles))
 	s.mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", a(s.mkdir))
 	s.mux.HandleFunc("POST /v1/execute", a(s.execute))
+	s.mux.HandleFunc("POST /v1/evals", a(s.createEval))
+	s.mux.HandleFunc("GET /v1/evals", a(s.listEvals))
+	s.mux.HandleFunc("GET /v1/evals/{id}", a(s.getEval))
+	s.mux.HandleFunc("GET /v1/evals/{id}/results", a(s.evalResults))
+	s.mux.HandleFunc("POST /v1/evals/{id}/cancel", a(s.cancelEval))
 	s.mux.HandleFunc("POST /v1/teams", a(s.createTeam))
 	s.mux.HandleFunc("GET /v1/teams", a(s.listTeams))
 	s.mux.HandleFunc("GET /v1/teams/{id}", a(s.getTeam))
@@ -258,15 +266,20 @@ const maxJSONBody = 4 << 20
 
 // decode reads one JSON object with no unknown fields and nothing after it.
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	return decodeLimit(w, r, v, maxJSONBody)
+}
+
+// decodeLimit is decode with a body of at most limit bytes.
+func decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
 		return errorf(client.CodeBadRequest, "Content-Type must be application/json, got %q", ct)
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return errorf(client.CodePayloadTooLarge, "request body is over %d bytes", maxJSONBody)
+			return errorf(client.CodePayloadTooLarge, "request body is over %d bytes", limit)
 		}
 		if errors.Is(err, io.EOF) {
 			return errorf(client.CodeBadRequest, "request body is empty; expected a JSON object")

@@ -167,6 +167,7 @@ with the key --api-key (default $` + client.EnvAPIKey + `).
 		newKeysCmd(a),
 		newTeamsCmd(a),
 		newTemplateCmd(a),
+		newEvalCmd(a),
 		newHealthCmd(a),
 	)
 	return root

@@ -20,6 +20,7 @@ import (
 	"github.com/evalbox/evalbox/internal/api"
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/catalog"
+	"github.com/evalbox/evalbox/internal/evalrun"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/gvisor"
@@ -214,6 +215,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := tmpls.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
+	evals := evalrun.New(st, svc, log)
+	defer evals.Close()
+	if err := evals.Recover(ctx); err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
 	for _, p := range cfg.Pools {
 		key, err := svc.DefaultKey(ctx, p.Template, p.Runtime)
 		if err != nil {
@@ -223,7 +229,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	handler := api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
-		Templates: tmpls, Runtimes: n.Runtimes(), Pools: n, DefaultLimits: cfg.Limits, Logger: log})
+		Templates: tmpls, Evals: evals, Runtimes: n.Runtimes(), Pools: n, DefaultLimits: cfg.Limits, Logger: log})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -255,6 +261,9 @@ func Run(ctx context.Context, cfg Config) error {
 	case <-time.After(shutdownGrace):
 		log.Warn("requests still running after the grace period; ending their sandboxes")
 	}
+	// Eval runs stop (they resume at the next start) before the
+	// sandboxes they use end.
+	evals.Close()
 	tmpls.Close()
 	_ = svc.Close(shutCtx)
 	if err := <-shutdown; err != nil {

@@ -82,6 +82,38 @@ var migrations = []string{
 	CREATE INDEX template_builds_team ON template_builds(team_id, template, created_at);
 	CREATE INDEX template_builds_state ON template_builds(state);
 	CREATE INDEX sandboxes_template ON sandboxes(template_digest, state);`,
+	// 3: eval runs (their inputs, settings and summary) and their trials'
+	// results, one row per finished sample.
+	`CREATE TABLE eval_runs (
+		id          TEXT PRIMARY KEY,
+		team_id     TEXT NOT NULL REFERENCES teams(id),
+		state       TEXT NOT NULL,
+		error       TEXT NOT NULL DEFAULT '',
+		settings    TEXT NOT NULL,
+		input       BLOB NOT NULL,
+		tasks       INTEGER NOT NULL,
+		samples     INTEGER NOT NULL,
+		summary     TEXT NOT NULL DEFAULT '',
+		created_at  INTEGER NOT NULL,
+		finished_at INTEGER
+	);
+	CREATE INDEX eval_runs_team ON eval_runs(team_id, created_at);
+	CREATE INDEX eval_runs_state ON eval_runs(state);
+	CREATE TABLE eval_trials (
+		run_id        TEXT NOT NULL REFERENCES eval_runs(id),
+		team_id       TEXT NOT NULL REFERENCES teams(id),
+		completion_id INTEGER NOT NULL,
+		task_id       TEXT NOT NULL,
+		status        TEXT NOT NULL,
+		detail        TEXT NOT NULL,
+		result        TEXT NOT NULL,
+		duration_ms   INTEGER NOT NULL,
+		sandbox_id      TEXT NOT NULL DEFAULT '',
+		template_digest TEXT NOT NULL DEFAULT '',
+		runtime         TEXT NOT NULL DEFAULT '',
+		runtime_version TEXT NOT NULL DEFAULT '',
+		PRIMARY KEY (run_id, completion_id)
+	);`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

@@ -1,6 +1,6 @@
 // Package store keeps the control plane's state (teams, API keys,
-// sandboxes, the teams' template names and their builds) in an embedded
-// SQLite database.
+// sandboxes, the teams' template names and their builds, eval runs and
+// their trials' results) in an embedded SQLite database.
 //
 // The SQL is kept close to what PostgreSQL also accepts: ids are TEXT,
 // booleans are 0/1 integers, times are INTEGER microseconds since the Unix

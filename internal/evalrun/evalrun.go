@@ -1,0 +1,439 @@
+// Package evalrun runs eval runs as server-side jobs: the problems and
+// samples are stored with the run, every sample is judged in its own fresh
+// sandbox (internal/trial), and each verdict is recorded as it comes, so a
+// run survives the client leaving and a restarted server resumes it without
+// re-running finished trials.
+package evalrun
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/eval"
+	"github.com/evalbox/evalbox/internal/sandbox"
+	"github.com/evalbox/evalbox/internal/store"
+	"github.com/evalbox/evalbox/internal/trial"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// Limits of a run's input and settings.
+const (
+	MaxSamples     = 200_000
+	MaxTimeout     = 600.0
+	DefaultTimeout = 3.0
+	defaultTmpl    = "python"
+	programPath    = "/tmp/program.py"
+)
+
+// Store is the state the service keeps runs in.
+type Store interface {
+	InsertEval(ctx context.Context, r store.EvalRow) (client.EvalRun, error)
+	GetEval(ctx context.Context, teamID, id string) (client.EvalRun, error)
+	EvalInput(ctx context.Context, teamID, id string) ([]byte, error)
+	ListEvals(ctx context.Context, teamID string) ([]client.EvalRun, error)
+	ListEvalsByState(ctx context.Context, state string) ([]client.EvalRun, error)
+	FinishEval(ctx context.Context, teamID, id, state, errText string, sum *client.EvalSummary) error
+	PutEvalTrial(ctx context.Context, teamID, runID string, r client.EvalResult, env store.TrialEnv) error
+	EvalTrials(ctx context.Context, teamID, runID string, fn func(client.EvalResult) error) error
+	EvalCounts(ctx context.Context, teamID, runID string) (map[string]int, error)
+	EvalEnv(ctx context.Context, teamID, runID string) (store.TrialEnv, error)
+}
+
+// Sandboxes is the sandbox service: trials run in its sandboxes, and a
+// run's concurrency is bounded by the team's limits.
+type Sandboxes interface {
+	trial.Sandboxes
+	Team(ctx context.Context, teamID string) (client.Team, error)
+}
+
+// Service runs eval runs.
+type Service struct {
+	st     Store
+	sb     Sandboxes
+	trials *trial.Runner
+	log    *slog.Logger
+
+	ctx  context.Context // ends at Close
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	mu      sync.Mutex
+	running map[string]context.CancelFunc
+}
+
+// New returns the service. Call Recover once at start and Close at the end.
+func New(st Store, sb Sandboxes, log *slog.Logger) *Service {
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Service{st: st, sb: sb, trials: trial.New(sb, log), log: log, ctx: ctx, stop: stop,
+		running: map[string]context.CancelFunc{}}
+}
+
+// input is what a run stores of its request.
+type input struct {
+	Problems []client.EvalProblem `json:"problems"`
+	Samples  []client.EvalSample  `json:"samples"`
+}
+
+func badRequest(format string, args ...any) error {
+	return &sandbox.Error{Code: client.CodeBadRequest, Message: fmt.Sprintf(format, args...)}
+}
+
+// validate checks a request's input and fills in its defaults.
+func validate(req *client.CreateEvalRequest) error {
+	switch {
+	case len(req.Problems) == 0:
+		return badRequest("problems is empty")
+	case len(req.Samples) == 0:
+		return badRequest("samples is empty")
+	case len(req.Samples) > MaxSamples:
+		return &sandbox.Error{Code: client.CodePayloadTooLarge, Message: fmt.Sprintf("%d samples; at most %d per run", len(req.Samples), MaxSamples)}
+	case req.Timeout < 0 || req.Timeout > MaxTimeout:
+		return badRequest("timeout must be in [0, %g] seconds (0: %g), got %g", MaxTimeout, DefaultTimeout, req.Timeout)
+	case req.Concurrency < 0:
+		return badRequest("concurrency must be positive, got %d", req.Concurrency)
+	}
+	tasks := make(map[string]bool, len(req.Problems))
+	for i, p := range req.Problems {
+		switch {
+		case p.TaskID == "":
+			return badRequest("problems[%d]: no task_id", i)
+		case p.EntryPoint == "":
+			return badRequest("problems[%d] (%s): no entry_point", i, p.TaskID)
+		case tasks[p.TaskID]:
+			return badRequest("problems[%d]: task_id %q appears twice", i, p.TaskID)
+		}
+		tasks[p.TaskID] = true
+	}
+	for i, s := range req.Samples {
+		switch {
+		case !tasks[s.TaskID]:
+			return badRequest("samples[%d]: task_id %q is not in the problems", i, s.TaskID)
+		case (s.Completion == nil) == (s.Solution == nil):
+			return badRequest("samples[%d]: give exactly one of completion and solution", i)
+		}
+	}
+	if len(req.K) == 0 {
+		req.K = []int{1}
+	}
+	for _, k := range req.K {
+		if k < 1 {
+			return badRequest("k must be positive, got %d", k)
+		}
+	}
+	slices.Sort(req.K)
+	req.K = slices.Compact(req.K)
+	if req.Timeout == 0 {
+		req.Timeout = DefaultTimeout
+	}
+	if req.Template == "" {
+		req.Template = defaultTmpl
+	}
+	return nil
+}
+
+// Create records a run and starts it.
+func (s *Service) Create(ctx context.Context, teamID string, req client.CreateEvalRequest) (client.EvalRun, error) {
+	if err := validate(&req); err != nil {
+		return client.EvalRun{}, err
+	}
+	team, err := s.sb.Team(ctx, teamID)
+	if err != nil {
+		return client.EvalRun{}, err
+	}
+	limit := min(team.Limits.MaxSandboxes, team.Limits.MaxConcurrentExec)
+	if limit <= 0 {
+		return client.EvalRun{}, &sandbox.Error{Code: client.CodeTooManySandboxes, Message: fmt.Sprintf("team %s may not run sandboxes (its limits are 0)", team.Name)}
+	}
+	if req.Concurrency == 0 {
+		req.Concurrency = min(limit, 4*runtime.NumCPU())
+	}
+	req.Concurrency = min(req.Concurrency, limit, len(req.Samples))
+	in, err := json.Marshal(input{Problems: req.Problems, Samples: req.Samples})
+	if err != nil {
+		return client.EvalRun{}, err
+	}
+	tasks := map[string]bool{}
+	for _, s := range req.Samples {
+		tasks[s.TaskID] = true
+	}
+	run, err := s.st.InsertEval(ctx, store.EvalRow{Input: in, Run: client.EvalRun{
+		TeamID: teamID, State: client.EvalStateRunning, K: req.K, Timeout: req.Timeout, Template: req.Template,
+		Runtime: req.Runtime, Concurrency: req.Concurrency, Seed: req.Seed, Tasks: len(tasks), Samples: len(req.Samples),
+	}})
+	if err != nil {
+		return client.EvalRun{}, err
+	}
+	s.start(run)
+	run.Counts = map[string]int{}
+	return run, nil
+}
+
+// Recover resumes the runs a previous server left running.
+func (s *Service) Recover(ctx context.Context) error {
+	runs, err := s.st.ListEvalsByState(ctx, client.EvalStateRunning)
+	if err != nil {
+		return fmt.Errorf("evalrun: recover: %w", err)
+	}
+	for _, r := range runs {
+		s.log.Info("eval run resumed", "run", r.ID, "team", r.TeamID)
+		s.start(r)
+	}
+	return nil
+}
+
+// Close stops the runs in progress (they stay running in the store and
+// resume at the next Recover) and waits for their workers.
+func (s *Service) Close() {
+	s.stop()
+	s.wg.Wait()
+}
+
+func (s *Service) start(run client.EvalRun) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	s.mu.Lock()
+	s.running[run.ID] = cancel
+	s.mu.Unlock()
+	s.wg.Go(func() {
+		defer func() {
+			s.mu.Lock()
+			delete(s.running, run.ID)
+			s.mu.Unlock()
+			cancel()
+		}()
+		s.run(ctx, run)
+	})
+}
+
+// withProgress adds a run's progress counts.
+func (s *Service) withProgress(ctx context.Context, r client.EvalRun) (client.EvalRun, error) {
+	counts, err := s.st.EvalCounts(ctx, r.TeamID, r.ID)
+	if err != nil {
+		return r, err
+	}
+	r.Counts, r.Done = counts, 0
+	for _, n := range counts {
+		r.Done += n
+	}
+	return r, nil
+}
+
+// getRun reads a team's run; another team's run is not found.
+func (s *Service) getRun(ctx context.Context, teamID, id string) (client.EvalRun, error) {
+	r, err := s.st.GetEval(ctx, teamID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return r, &sandbox.Error{Code: client.CodeNotFound, Message: fmt.Sprintf("eval run %s not found", id), Err: err}
+	}
+	return r, err
+}
+
+// Get returns a team's run with its progress.
+func (s *Service) Get(ctx context.Context, teamID, id string) (client.EvalRun, error) {
+	r, err := s.getRun(ctx, teamID, id)
+	if err != nil {
+		return r, err
+	}
+	return s.withProgress(ctx, r)
+}
+
+// List returns a team's runs, newest first, with their progress.
+func (s *Service) List(ctx context.Context, teamID string) ([]client.EvalRun, error) {
+	runs, err := s.st.ListEvals(ctx, teamID)
+	if err != nil {
+		return nil, err
+	}
+	for i := range runs {
+		if runs[i], err = s.withProgress(ctx, runs[i]); err != nil {
+			return nil, err
+		}
+	}
+	return runs, nil
+}
+
+// Results calls fn with a team's run's finished results, in samples order.
+func (s *Service) Results(ctx context.Context, teamID, id string, fn func(client.EvalResult) error) error {
+	if _, err := s.getRun(ctx, teamID, id); err != nil {
+		return err
+	}
+	return s.st.EvalTrials(ctx, teamID, id, fn)
+}
+
+// Cancel stops a team's running run; its finished results stay.
+func (s *Service) Cancel(ctx context.Context, teamID, id string) (client.EvalRun, error) {
+	if _, err := s.getRun(ctx, teamID, id); err != nil {
+		return client.EvalRun{}, err
+	}
+	err := s.st.FinishEval(ctx, teamID, id, client.EvalStateCancelled, "cancelled", nil)
+	if err != nil && !errors.Is(err, store.ErrConflict) {
+		return client.EvalRun{}, err
+	}
+	s.mu.Lock()
+	if cancel := s.running[id]; cancel != nil {
+		cancel()
+	}
+	s.mu.Unlock()
+	return s.Get(ctx, teamID, id)
+}
+
+// run judges the run's unfinished samples, then records its summary.
+func (s *Service) run(ctx context.Context, run client.EvalRun) {
+	log := s.log.With("run", run.ID, "team", run.TeamID)
+	started := time.Now()
+	ran, err := s.judge(ctx, run)
+	if ctx.Err() != nil {
+		log.Info("eval run stopped", "trials", ran)
+		return
+	}
+	state, errText := client.EvalStateSucceeded, ""
+	var sum *client.EvalSummary
+	if err == nil {
+		sum, err = s.summarize(ctx, run)
+	}
+	if err != nil {
+		state, errText = client.EvalStateFailed, err.Error()
+		var se *sandbox.Error
+		if errors.As(err, &se) {
+			errText = se.Message
+		}
+	}
+	if el := time.Since(started); sum != nil && ran > 0 {
+		sum.TrialsPerSecond = float64(ran) / el.Seconds()
+	}
+	if err := s.st.FinishEval(context.WithoutCancel(ctx), run.TeamID, run.ID, state, errText, sum); err != nil && !errors.Is(err, store.ErrConflict) {
+		log.Error("eval run: record end", "err", err)
+	}
+	log.Info("eval run ended", "state", state, "trials", ran, "duration", time.Since(started))
+}
+
+// judge runs every sample without a recorded result, in the run's seeded
+// order, and returns how many it ran. It stops at the first error that
+// stops a trial from running at all (e.g. an unknown template).
+func (s *Service) judge(ctx context.Context, run client.EvalRun) (int, error) {
+	raw, err := s.st.EvalInput(ctx, run.TeamID, run.ID)
+	if err != nil {
+		return 0, err
+	}
+	var in input
+	if err := json.Unmarshal(raw, &in); err != nil {
+		return 0, fmt.Errorf("run input: %w", err)
+	}
+	problems := make(map[string]eval.Problem, len(in.Problems))
+	for _, p := range in.Problems {
+		problems[p.TaskID] = eval.Problem{TaskID: p.TaskID, Prompt: p.Prompt, EntryPoint: p.EntryPoint, Test: p.Test}
+	}
+	done := make([]bool, len(in.Samples))
+	err = s.st.EvalTrials(ctx, run.TeamID, run.ID, func(r client.EvalResult) error {
+		if r.CompletionID >= 0 && r.CompletionID < len(done) {
+			done[r.CompletionID] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	var todo []int
+	for i := range in.Samples {
+		if !done[i] {
+			todo = append(todo, i)
+		}
+	}
+	rng := rand.New(rand.NewPCG(uint64(run.Seed), 0x65766c))
+	rng.Shuffle(len(todo), func(i, j int) { todo[i], todo[j] = todo[j], todo[i] })
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	next := make(chan int)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+		ran      int
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+		cancel()
+	}
+	for range max(1, run.Concurrency) {
+		wg.Go(func() {
+			for i := range next {
+				smp := in.Samples[i]
+				es := eval.Sample{TaskID: smp.TaskID, Completion: smp.Completion, Solution: smp.Solution}
+				out, err := s.trials.Run(ctx, run.TeamID, trial.Spec{
+					Template: run.Template, Runtime: run.Runtime, Timeout: run.Timeout,
+					Script: eval.Program(problems[smp.TaskID], es), Path: programPath, Argv: []string{"python3", programPath},
+					Metadata: map[string]string{"eval_run": run.ID},
+				})
+				if err != nil {
+					fail(err)
+					continue
+				}
+				r := out.Result
+				v := eval.Judge(eval.Run{Status: r.Status, ExitCode: r.ExitCode, Signal: r.Signal, Stderr: r.Stderr, Error: r.Error})
+				res := eval.NewResult(smp.TaskID, i, v, r.DurationMs)
+				env := store.TrialEnv{SandboxID: out.Sandbox.ID, TemplateDigest: out.Sandbox.TemplateDigest,
+					Runtime: out.Sandbox.Runtime, RuntimeVersion: out.Sandbox.RuntimeVersion}
+				if err := s.st.PutEvalTrial(ctx, run.TeamID, run.ID, wire(res), env); err != nil {
+					fail(fmt.Errorf("record trial %d: %w", i, err))
+					continue
+				}
+				mu.Lock()
+				ran++
+				mu.Unlock()
+			}
+		})
+	}
+feed:
+	for _, i := range todo {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	return ran, firstErr
+}
+
+// summarize computes a finished run's summary from its recorded results.
+func (s *Service) summarize(ctx context.Context, run client.EvalRun) (*client.EvalSummary, error) {
+	var rs []eval.Result
+	err := s.st.EvalTrials(ctx, run.TeamID, run.ID, func(r client.EvalResult) error {
+		rs = append(rs, eval.Result{TaskID: r.TaskID, CompletionID: r.CompletionID, Status: eval.Status(r.Status)})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	env, err := s.st.EvalEnv(ctx, run.TeamID, run.ID)
+	if err != nil {
+		return nil, err
+	}
+	es := eval.Summarize(rs, run.K)
+	sum := &client.EvalSummary{PassAtK: es.PassAtK, Counts: map[string]int{}, TemplateDigest: env.TemplateDigest,
+		Runtime: env.Runtime, RuntimeVersion: env.RuntimeVersion, DurationMs: time.Since(run.CreatedAt).Milliseconds()}
+	for st, n := range es.Counts {
+		sum.Counts[string(st)] = n
+	}
+	return sum, nil
+}
+
+// wire is a result line as the API sends it.
+func wire(r eval.Result) client.EvalResult {
+	return client.EvalResult{TaskID: r.TaskID, CompletionID: r.CompletionID, Status: string(r.Status), Detail: r.Detail,
+		DurationMs: r.DurationMs, Passed: r.Passed, Result: r.Result}
+}

@@ -1,0 +1,211 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// EvalRow is an eval run as stored: the API's EvalRun (without progress)
+// plus its input (the problems and samples as JSON).
+type EvalRow struct {
+	Run   client.EvalRun
+	Input []byte
+}
+
+// evalSettings is the settings column.
+type evalSettings struct {
+	K           []int   `json:"k"`
+	Timeout     float64 `json:"timeout"`
+	Template    string  `json:"template"`
+	Runtime     string  `json:"runtime"`
+	Concurrency int     `json:"concurrency"`
+	Seed        int64   `json:"seed"`
+}
+
+// InsertEval records a new eval run with its input; the run gets its id
+// and creation time here.
+func (s *Store) InsertEval(ctx context.Context, r EvalRow) (client.EvalRun, error) {
+	run := r.Run
+	run.ID = NewID("ev")
+	run.CreatedAt = now()
+	set, err := json.Marshal(evalSettings{K: run.K, Timeout: run.Timeout, Template: run.Template,
+		Runtime: run.Runtime, Concurrency: run.Concurrency, Seed: run.Seed})
+	if err != nil {
+		return client.EvalRun{}, err
+	}
+	_, err = s.w.ExecContext(ctx, `INSERT INTO eval_runs (id, team_id, state, settings, input, tasks, samples, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, run.ID, run.TeamID, run.State, string(set), r.Input, run.Tasks, run.Samples, toDB(run.CreatedAt))
+	if err != nil {
+		return client.EvalRun{}, mapConstraint(err, "team")
+	}
+	return run, nil
+}
+
+const evalCols = `id, team_id, state, error, settings, tasks, samples, summary, created_at, finished_at`
+
+func scanEval(sc scanner) (client.EvalRun, error) {
+	var (
+		r                 client.EvalRun
+		settings, summary string
+		created           int64
+		finished          sql.NullInt64
+	)
+	if err := sc.Scan(&r.ID, &r.TeamID, &r.State, &r.Error, &settings, &r.Tasks, &r.Samples, &summary, &created, &finished); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return r, ErrNotFound
+		}
+		return r, err
+	}
+	var set evalSettings
+	if err := json.Unmarshal([]byte(settings), &set); err != nil {
+		return r, fmt.Errorf("eval %s settings: %w", r.ID, err)
+	}
+	r.K, r.Timeout, r.Template, r.Runtime, r.Concurrency, r.Seed = set.K, set.Timeout, set.Template, set.Runtime, set.Concurrency, set.Seed
+	if summary != "" {
+		r.Summary = &client.EvalSummary{}
+		if err := json.Unmarshal([]byte(summary), r.Summary); err != nil {
+			return r, fmt.Errorf("eval %s summary: %w", r.ID, err)
+		}
+	}
+	r.CreatedAt, r.FinishedAt = fromDB(created), timePtr(finished)
+	return r, nil
+}
+
+// GetEval returns a team's eval run (without progress counts).
+func (s *Store) GetEval(ctx context.Context, teamID, id string) (client.EvalRun, error) {
+	return scanEval(s.r.QueryRowContext(ctx, `SELECT `+evalCols+` FROM eval_runs WHERE id = ? AND team_id = ?`, id, teamID))
+}
+
+// EvalInput returns a team's eval run's input.
+func (s *Store) EvalInput(ctx context.Context, teamID, id string) ([]byte, error) {
+	var in []byte
+	err := s.r.QueryRowContext(ctx, `SELECT input FROM eval_runs WHERE id = ? AND team_id = ?`, id, teamID).Scan(&in)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	return in, err
+}
+
+// ListEvals returns a team's eval runs, newest first.
+func (s *Store) ListEvals(ctx context.Context, teamID string) ([]client.EvalRun, error) {
+	return s.queryEvals(ctx, `SELECT `+evalCols+` FROM eval_runs WHERE team_id = ? ORDER BY created_at DESC`, teamID)
+}
+
+// ListEvalsByState returns every team's eval runs in a state (recovery).
+func (s *Store) ListEvalsByState(ctx context.Context, state string) ([]client.EvalRun, error) {
+	return s.queryEvals(ctx, `SELECT `+evalCols+` FROM eval_runs WHERE state = ? ORDER BY created_at`, state)
+}
+
+func (s *Store) queryEvals(ctx context.Context, q string, arg string) ([]client.EvalRun, error) {
+	rows, err := s.r.QueryContext(ctx, q, arg)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []client.EvalRun
+	for rows.Next() {
+		r, err := scanEval(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// FinishEval ends a running eval run in state with its error and summary.
+// It returns ErrConflict when the run was no longer running (e.g. it was
+// cancelled meanwhile).
+func (s *Store) FinishEval(ctx context.Context, teamID, id, state, errText string, sum *client.EvalSummary) error {
+	summary := ""
+	if sum != nil {
+		b, err := json.Marshal(sum)
+		if err != nil {
+			return err
+		}
+		summary = string(b)
+	}
+	res, err := s.w.ExecContext(ctx, `UPDATE eval_runs SET state = ?, error = ?, summary = ?, finished_at = ?
+		WHERE id = ? AND team_id = ? AND state = ?`, state, errText, summary, toDB(now()), id, teamID, client.EvalStateRunning)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return ErrConflict
+	}
+	return nil
+}
+
+// TrialEnv is where a trial ran: its last sandbox and that sandbox's
+// template digest and runtime.
+type TrialEnv struct {
+	SandboxID, TemplateDigest, Runtime, RuntimeVersion string
+}
+
+// PutEvalTrial records a finished trial of a run.
+func (s *Store) PutEvalTrial(ctx context.Context, teamID, runID string, r client.EvalResult, env TrialEnv) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO eval_trials (run_id, team_id, completion_id, task_id, status, detail, result,
+		duration_ms, sandbox_id, template_digest, runtime, runtime_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		runID, teamID, r.CompletionID, r.TaskID, r.Status, r.Detail, r.Result, r.DurationMs,
+		env.SandboxID, env.TemplateDigest, env.Runtime, env.RuntimeVersion)
+	return mapConstraint(err, "eval run")
+}
+
+// EvalEnv returns the environment of one of a run's trials that ran in a
+// sandbox (zero when none did).
+func (s *Store) EvalEnv(ctx context.Context, teamID, runID string) (TrialEnv, error) {
+	var e TrialEnv
+	err := s.r.QueryRowContext(ctx, `SELECT sandbox_id, template_digest, runtime, runtime_version FROM eval_trials
+		WHERE run_id = ? AND team_id = ? AND sandbox_id != '' ORDER BY completion_id LIMIT 1`, runID, teamID).
+		Scan(&e.SandboxID, &e.TemplateDigest, &e.Runtime, &e.RuntimeVersion)
+	if errors.Is(err, sql.ErrNoRows) {
+		return TrialEnv{}, nil
+	}
+	return e, err
+}
+
+// EvalTrials calls fn for each finished trial of a team's run, in
+// completion id order.
+func (s *Store) EvalTrials(ctx context.Context, teamID, runID string, fn func(client.EvalResult) error) error {
+	rows, err := s.r.QueryContext(ctx, `SELECT completion_id, task_id, status, detail, result, duration_ms FROM eval_trials
+		WHERE run_id = ? AND team_id = ? ORDER BY completion_id`, runID, teamID)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r client.EvalResult
+		if err := rows.Scan(&r.CompletionID, &r.TaskID, &r.Status, &r.Detail, &r.Result, &r.DurationMs); err != nil {
+			return err
+		}
+		r.Passed = r.Status == "passed"
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// EvalCounts returns a team's run's finished trials by status.
+func (s *Store) EvalCounts(ctx context.Context, teamID, runID string) (map[string]int, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT status, COUNT(*) FROM eval_trials WHERE run_id = ? AND team_id = ? GROUP BY status`, runID, teamID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var st string
+		var n int
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, err
+		}
+		out[st] = n
+	}
+	return out, rows.Err()
+}
