@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +33,26 @@ func TestServerLimitsAndShutdown(t *testing.T) {
 	}()
 	ctx := ctxT(t, 3*time.Minute)
 	var ids []string
+	// The server's first gVisor sandboxes, started at once: runsc stacks
+	// its shared empty network namespace mount then, and shutdown must
+	// still leave no mount.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, err := s.admin.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeGVisor})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			ids = append(ids, sb.ID)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
 	for _, rt := range runtimes {
 		sb, err := s.admin.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Runtime: rt})
 		if err != nil {
@@ -91,8 +112,11 @@ func TestServerLimitsAndShutdown(t *testing.T) {
 			t.Errorf("after shutdown, %s left:\n  %s", id, strings.Join(left, "\n  "))
 		}
 	}
-	// Nor does anything of the instance: its cgroup parents are named by a
-	// hash of the data dir.
+	// Nor does anything of the instance: no mount under its data dir, and
+	// no cgroup parent (they are named by a hash of the data dir).
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), s.dataDir) {
+		t.Errorf("after shutdown, mounts under %s are left", s.dataDir)
+	}
 	sum := sha256.Sum256([]byte(s.dataDir))
 	parents, _ := filepath.Glob("/sys/fs/cgroup/*/evalbox-*-" + hex.EncodeToString(sum[:4]))
 	if len(parents) > 0 {

@@ -603,8 +603,12 @@ func (r *Runtime) Close() error {
 	if _, serr := os.Stat(p); serr != nil {
 		return err
 	}
-	if uerr := syscall.Unmount(p, syscall.MNT_DETACH); uerr != nil && !errors.Is(uerr, syscall.EINVAL) {
-		return errors.Join(err, fmt.Errorf("gvisor: unmount %s: %w", p, uerr))
+	// runsc does not serialise creating it: concurrent starts stack bind
+	// mounts on the same path. Unmount until none is left.
+	for syscall.Unmount(p, syscall.MNT_DETACH) == nil {
 	}
-	return errors.Join(err, os.Remove(p))
+	if rerr := os.Remove(p); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("gvisor: %w", rerr))
+	}
+	return err
 }
