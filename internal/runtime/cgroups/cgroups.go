@@ -214,31 +214,6 @@ func enableControllers(dir string, controllers []string, enable []byte) error {
 	return nil
 }
 
-// Open is New(parent) followed by Manager.Open(id), for callers that
-// touch a cgroup only now and then (each call detects the hierarchy).
-func Open(parent, id string) (*Cgroup, error) {
-	m, err := New(parent)
-	if err != nil {
-		return nil, err
-	}
-	return m.Open(id)
-}
-
-// List is New(parent) followed by Manager.List.
-func List(parent string) ([]string, error) {
-	m, err := New(parent)
-	if err != nil {
-		return nil, err
-	}
-	return m.List()
-}
-
-// Exists is New(parent) followed by Manager.Exists.
-func Exists(parent, id string) bool {
-	m, err := New(parent)
-	return err == nil && m.Exists(id)
-}
-
 // Dirs returns the parent directories of the sandbox cgroups (one per
 // hierarchy on v1, one on v2).
 func (m *Manager) Dirs() []string { return slices.Clone(m.dirs) }

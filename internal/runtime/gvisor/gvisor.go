@@ -74,6 +74,9 @@ type Runtime struct {
 	version string
 	log     *slog.Logger
 	net     *network.Links // this driver's view of cfg.Network
+	// cg reads the sandboxes' cgroups (runsc creates them); made once,
+	// since detecting the hierarchies reads mountinfo.
+	cg *cgroups.Manager
 }
 
 // New checks that runsc can run and returns the driver.
@@ -103,7 +106,11 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	return &Runtime{cfg: cfg, version: runscVersion(cfg.Runsc), log: cfg.Logger, net: links}, nil
+	cg, err := cgroups.New(cfg.CgroupParent)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	return &Runtime{cfg: cfg, version: runscVersion(cfg.Runsc), log: cfg.Logger, net: links, cg: cg}, nil
 }
 
 // Name is the runtime's API name.
@@ -258,7 +265,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 // before the control plane.
 func (r *Runtime) setOOMScore(id string) {
 	pids := r.pidsOf(id)
-	if cg, err := cgroups.Open(r.cfg.CgroupParent, id); err == nil {
+	if cg, err := r.cg.Open(id); err == nil {
 		if procs, err := cg.Procs(); err == nil {
 			pids = append(pids, procs...)
 		}
@@ -391,7 +398,7 @@ func (r *Runtime) remove(ctx context.Context, id string) error {
 			lastErr = fmt.Errorf("gvisor: %w", err)
 		}
 	}
-	if cg, err := cgroups.Open(r.cfg.CgroupParent, id); err == nil {
+	if cg, err := r.cg.Open(id); err == nil {
 		if err := cg.Destroy(ctx); err != nil && lastErr == nil {
 			lastErr = fmt.Errorf("gvisor: %w", err)
 		}
@@ -431,7 +438,7 @@ func (r *Runtime) stateFiles(id string) []string {
 
 // OOMKills implements runtime.Sandbox.
 func (s *sandbox) OOMKills() (int64, error) {
-	cg, err := cgroups.Open(s.r.cfg.CgroupParent, s.id)
+	cg, err := s.r.cg.Open(s.id)
 	if err != nil {
 		return 0, fmt.Errorf("gvisor: %w", err)
 	}
@@ -441,7 +448,7 @@ func (s *sandbox) OOMKills() (int64, error) {
 // Usage implements runtime.Sandbox.
 func (s *sandbox) Usage(ctx context.Context) (runtime.Usage, error) {
 	var u runtime.Usage
-	if cg, err := cgroups.Open(s.r.cfg.CgroupParent, s.id); err == nil {
+	if cg, err := s.r.cg.Open(s.id); err == nil {
 		u.MemoryBytes, _ = cg.MemoryUsage()
 	}
 	for _, pid := range s.r.pidsOf(s.id) {
@@ -515,7 +522,7 @@ func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]strin
 			ids[id] = true
 		}
 	}
-	if cgIDs, err := cgroups.List(r.cfg.CgroupParent); err == nil {
+	if cgIDs, err := r.cg.List(); err == nil {
 		for _, id := range cgIDs {
 			ids[id] = true
 		}
@@ -573,7 +580,7 @@ func (r *Runtime) Leftovers(id string) []string {
 			left = append(left, "runsc state "+e)
 		}
 	}
-	if cgroups.Exists(r.cfg.CgroupParent, id) {
+	if r.cg.Exists(id) {
 		left = append(left, "cgroup "+r.cfg.CgroupParent+"/"+id)
 	}
 	if _, err := os.Lstat(r.netnsPath(id)); err == nil {
