@@ -264,12 +264,12 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 // setOOMScore makes the host OOM killer pick the sandbox's processes
 // before the control plane.
 func (r *Runtime) setOOMScore(id string) {
-	pids := r.pidsOf(id)
-	if cg, err := r.cg.Open(id); err == nil {
-		if procs, err := cg.Procs(); err == nil {
-			pids = append(pids, procs...)
-		}
+	// The sandbox's cgroup holds all of them, the gofer included.
+	cg, err := r.cg.Open(id)
+	if err != nil {
+		return
 	}
+	pids, _ := cg.Procs()
 	for _, pid := range pids {
 		if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(oomScoreAdj)), 0); err != nil {
 			r.log.Debug("oom_score_adj", "pid", pid, "err", err)
@@ -386,11 +386,8 @@ func (r *Runtime) remove(ctx context.Context, id string) error {
 		lastErr = fmt.Errorf("gvisor: runsc delete %s: %w: %s", id, err, bytes.TrimSpace(out))
 		time.Sleep(50 * time.Millisecond)
 	}
-	// runsc already killed the processes; make sure, by pid, and drop the
-	// cgroup if runsc left it.
-	for _, pid := range r.pidsOf(id) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
+	// runsc already killed the processes; if it left the cgroup, what is
+	// in it (sandbox, gofer, stubs) is killed below with it.
 	// A `runsc run` killed midway (the server died during a start) leaves
 	// its lock and control socket, which `runsc delete` does not know.
 	for _, f := range r.stateFiles(id) {
