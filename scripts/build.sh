@@ -21,6 +21,18 @@ mkdir -p bin
 export CGO_ENABLED=0
 go build -trimpath -o bin/evalbox ./cmd/evalbox
 go build -trimpath -ldflags='-s -w' -o bin/evalbox-agent ./cmd/evalbox-agent
-# runsc: the cgo build breaks the gofer, so it is always CGO_ENABLED=0.
-go build -trimpath -o bin/runsc gvisor.dev/gvisor/runsc
+# runsc: the cgo build breaks the gofer, so it is always CGO_ENABLED=0. Its
+# seccomp filters are precompiled (internal/runtime/gvisor/seccompgen) into
+# a copy of the pinned gvisor module, cached by that module's version and
+# the generator's source: a sandbox start then skips compiling them.
+gvisor_version=$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)
+gen_key=$(cat go.mod go.sum internal/runtime/gvisor/seccompgen/*.go | sha256sum | cut -c1-16)
+runsc_src=${EVALBOX_BUILD_CACHE:-/var/cache/evalbox/build}/runsc-src-$gvisor_version-$gen_key
+if [ ! -f "$runsc_src/.done" ]; then
+  echo "build: precompiling runsc's seccomp filters into $runsc_src (once per gvisor version)" >&2
+  rm -rf "$runsc_src"
+  go run ./internal/runtime/gvisor/seccompgen -out "$runsc_src"
+  touch "$runsc_src/.done"
+fi
+go build -trimpath -modfile "$runsc_src/go.mod" -o bin/runsc gvisor.dev/gvisor/runsc
 echo "build: bin/evalbox bin/evalbox-agent bin/runsc" >&2

@@ -2,7 +2,9 @@
 # Sets evalbox up on a fresh Debian/Ubuntu machine (as root) and runs the
 # main job end to end: builds evalbox, the guest agent and runsc; builds the
 # built-in templates; starts the embedded server; runs code in a gVisor and
-# a namespaces sandbox; prints timings; stops the server.
+# a namespaces sandbox; prints timings; scores the project's demo problem set
+# (examples/evals: correct, wrong, timing-out and hostile samples, each in
+# its own gVisor sandbox) and prints pass@k and trials/s; stops the server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,3 +42,7 @@ for rt in gvisor namespaces; do
   echo "create: $(( (created - start) / 1000000 )) ms, whole round: $(( ($(date +%s%N) - start) / 1000000 )) ms"
 done
 bin/evalbox sandbox ls --all | head -5
+
+echo "== eval run: examples/evals (8 tasks x 5 samples: correct, wrong, timing-out and hostile ones)"
+bin/evalbox eval run --problems examples/evals/problems.jsonl --samples examples/evals/samples.jsonl --k 1,5 --seed 1
+echo "expected: pass@1 0.3250  pass@5 0.8750, 0 infra errors (every sample's verdict: examples/evals/expected.jsonl)"

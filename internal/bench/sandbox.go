@@ -42,7 +42,7 @@ Markdown table.`,
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&o.runtimes, "runtimes", []string{client.RuntimeGVisor, client.RuntimeNamespaces}, "runtimes to measure")
-	f.StringVar(&o.templatesDir, "templates-dir", "/var/lib/evalbox/templates", "template directory (built with `evalbox template init`)")
+	f.StringVar(&o.templatesDir, "templates-dir", "/var/lib/evalbox/templates", "template directory (built by evalbox template init)")
 	f.IntVar(&o.n, "n", 100, "samples per latency")
 	f.IntVar(&o.pool, "pool", 8, "warm pool size per runtime")
 	f.IntVar(&o.idle, "idle", 20, "idle sandboxes for the memory measurement")

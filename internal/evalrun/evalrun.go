@@ -1,8 +1,29 @@
 // Package evalrun runs eval runs as server-side jobs: the problems and
-// samples are stored with the run, every sample is judged in its own fresh
-// sandbox (internal/trial), and each verdict is recorded as it comes, so a
-// run survives the client leaving and a restarted server resumes it without
-// re-running finished trials.
+// samples are stored with the run, every sample is judged, and each verdict
+// is recorded as it comes, so a run survives the client leaving and a
+// restarted server resumes it without re-running finished trials.
+//
+// A run's mode says how samples run. Trial mode (the default) judges every
+// sample in its own fresh sandbox (internal/trial). Batch mode cuts the
+// unfinished samples, in the run's seeded order, into slices and runs each
+// slice in one fresh sandbox through internal/eval's harness, which runs
+// each sample's program as an unprivileged user in its own process group
+// with its own timeout and kills what it leaves behind; its result lines
+// are judged by the same code as a trial's exec, and recorded as they
+// come. It costs one sandbox per slice instead of one per sample, and
+// isolates less: the samples of a slice share the sandbox, so a sample can
+// tamper with the later samples of its slice through files it leaves in
+// world-writable places (files they read, or that fill the sandbox's
+// memory or disk); no process of it outlives it. A slice that ends with samples unjudged (sandbox died, agent lost,
+// harness killed) is not a verdict on them: the sample that was running is
+// judged alone in trial mode, the rest run again as a batch, and after
+// batchAttempts each runs alone, so one hostile sample costs only its own
+// isolation, and persistent infra failures end as infra_error, never
+// failed.
+//
+// A problem is checked in assert mode (its test program runs beside the
+// candidate) or I/O mode (the sandbox prints the entry point's results and
+// the expected values are compared outside it); see internal/eval.
 package evalrun
 
 import (
@@ -31,6 +52,10 @@ const (
 	DefaultTimeout = 3.0
 	defaultTmpl    = "python"
 	programPath    = "/tmp/program.py"
+	// sampleUser runs the samples: not root, so that a sample cannot
+	// kill its sandbox's agent (gVisor lets root signal its init) and
+	// turn its own failure into an infra error.
+	sampleUser = "65534"
 )
 
 // Store is the state the service keeps runs in.
@@ -45,6 +70,7 @@ type Store interface {
 	EvalTrials(ctx context.Context, teamID, runID string, fn func(client.EvalResult) error) error
 	EvalCounts(ctx context.Context, teamID, runID string) (map[string]int, error)
 	EvalEnv(ctx context.Context, teamID, runID string) (store.TrialEnv, error)
+	EvalTimes(ctx context.Context, teamID, runID string, fn func(store.TrialTimes) error) error
 }
 
 // Sandboxes is the sandbox service: trials run in its sandboxes, and a
@@ -113,6 +139,9 @@ func validate(req *client.CreateEvalRequest) error {
 		case tasks[p.TaskID]:
 			return badRequest("problems[%d]: task_id %q appears twice", i, p.TaskID)
 		}
+		if err := checkProblem(i, p); err != nil {
+			return err
+		}
 		tasks[p.TaskID] = true
 	}
 	for i, s := range req.Samples {
@@ -139,7 +168,7 @@ func validate(req *client.CreateEvalRequest) error {
 	if req.Template == "" {
 		req.Template = defaultTmpl
 	}
-	return nil
+	return validateMode(req)
 }
 
 // Create records a run and starts it.
@@ -170,6 +199,7 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateEv
 	run, err := s.st.InsertEval(ctx, store.EvalRow{Input: in, Run: client.EvalRun{
 		TeamID: teamID, State: client.EvalStateRunning, K: req.K, Timeout: req.Timeout, Template: req.Template,
 		Runtime: req.Runtime, Concurrency: req.Concurrency, Seed: req.Seed, Tasks: len(tasks), Samples: len(req.Samples),
+		Mode: req.Mode, Slice: req.Slice,
 	}})
 	if err != nil {
 		return client.EvalRun{}, err
@@ -289,7 +319,7 @@ func (s *Service) Cancel(ctx context.Context, teamID, id string) (client.EvalRun
 func (s *Service) run(ctx context.Context, run client.EvalRun) {
 	log := s.log.With("run", run.ID, "team", run.TeamID)
 	started := time.Now()
-	ran, err := s.judge(ctx, run)
+	ran, retries, err := s.judge(ctx, run)
 	if ctx.Err() != nil {
 		log.Info("eval run stopped", "trials", ran)
 		return
@@ -309,6 +339,9 @@ func (s *Service) run(ctx context.Context, run client.EvalRun) {
 	if el := time.Since(started); sum != nil && ran > 0 {
 		sum.TrialsPerSecond = float64(ran) / el.Seconds()
 	}
+	if sum != nil {
+		sum.Retries = retries
+	}
 	if err := s.st.FinishEval(context.WithoutCancel(ctx), run.TeamID, run.ID, state, errText, sum); err != nil && !errors.Is(err, store.ErrConflict) {
 		log.Error("eval run: record end", "err", err)
 	}
@@ -316,20 +349,21 @@ func (s *Service) run(ctx context.Context, run client.EvalRun) {
 }
 
 // judge runs every sample without a recorded result, in the run's seeded
-// order, and returns how many it ran. It stops at the first error that
-// stops a trial from running at all (e.g. an unknown template).
-func (s *Service) judge(ctx context.Context, run client.EvalRun) (int, error) {
+// order, and returns how many it ran and how many attempts were retries
+// after infra failures. It stops at the first error that stops a trial
+// from running at all (e.g. an unknown template).
+func (s *Service) judge(ctx context.Context, run client.EvalRun) (ran, retries int, err error) {
 	raw, err := s.st.EvalInput(ctx, run.TeamID, run.ID)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var in input
 	if err := json.Unmarshal(raw, &in); err != nil {
-		return 0, fmt.Errorf("run input: %w", err)
+		return 0, 0, fmt.Errorf("run input: %w", err)
 	}
 	problems := make(map[string]eval.Problem, len(in.Problems))
 	for _, p := range in.Problems {
-		problems[p.TaskID] = eval.Problem{TaskID: p.TaskID, Prompt: p.Prompt, EntryPoint: p.EntryPoint, Test: p.Test}
+		problems[p.TaskID] = evalProblem(p)
 	}
 	done := make([]bool, len(in.Samples))
 	err = s.st.EvalTrials(ctx, run.TeamID, run.ID, func(r client.EvalResult) error {
@@ -339,7 +373,7 @@ func (s *Service) judge(ctx context.Context, run client.EvalRun) (int, error) {
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var todo []int
 	for i := range in.Samples {
@@ -349,6 +383,10 @@ func (s *Service) judge(ctx context.Context, run client.EvalRun) (int, error) {
 	}
 	rng := rand.New(rand.NewPCG(uint64(run.Seed), 0x65766c))
 	rng.Shuffle(len(todo), func(i, j int) { todo[i], todo[j] = todo[j], todo[i] })
+	w := &work{run: run, samples: in.Samples, problems: problems}
+	if run.Mode == client.EvalModeBatch {
+		return s.judgeBatch(ctx, w, todo)
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -357,7 +395,6 @@ func (s *Service) judge(ctx context.Context, run client.EvalRun) (int, error) {
 		wg       sync.WaitGroup
 		mu       sync.Mutex
 		firstErr error
-		ran      int
 	)
 	fail := func(err error) {
 		mu.Lock()
@@ -370,28 +407,14 @@ func (s *Service) judge(ctx context.Context, run client.EvalRun) (int, error) {
 	for range max(1, run.Concurrency) {
 		wg.Go(func() {
 			for i := range next {
-				smp := in.Samples[i]
-				es := eval.Sample{TaskID: smp.TaskID, Completion: smp.Completion, Solution: smp.Solution}
-				out, err := s.trials.Run(ctx, run.TeamID, trial.Spec{
-					Template: run.Template, Runtime: run.Runtime, Timeout: run.Timeout,
-					Script: eval.Program(problems[smp.TaskID], es), Path: programPath, Argv: []string{"python3", programPath},
-					Metadata: map[string]string{"eval_run": run.ID},
-				})
+				r, err := s.trialOne(ctx, w, i)
 				if err != nil {
 					fail(err)
 					continue
 				}
-				r := out.Result
-				v := eval.Judge(eval.Run{Status: r.Status, ExitCode: r.ExitCode, Signal: r.Signal, Stderr: r.Stderr, Error: r.Error})
-				res := eval.NewResult(smp.TaskID, i, v, r.DurationMs)
-				env := store.TrialEnv{SandboxID: out.Sandbox.ID, TemplateDigest: out.Sandbox.TemplateDigest,
-					Runtime: out.Sandbox.Runtime, RuntimeVersion: out.Sandbox.RuntimeVersion}
-				if err := s.st.PutEvalTrial(ctx, run.TeamID, run.ID, wire(res), env); err != nil {
-					fail(fmt.Errorf("record trial %d: %w", i, err))
-					continue
-				}
 				mu.Lock()
 				ran++
+				retries += r
 				mu.Unlock()
 			}
 		})
@@ -406,7 +429,7 @@ feed:
 	}
 	close(next)
 	wg.Wait()
-	return ran, firstErr
+	return ran, retries, firstErr
 }
 
 // summarize computes a finished run's summary from its recorded results.
@@ -428,6 +451,9 @@ func (s *Service) summarize(ctx context.Context, run client.EvalRun) (*client.Ev
 		Runtime: env.Runtime, RuntimeVersion: env.RuntimeVersion, DurationMs: time.Since(run.CreatedAt).Milliseconds()}
 	for st, n := range es.Counts {
 		sum.Counts[string(st)] = n
+	}
+	if sum.Phases, err = s.phases(ctx, run); err != nil {
+		return nil, err
 	}
 	return sum, nil
 }

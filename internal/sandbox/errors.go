@@ -21,6 +21,11 @@ type Error struct {
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
 func (e *Error) Unwrap() error { return e.Err }
 
+// ErrOutOfMemory is wrapped by the error of a call during which the
+// sandbox died because the code running in it went past its memory limit:
+// the code's doing, unlike a sandbox killed from outside.
+var ErrOutOfMemory = errors.New("sandbox out of memory")
+
 func errorf(code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }

@@ -157,10 +157,16 @@ func (c *capWriter) Write(p []byte) (int, error) {
 }
 
 // agentErr maps an agent call error. A lost agent session means the
-// sandbox died: it is recorded as lost before the caller hears of it.
+// sandbox died: it is recorded as lost before the caller hears of it, and
+// the error wraps ErrOutOfMemory when its memory limit is what killed it.
 func (s *Service) agentErr(e *entry, err error) error {
 	if errors.Is(err, agentproto.ErrSessionClosed) {
 		s.end(context.Background(), e, client.StateLost, reasonDied)
+		// end has returned (endOnce is done): oomEnded is settled.
+		if e.oomEnded {
+			return &Error{Code: client.CodeSandboxNotRunning, Err: fmt.Errorf("%w: %w", ErrOutOfMemory, err),
+				Message: fmt.Sprintf("sandbox %s went past its memory limit (memory_mb=%d) while the call ran and was stopped", e.row.ID, e.row.MemoryMB)}
+		}
 		return &Error{Code: client.CodeSandboxNotRunning, Err: err,
 			Message: fmt.Sprintf("sandbox %s stopped while the call ran (it exited, was killed or ran out of memory)", e.row.ID)}
 	}

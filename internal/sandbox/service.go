@@ -157,6 +157,9 @@ type entry struct {
 	ended   chan struct{}
 	endOnce sync.Once
 	oomSeen atomic.Int64 // OOM kills already reported on an exec
+	// oomEnded is set, before endOnce is done, when the sandbox ended
+	// lost after the OOM killer acted in it.
+	oomEnded bool
 }
 
 // New returns the service. Call Recover once before serving and Close at
@@ -475,6 +478,7 @@ func (s *Service) end(ctx context.Context, e *entry, state, reason string) {
 		close(e.ended)
 		ctx = context.WithoutCancel(ctx)
 		if state == client.StateLost && e.sb.OOMKills() > 0 {
+			e.oomEnded = true
 			reason = fmt.Sprintf("out of memory: the sandbox went past its memory limit (memory_mb=%d)", e.row.MemoryMB)
 		}
 		// The row first: a lookup that misses the live entry then reads

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -38,15 +39,19 @@ func (s *Store) InsertEval(ctx context.Context, r EvalRow) (client.EvalRun, erro
 	if err != nil {
 		return client.EvalRun{}, err
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO eval_runs (id, team_id, state, settings, input, tasks, samples, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, run.ID, run.TeamID, run.State, string(set), r.Input, run.Tasks, run.Samples, toDB(run.CreatedAt))
+	if run.Mode == "" {
+		run.Mode = client.EvalModeTrial
+	}
+	_, err = s.w.ExecContext(ctx, `INSERT INTO eval_runs (id, team_id, state, settings, input, tasks, samples, created_at, mode, slice)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, run.ID, run.TeamID, run.State, string(set), r.Input, run.Tasks, run.Samples, toDB(run.CreatedAt),
+		run.Mode, run.Slice)
 	if err != nil {
 		return client.EvalRun{}, mapConstraint(err, "team")
 	}
 	return run, nil
 }
 
-const evalCols = `id, team_id, state, error, settings, tasks, samples, summary, created_at, finished_at`
+const evalCols = `id, team_id, state, error, settings, tasks, samples, summary, created_at, finished_at, mode, slice`
 
 func scanEval(sc scanner) (client.EvalRun, error) {
 	var (
@@ -55,7 +60,7 @@ func scanEval(sc scanner) (client.EvalRun, error) {
 		created           int64
 		finished          sql.NullInt64
 	)
-	if err := sc.Scan(&r.ID, &r.TeamID, &r.State, &r.Error, &settings, &r.Tasks, &r.Samples, &summary, &created, &finished); err != nil {
+	if err := sc.Scan(&r.ID, &r.TeamID, &r.State, &r.Error, &settings, &r.Tasks, &r.Samples, &summary, &created, &finished, &r.Mode, &r.Slice); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return r, ErrNotFound
 		}
@@ -142,22 +147,59 @@ func (s *Store) FinishEval(ctx context.Context, teamID, id, state, errText strin
 }
 
 // TrialEnv is where a trial ran: its last sandbox and that sandbox's
-// template digest and runtime.
+// template digest and runtime, and how long it took.
 type TrialEnv struct {
 	SandboxID, TemplateDigest, Runtime, RuntimeVersion string
+	Times                                              TrialTimes
+}
+
+// TrialTimes is where a trial's time went: the phases of its completed
+// attempt, the whole trial (every attempt) and its attempts (0 when not
+// recorded).
+type TrialTimes struct {
+	Create, Write, Run, Delete, Trial time.Duration
+	Attempts                          int
 }
 
 // PutEvalTrial records a finished trial of a run.
 func (s *Store) PutEvalTrial(ctx context.Context, teamID, runID string, r client.EvalResult, env TrialEnv) error {
+	tt := env.Times
 	_, err := s.w.ExecContext(ctx, `INSERT INTO eval_trials (run_id, team_id, completion_id, task_id, status, detail, result,
-		duration_ms, sandbox_id, template_digest, runtime, runtime_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		duration_ms, sandbox_id, template_digest, runtime, runtime_version,
+		create_us, write_us, run_us, delete_us, trial_us, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		runID, teamID, r.CompletionID, r.TaskID, r.Status, r.Detail, r.Result, r.DurationMs,
-		env.SandboxID, env.TemplateDigest, env.Runtime, env.RuntimeVersion)
+		env.SandboxID, env.TemplateDigest, env.Runtime, env.RuntimeVersion,
+		tt.Create.Microseconds(), tt.Write.Microseconds(), tt.Run.Microseconds(), tt.Delete.Microseconds(), tt.Trial.Microseconds(), tt.Attempts)
 	return mapConstraint(err, "eval run")
 }
 
+// EvalTimes calls fn with the recorded times of each finished trial of a
+// team's run, in completion id order; trials without recorded times are
+// skipped.
+func (s *Store) EvalTimes(ctx context.Context, teamID, runID string, fn func(TrialTimes) error) error {
+	rows, err := s.r.QueryContext(ctx, `SELECT create_us, write_us, run_us, delete_us, trial_us, attempts FROM eval_trials
+		WHERE run_id = ? AND team_id = ? AND attempts > 0 ORDER BY completion_id`, runID, teamID)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var t TrialTimes
+		if err := rows.Scan(&t.Create, &t.Write, &t.Run, &t.Delete, &t.Trial, &t.Attempts); err != nil {
+			return err
+		}
+		for _, d := range []*time.Duration{&t.Create, &t.Write, &t.Run, &t.Delete, &t.Trial} {
+			*d *= time.Microsecond
+		}
+		if err := fn(t); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
 // EvalEnv returns the environment of one of a run's trials that ran in a
-// sandbox (zero when none did).
+// sandbox (zero when none did), without its Times.
 func (s *Store) EvalEnv(ctx context.Context, teamID, runID string) (TrialEnv, error) {
 	var e TrialEnv
 	err := s.r.QueryRowContext(ctx, `SELECT sandbox_id, template_digest, runtime, runtime_version FROM eval_trials

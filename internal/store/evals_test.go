@@ -13,12 +13,14 @@ func TestEvals(t *testing.T) {
 	a, b := mustTeam(t, s, "a"), mustTeam(t, s, "b")
 	run, err := s.InsertEval(ctx, EvalRow{Input: []byte(`{"problems":[]}`), Run: client.EvalRun{
 		TeamID: a.ID, State: client.EvalStateRunning, K: []int{1, 10}, Timeout: 3, Template: "python", Concurrency: 4, Seed: 9, Tasks: 2, Samples: 3,
+		Mode: client.EvalModeBatch, Slice: 50,
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.GetEval(ctx, a.ID, run.ID)
-	if err != nil || got.ID != run.ID || len(got.K) != 2 || got.K[1] != 10 || got.Seed != 9 || got.Samples != 3 || got.State != client.EvalStateRunning || got.Summary != nil {
+	if err != nil || got.ID != run.ID || len(got.K) != 2 || got.K[1] != 10 || got.Seed != 9 || got.Samples != 3 || got.State != client.EvalStateRunning || got.Summary != nil ||
+		got.Mode != client.EvalModeBatch || got.Slice != 50 {
 		t.Fatalf("GetEval = %+v, %v", got, err)
 	}
 	if _, err := s.GetEval(ctx, b.ID, run.ID); !errors.Is(err, ErrNotFound) {

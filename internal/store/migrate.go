@@ -114,6 +114,18 @@ var migrations = []string{
 		runtime_version TEXT NOT NULL DEFAULT '',
 		PRIMARY KEY (run_id, completion_id)
 	);`,
+	// 4: where a trial's time went: its phases (microseconds, of the
+	// completed attempt), its whole duration and its attempts (0: not
+	// recorded, e.g. rows written before this migration).
+	`ALTER TABLE eval_trials ADD COLUMN create_us INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE eval_trials ADD COLUMN write_us INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE eval_trials ADD COLUMN run_us INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE eval_trials ADD COLUMN delete_us INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE eval_trials ADD COLUMN trial_us INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE eval_trials ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;`,
+	// 5: eval runs' execution mode (trial or batch) and batch slice size.
+	`ALTER TABLE eval_runs ADD COLUMN mode TEXT NOT NULL DEFAULT 'trial';
+	ALTER TABLE eval_runs ADD COLUMN slice INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

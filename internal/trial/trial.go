@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/evalbox/evalbox/internal/sandbox"
@@ -35,6 +36,8 @@ type Spec struct {
 	Script string
 	Path   string
 	Argv   []string
+	// User runs Argv as this user (name or uid); "" is the template's.
+	User string
 	// Timeout of the run in seconds.
 	Timeout        float64
 	MaxOutputBytes int64
@@ -43,12 +46,24 @@ type Spec struct {
 }
 
 // Outcome is a trial's result: the run's result with its output, the
-// sandbox it ran in, and how many attempts it took. When every attempt hit
-// an infra failure, Result.Status is "error" and Result.Error says why.
+// sandbox it ran in, how many attempts it took, the durations of the
+// completed attempt's phases and of the whole trial (every attempt and
+// backoff included). When every attempt hit an infra failure,
+// Result.Status is "error", Result.Error says why, and Phases is zero.
 type Outcome struct {
 	Result   client.ExecResult
 	Sandbox  client.Sandbox
 	Attempts int
+	Phases   Phases
+	Duration time.Duration
+}
+
+// Phases are the durations of one attempt's steps: the sandbox's create
+// (a warm-pool claim or a cold start, queueing at the team's limit
+// included), the script's write, its run (the exec round trip) and the
+// sandbox's delete.
+type Phases struct {
+	Create, Write, Run, Delete time.Duration
 }
 
 // Runner runs trials.
@@ -77,6 +92,7 @@ func New(sb Sandboxes, log *slog.Logger) *Runner {
 // run at all (bad input, unknown template, ctx ended); infra failures end
 // as an Outcome with status "error".
 func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, error) {
+	start := time.Now()
 	var last error
 	backoff := r.Backoff
 	for attempt := 1; attempt <= max(1, r.Attempts); attempt++ {
@@ -93,6 +109,7 @@ func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, er
 		out, err := r.once(ctx, teamID, spec)
 		out.Attempts = attempt
 		if err == nil {
+			out.Duration = time.Since(start)
 			return out, nil
 		}
 		if ctx.Err() != nil {
@@ -104,14 +121,16 @@ func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, er
 		r.log.Warn("trial infra failure", "team", teamID, "attempt", attempt, "err", err)
 		last = err
 	}
-	return Outcome{Attempts: max(1, r.Attempts), Result: client.ExecResult{
+	return Outcome{Attempts: max(1, r.Attempts), Duration: time.Since(start), Result: client.ExecResult{
 		Status: client.StatusError, ExitCode: -1,
 		Error: fmt.Sprintf("infrastructure failure after %d attempts: %v", max(1, r.Attempts), last),
 	}}, nil
 }
 
-// once runs one attempt in one fresh sandbox, deleting it afterwards.
-func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (Outcome, error) {
+// once runs one attempt in one fresh sandbox, deleting it afterwards, and
+// times each step.
+func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcome, err error) {
+	t := time.Now()
 	sb, err := r.sb.Create(ctx, teamID, client.CreateSandboxRequest{
 		Template: spec.Template, Runtime: spec.Runtime, Metadata: spec.Metadata,
 		WaitSeconds: int(r.CreateWait / time.Second),
@@ -119,28 +138,50 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (Outcome, e
 	if err != nil {
 		return Outcome{}, fmt.Errorf("create: %w", err)
 	}
-	out := Outcome{Sandbox: sb}
+	out.Sandbox = sb
+	out.Phases.Create, t = lap(t)
 	defer func() {
 		// Deleting must happen even when ctx ended.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
+		t := time.Now()
 		if err := r.sb.Delete(dctx, teamID, sb.ID); err != nil && !isCode(err, client.CodeNotFound) {
 			r.log.Warn("trial: delete sandbox", "sandbox", sb.ID, "err", err)
 		}
+		out.Phases.Delete = time.Since(t)
 	}()
 	if _, err := r.sb.WriteFile(ctx, teamID, sb.ID, spec.Path, "0644", strings.NewReader(spec.Script)); err != nil {
 		return out, fmt.Errorf("write %s: %w", spec.Path, err)
 	}
+	out.Phases.Write, t = lap(t)
 	var stdout, stderr strings.Builder
 	res, err := r.sb.Exec(ctx, teamID, sb.ID, client.ExecRequest{
-		Argv: spec.Argv, Timeout: spec.Timeout, MaxOutputBytes: spec.MaxOutputBytes,
+		Argv: spec.Argv, Timeout: spec.Timeout, MaxOutputBytes: spec.MaxOutputBytes, User: spec.User,
 	}, &stdout, &stderr)
+	if errors.Is(err, sandbox.ErrOutOfMemory) {
+		// The script took the sandbox past its memory limit (gVisor: the
+		// OOM killer stops the whole sandbox): its result, not an infra
+		// failure, as when the OOM killer takes one process.
+		msg := err.Error()
+		if se := (*sandbox.Error)(nil); errors.As(err, &se) {
+			msg = se.Message
+		}
+		res = client.ExecResult{Status: client.StatusKilled, ExitCode: -1, Signal: int(syscall.SIGKILL), Error: "out-of-memory killer: " + msg}
+		err = nil
+	}
 	if err != nil {
 		return out, fmt.Errorf("exec: %w", err)
 	}
+	out.Phases.Run, _ = lap(t)
 	res.Stdout, res.Stderr = stdout.String(), stderr.String()
 	out.Result = res
 	return out, nil
+}
+
+// lap returns the time since t and now.
+func lap(t time.Time) (time.Duration, time.Time) {
+	now := time.Now()
+	return now.Sub(t), now
 }
 
 // Retriable reports whether err is an infra failure worth a fresh sandbox:

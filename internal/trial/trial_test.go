@@ -3,6 +3,7 @@ package trial
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -22,7 +23,10 @@ type flaky struct {
 	execErrs         []error
 	created, deleted []string
 	wrote            string
+	pause            map[string]time.Duration // per step: create, write, exec, delete
 }
+
+func (f *flaky) sleep(step string) { time.Sleep(f.pause[step]) }
 
 func pop(errs *[]error) error {
 	if len(*errs) == 0 {
@@ -34,6 +38,7 @@ func pop(errs *[]error) error {
 }
 
 func (f *flaky) Create(ctx context.Context, teamID string, req client.CreateSandboxRequest) (client.Sandbox, error) {
+	f.sleep("create")
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := pop(&f.createErrs); err != nil {
@@ -45,6 +50,7 @@ func (f *flaky) Create(ctx context.Context, teamID string, req client.CreateSand
 }
 
 func (f *flaky) WriteFile(ctx context.Context, teamID, id, path, mode string, r io.Reader) (client.FileInfo, error) {
+	f.sleep("write")
 	b, err := io.ReadAll(r)
 	f.mu.Lock()
 	f.wrote = path + ":" + string(b)
@@ -53,6 +59,7 @@ func (f *flaky) WriteFile(ctx context.Context, teamID, id, path, mode string, r 
 }
 
 func (f *flaky) Exec(ctx context.Context, teamID, id string, req client.ExecRequest, stdout, stderr io.Writer) (client.ExecResult, error) {
+	f.sleep("exec")
 	f.mu.Lock()
 	err := pop(&f.execErrs)
 	f.mu.Unlock()
@@ -67,6 +74,7 @@ func (f *flaky) Delete(ctx context.Context, teamID, id string) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	f.sleep("delete")
 	f.mu.Lock()
 	f.deleted = append(f.deleted, id)
 	f.mu.Unlock()
@@ -117,6 +125,25 @@ func TestGivesUpAsError(t *testing.T) {
 	}
 }
 
+// TestOutOfMemoryIsTheScriptsResult: a sandbox that died because the
+// script went past its memory limit is the script's result (killed, with
+// the reason), not an infra failure to retry.
+func TestOutOfMemoryIsTheScriptsResult(t *testing.T) {
+	oom := &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "sandbox sb-a went past its memory limit (memory_mb=512)",
+		Err: fmt.Errorf("%w: session closed", sandbox.ErrOutOfMemory)}
+	f := &flaky{execErrs: []error{oom}}
+	out, err := newRunner(f).Run(t.Context(), "t1", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Attempts != 1 || out.Result.Status != client.StatusKilled || !strings.HasPrefix(out.Result.Error, "out-of-memory killer: sandbox sb-a went past") {
+		t.Fatalf("outcome %+v", out)
+	}
+	if strings.Join(f.created, ",") != "sb-a" || strings.Join(f.deleted, ",") != "sb-a" {
+		t.Fatalf("created %v, deleted %v", f.created, f.deleted)
+	}
+}
+
 func TestNoRetryOnBadInput(t *testing.T) {
 	for _, code := range []string{client.CodeBadRequest, client.CodeNotFound, client.CodeTooManySandboxes} {
 		f := &flaky{createErrs: []error{&sandbox.Error{Code: code, Message: "no"}}}
@@ -137,5 +164,28 @@ func TestDeletesAfterCancel(t *testing.T) {
 	}
 	if strings.Join(f.deleted, ",") != "sb-a" {
 		t.Fatalf("deleted %v after cancel", f.deleted)
+	}
+}
+
+func TestPhases(t *testing.T) {
+	ms := time.Millisecond
+	died := &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "died"}
+	f := &flaky{execErrs: []error{died}, pause: map[string]time.Duration{"create": 60 * ms, "write": 10 * ms, "exec": 120 * ms, "delete": 90 * ms}}
+	out, err := newRunner(f).Run(t.Context(), "t1", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := out.Phases
+	// Each phase is its step's pause plus scheduling noise, never another step's.
+	for name, c := range map[string][2]time.Duration{
+		"create": {p.Create, 60 * ms}, "write": {p.Write, 10 * ms}, "run": {p.Run, 120 * ms}, "delete": {p.Delete, 90 * ms},
+	} {
+		if c[0] < c[1] || c[0] > c[1]+50*ms {
+			t.Errorf("%s phase %v, want about %v", name, c[0], c[1])
+		}
+	}
+	// The trial covers both attempts: the failed one, the backoff and the second.
+	if sum := p.Create + p.Write + p.Run + p.Delete; out.Attempts != 2 || out.Duration < 2*sum-p.Run {
+		t.Errorf("attempts %d, duration %v for phases summing to %v", out.Attempts, out.Duration, sum)
 	}
 }

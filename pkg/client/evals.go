@@ -9,9 +9,10 @@ import (
 	"net/http"
 )
 
-// CreateEval starts an eval run on the server: every sample is judged in
-// its own fresh sandbox against its problem's tests. The run goes on when
-// the caller leaves; follow it with GetEval and EvalResults.
+// CreateEval starts an eval run on the server: every sample is judged
+// against its problem's test program or I/O cases, in its own fresh
+// sandbox (mode trial) or in slices sharing a sandbox (mode batch). The run
+// goes on when the caller leaves; follow it with GetEval and EvalResults.
 func (c *Client) CreateEval(ctx context.Context, req CreateEvalRequest) (*EvalRun, error) {
 	var run EvalRun
 	if err := c.do(ctx, &request{method: http.MethodPost, path: "/evals", in: &req}, &run); err != nil {

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"encoding/json"
 	"go/ast"
 	"go/constant"
 	"go/parser"
@@ -62,10 +63,12 @@ var wireTypes = map[string]reflect.Type{
 	"ExecuteRequest":       reflect.TypeFor[ExecuteRequest](),
 	"ExecuteResponse":      reflect.TypeFor[ExecuteResponse](),
 	"EvalProblem":          reflect.TypeFor[EvalProblem](),
+	"EvalIOCase":           reflect.TypeFor[EvalIOCase](),
 	"EvalSample":           reflect.TypeFor[EvalSample](),
 	"CreateEvalRequest":    reflect.TypeFor[CreateEvalRequest](),
 	"EvalRun":              reflect.TypeFor[EvalRun](),
 	"EvalSummary":          reflect.TypeFor[EvalSummary](),
+	"PhaseStats":           reflect.TypeFor[PhaseStats](),
 	"EvalRunList":          reflect.TypeFor[EvalRunList](),
 	"EvalResult":           reflect.TypeFor[EvalResult](),
 }
@@ -89,6 +92,8 @@ var enumConsts = map[string]string{
 	"BuildEvent.type":              "BuildEvent",
 	"ExecuteRequest.language":      "Language",
 	"EvalRun.state":                "EvalState",
+	"EvalRun.mode":                 "EvalMode",
+	"CreateEvalRequest.mode":       "EvalMode",
 	"Pool.runtime":                 "Runtime",
 	"Pool.network":                 "Network",
 }
@@ -227,12 +232,22 @@ func checkStruct(t *testing.T, name string, schema yamlMap, typ reflect.Type, co
 	}
 }
 
-var timeType = reflect.TypeFor[time.Time]()
+var (
+	timeType = reflect.TypeFor[time.Time]()
+	rawType  = reflect.TypeFor[json.RawMessage]()
+)
 
 func checkType(t *testing.T, where string, s yamlMap, typ reflect.Type) {
 	t.Helper()
 	for typ.Kind() == reflect.Pointer {
 		typ = typ.Elem()
+	}
+	if typ == rawType {
+		// Any JSON value: the schema names no type.
+		if _, ok := s["type"]; ok {
+			t.Errorf("%s: json.RawMessage is any JSON value, but the spec says type %v", where, s["type"])
+		}
+		return
 	}
 	if ref, ok := s["$ref"].(string); ok {
 		want := "#/components/schemas/" + typ.Name()

@@ -1,6 +1,9 @@
 package client
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // Wire types of the REST API (/v1). api/openapi.yaml is the source of truth;
 // these structs follow it and are shared by the server and this client.
@@ -495,13 +498,38 @@ const (
 	EvalStateCancelled = "cancelled"
 )
 
-// EvalProblem is one task in HumanEval's schema.
+// Eval run modes.
+const (
+	// EvalModeTrial runs every sample in its own fresh sandbox.
+	EvalModeTrial = "trial"
+	// EvalModeBatch runs a slice of samples in one fresh sandbox, each
+	// sample in its own process (weaker isolation between the samples of
+	// a slice, fewer sandboxes).
+	EvalModeBatch = "batch"
+)
+
+// EvalProblem is one task in HumanEval's schema, checked either by its Test
+// program (assert mode, as HumanEval) or by its IO cases (I/O mode: the
+// expected outputs never enter the sandbox). Exactly one of Test and IO is
+// given.
 type EvalProblem struct {
 	TaskID            string `json:"task_id"`
 	Prompt            string `json:"prompt"`
 	EntryPoint        string `json:"entry_point"`
 	CanonicalSolution string `json:"canonical_solution,omitempty"`
-	Test              string `json:"test"`
+	Test              string `json:"test,omitempty"`
+	// IO lists input/output cases: the sandbox calls entry_point(*input)
+	// for each and evalbox compares the result with output outside it.
+	IO []EvalIOCase `json:"io,omitempty"`
+}
+
+// EvalIOCase is one I/O test case: the entry point's arguments and the
+// value it must return (JSON; compared after a JSON round trip, numbers
+// with a relative and absolute tolerance of 1e-9 when either is not an
+// integer).
+type EvalIOCase struct {
+	Input  []json.RawMessage `json:"input"`
+	Output json.RawMessage   `json:"output"`
 }
 
 // EvalSample is one model output: a completion (the task's prompt is
@@ -527,6 +555,11 @@ type CreateEvalRequest struct {
 	Concurrency int `json:"concurrency,omitempty"`
 	// Seed orders the trials (the same seed, the same order).
 	Seed int64 `json:"seed,omitempty"`
+	// Mode is EvalModeTrial (default) or EvalModeBatch.
+	Mode string `json:"mode,omitempty"`
+	// Slice is how many samples one batch-mode sandbox runs (default 100,
+	// at most 1000); only with mode batch.
+	Slice int `json:"slice,omitempty"`
 }
 
 // EvalRun is an eval run: its settings, progress and, once finished, summary.
@@ -543,8 +576,11 @@ type EvalRun struct {
 	Runtime     string     `json:"runtime"`
 	Concurrency int        `json:"concurrency"`
 	Seed        int64      `json:"seed"`
-	Tasks       int        `json:"tasks"`
-	Samples     int        `json:"samples"`
+	Mode        string     `json:"mode"`
+	// Slice is the batch-mode slice size (0 in trial mode).
+	Slice   int `json:"slice,omitempty"`
+	Tasks   int `json:"tasks"`
+	Samples int `json:"samples"`
 	// Done counts finished trials; Counts them by status (passed, failed,
 	// timed_out, infra_error).
 	Done    int            `json:"done"`
@@ -564,6 +600,22 @@ type EvalSummary struct {
 	RuntimeVersion  string             `json:"runtime_version"`
 	DurationMs      int64              `json:"duration_ms"`
 	TrialsPerSecond float64            `json:"trials_per_second"`
+	// Retries counts the trials run again on a fresh sandbox after an
+	// infra failure (a sandbox that died, an agent lost), by the last
+	// server process.
+	Retries int `json:"retries"`
+	// Phases maps a trial phase to its durations over the run's trials
+	// (those of the last server process and before, as recorded): create,
+	// write, run and delete are the steps of the attempt that completed;
+	// trial is the whole trial, retries included.
+	Phases map[string]PhaseStats `json:"phases,omitempty"`
+}
+
+// PhaseStats summarises the durations of one trial phase over a run.
+type PhaseStats struct {
+	P50Ms  float64 `json:"p50_ms"`
+	P99Ms  float64 `json:"p99_ms"`
+	MeanMs float64 `json:"mean_ms"`
 }
 
 // EvalRunList is the body of GET /v1/evals.

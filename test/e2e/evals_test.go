@@ -330,7 +330,7 @@ func TestEvalCLI(t *testing.T) {
 	}
 	stdout, stderr := cli("eval", "run", "--problems", filepath.Join(sharedData, "example_problem.jsonl"),
 		"--samples", filepath.Join(sharedData, "example_samples.jsonl"), "--k", "1,10", "--out", outPath, "--runtime", client.RuntimeNamespaces)
-	if !strings.Contains(stdout, "pass@1 0.5000  pass@10 n/a   (1 tasks, 6 samples, 0 infra errors)") || !strings.Contains(stdout, "trials/s") {
+	if !strings.Contains(stdout, "pass@1 0.5000  pass@10 n/a   (1 tasks, 6 samples each, 0 infra errors)") || !strings.Contains(stdout, "trials/s") {
 		t.Errorf("stdout:\n%s", stdout)
 	}
 	id, _, _ := strings.Cut(strings.TrimPrefix(stderr, "eval run "), ":")

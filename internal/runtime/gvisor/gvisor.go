@@ -10,6 +10,8 @@
 // memory and is capped at the disk limit (--overlay2=root:memory,size=…);
 // the template directory is never written. cgroup limits (cpu, memory, pids)
 // are applied by runsc on the host, under a per-instance parent (Config.CgroupParent).
+// Destroy ends a started sandbox through that cgroup (every host process of
+// it is there) instead of another runsc invocation.
 //
 // Network "none" gives the sandbox only a loopback interface in gVisor's
 // netstack (--network=none). For "outbound" the driver creates a network
@@ -255,6 +257,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 		_ = sb.Destroy(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("gvisor: runsc run: %w: %s", runErr, tail)
 	}
+	sb.started = true
 	// runsc applies the spec's OOM score inside the sandbox only; the host
 	// processes (Sentry, gofer; stubs inherit from the Sentry) get it here.
 	r.setOOMScore(spec.ID)
@@ -339,6 +342,10 @@ type sandbox struct {
 	in       *os.File
 	out      *os.File
 	net      *sandboxNet // nil unless outbound
+	// started is set once `runsc run` succeeded: runsc has put the
+	// sandbox's every host process (Sentry, gofer, systrap stubs) in its
+	// cgroup, so Destroy can end it without another runsc invocation.
+	started bool
 
 	destroyOnce sync.Once
 	destroyErr  error
@@ -362,12 +369,55 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	s.destroyOnce.Do(func() {
 		s.in.Close()
 		s.out.Close()
-		s.destroyErr = s.r.remove(ctx, s.id)
+		if s.started {
+			s.destroyErr = s.r.kill(ctx, s.id)
+		} else {
+			s.destroyErr = s.r.remove(ctx, s.id)
+		}
 		if s.net != nil {
 			s.destroyErr = errors.Join(s.destroyErr, s.r.removeNetwork(s.id, s.net.lease))
 		}
 	})
 	return s.destroyErr
+}
+
+// kill ends a container runsc started: it SIGKILLs every process of the
+// sandbox's cgroup (Sentry, gofer, systrap stubs; the cgroup is frozen while
+// it signals, so nothing escapes by forking), removes the cgroup in every
+// hierarchy and runsc's state files of the container. That is what
+// `runsc delete --force` does for a sandbox of one container (its
+// processes are not ours to reap: `runsc run --detach` left them to init),
+// without the cost of another runsc process (~10 ms CPU) and the Sentry's
+// orderly shutdown. Without the cgroup (never expected) it falls back to
+// remove, which asks runsc.
+func (r *Runtime) kill(ctx context.Context, id string) error {
+	if !r.cg.Exists(id) {
+		return r.remove(ctx, id)
+	}
+	cg, err := r.cg.Open(id)
+	if err != nil {
+		return r.remove(ctx, id)
+	}
+	ctx = context.WithoutCancel(ctx)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := cg.Destroy(ctx); err != nil {
+		// Leave it to runsc (and, failing that, the periodic sweep).
+		r.log.Warn("gvisor: kill by cgroup failed, trying runsc delete", "id", id, "err", err)
+		return r.remove(ctx, id)
+	}
+	var errs []error
+	for _, f := range r.stateFiles(id) {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("gvisor: %w", err))
+		}
+	}
+	// runsc makes the sandbox's cgroup in every hierarchy, also in those
+	// the manager does not handle (cpuacct, devices, …).
+	if err := cgroups.RemoveLeaf(r.cfg.CgroupParent, id); err != nil {
+		errs = append(errs, fmt.Errorf("gvisor: %w", err))
+	}
+	return errors.Join(errs...)
 }
 
 // remove force-deletes a container: runsc kills the sandbox and gofer,

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -387,5 +388,101 @@ func TestExportUpper(t *testing.T) {
 	}
 	if _, ok := got["usr/bin/bash"]; ok {
 		t.Error("an unchanged file is in the layer")
+	}
+}
+
+// TestDestroyWithoutRunsc checks the Destroy of a started sandbox, which
+// kills it through its cgroup instead of `runsc delete`: every host process
+// of it (Sentry, gofer, systrap stubs) is gone, its cgroup is gone from
+// every hierarchy (runsc makes one in each, cpuacct and blkio included),
+// runsc's state files are gone and `runsc list` no longer knows it.
+func TestDestroyWithoutRunsc(t *testing.T) {
+	runsc, agent, rootfs := testBinaries(t)
+	e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: t.TempDir()}
+	r := e.newRuntime(t)
+	t.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			t.Errorf("close runtime: %v", err)
+		}
+	})
+	const id = "gv-destroy"
+	s := e.start(t, r, id, runtime.NetworkNone)
+	// Load the sandbox a little: processes inside, files in its overlay.
+	if out := s.sh(t, "for i in 1 2 3; do sleep 600 & done; head -c 1000000 /dev/zero > /tmp/f; echo ok"); !strings.HasSuffix(out, "ok\n") {
+		t.Fatalf("setup: %s", out)
+	}
+	cg, err := r.cg.Open(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids, err := cg.Procs()
+	if err != nil || len(pids) < 2 {
+		t.Fatalf("host processes of the sandbox = %v, %v; want the Sentry and the gofer at least", pids, err)
+	}
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", r.cfg.CgroupParent, id))
+	if len(dirs) < 2 {
+		t.Fatalf("cgroup directories of the sandbox = %q; want one per hierarchy", dirs)
+	}
+	if !s.sb.started {
+		t.Fatal("a started sandbox is not marked started")
+	}
+	if len(r.stateFiles(id)) == 0 {
+		t.Fatal("no runsc state files for a running sandbox")
+	}
+
+	s.agent.Close()
+	if err := s.sb.Destroy(context.Background()); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	for _, pid := range pids {
+		// The processes were not ours: init reaps them. A zombie has no
+		// cmdline.
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && len(b) > 0 {
+			t.Errorf("process %d still runs after Destroy: %q", pid, b)
+		}
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("cgroup %s left after Destroy", d)
+		}
+	}
+	if f := r.stateFiles(id); len(f) > 0 {
+		t.Errorf("runsc state files left: %q", f)
+	}
+	out, err := exec.Command(runsc, "--root", e.rootDir, "list", "--quiet").CombinedOutput()
+	if err != nil {
+		t.Fatalf("runsc list: %v: %s", err, out)
+	}
+	if slices.Contains(strings.Fields(string(out)), id) {
+		t.Errorf("runsc list still has %s: %q", id, out)
+	}
+}
+
+// TestForkBombContained: a fork bomb meets the sandbox's RLIMIT_NPROC
+// (its Pids) inside gVisor, before the host pids limit would kill the
+// Sentry: the sandbox survives, and answers after the bomb is gone.
+func TestForkBombContained(t *testing.T) {
+	runsc, agent, rootfs := testBinaries(t)
+	e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: t.TempDir()}
+	r := e.newRuntime(t)
+	t.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			t.Errorf("close runtime: %v", err)
+		}
+	})
+	s := e.start(t, r, "gv-forkbomb", runtime.NetworkNone)
+	if out := s.sh(t, "bash -c 'ulimit -u'"); strings.TrimSpace(out) != "128" {
+		t.Fatalf("ulimit -u = %q, want the sandbox's Pids 128", out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	res, err := s.agent.Exec(ctx, agentproto.ExecRequest{Shell: `bomb() { bomb | bomb & }; bomb; sleep 3`, TimeoutMs: 5_000}, nil, &out, &out)
+	if err != nil {
+		t.Fatalf("fork bomb: the sandbox was lost: %v", err)
+	}
+	t.Logf("fork bomb: %+v", res)
+	if got := s.sh(t, "echo alive"); got != "alive\n" {
+		t.Fatalf("after the fork bomb: %q", got)
 	}
 }

@@ -48,7 +48,7 @@ func ociSpec(s runtime.Spec, cgroupParent string, nw *sandboxNet) *specs.Spec {
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding: capabilities, Effective: capabilities, Permitted: capabilities,
 			},
-			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}},
+			Rlimits: rlimits(s.Pids),
 		},
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
@@ -79,7 +79,7 @@ func ociSpec(s runtime.Spec, cgroupParent string, nw *sandboxNet) *specs.Spec {
 		sp.Mounts = append(sp.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: nw.resolvConf, Options: []string{"rbind", "ro"}})
 	}
 	if s.Pids > 0 {
-		sp.Linux.Resources.Pids = &specs.LinuxPids{Limit: pids}
+		sp.Linux.Resources.Pids = &specs.LinuxPids{Limit: hostPids(pids)}
 	}
 	if s.CPU > 0 {
 		quota := int64(s.CPU * cpuPeriod)
@@ -88,4 +88,25 @@ func ociSpec(s runtime.Spec, cgroupParent string, nw *sandboxNet) *specs.Spec {
 		sp.Linux.Resources.CPU.Period = &period
 	}
 	return sp
+}
+
+// rlimits are the sandbox's resource limits inside gVisor. The Sentry
+// enforces RLIMIT_NPROC (also for root), so Pids bounds the sandbox's own
+// processes and threads where a fork bomb meets it: fork fails with EAGAIN
+// inside the sandbox, as on Linux.
+func rlimits(pids int) []specs.POSIXRlimit {
+	rl := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}}
+	if pids > 0 {
+		rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: uint64(pids), Soft: uint64(pids)})
+	}
+	return rl
+}
+
+// hostPids is the host pids limit of a sandbox whose guest may run pids
+// tasks: each guest task costs the Sentry several host threads (systrap's
+// stub threads and its own), so a guest at its RLIMIT_NPROC must not meet
+// the host limit first, which kills the Sentry and loses the sandbox. The
+// host limit stays a backstop against a runaway Sentry.
+func hostPids(pids int64) int64 {
+	return 8*pids + 512
 }

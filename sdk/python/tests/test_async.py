@@ -6,6 +6,8 @@ import asyncio
 import hashlib
 import io
 import os
+import subprocess
+import sys
 import time
 import tracemalloc
 import uuid
@@ -240,3 +242,37 @@ def test_sync_and_async_share_one_server_view(team: Team) -> None:
     sid = asyncio.run(make())
     with Sandbox.connect(sid) as sb:
         assert sb.files.read_text("/work/from-async") == "x"
+
+
+_LOOPS_SCRIPT = """
+import asyncio, gc, sys
+from evalbox import AsyncSandbox, _async
+
+async def main():
+    await AsyncSandbox.list()
+    await AsyncSandbox.list(api_url=sys.argv[1], api_key=sys.argv[2])  # a second default client on this loop
+    return [c._http for c in _async._defaults[asyncio.get_running_loop()].clients.values()]
+
+https = []
+for _ in range(3):
+    https += asyncio.run(main())
+gc.collect()
+assert len(https) == 6 and all(h.is_closed for h in https), https
+assert not _async._defaults, _async._defaults
+print("ok")
+"""
+
+
+def test_default_clients_closed_with_their_loop(server: Server, team: Team) -> None:
+    """The per-loop default clients are closed when asyncio.run ends their loop: no unclosed transport or
+    socket (ResourceWarning is an error here, and so is anything printed), and no loop is kept."""
+    other = server.new_team(max_sandboxes=1)
+    p = subprocess.run(
+        [sys.executable, "-W", "error", "-c", _LOOPS_SCRIPT, other.url, other.key],
+        env={**os.environ, "EVALBOX_API_URL": team.url, "EVALBOX_API_KEY": team.key},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (p.returncode, p.stdout, p.stderr) == (0, "ok\n", "")

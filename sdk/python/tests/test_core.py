@@ -8,6 +8,7 @@ against the real server).
 from __future__ import annotations
 
 import builtins
+import gzip
 import io
 import json
 import signal
@@ -51,6 +52,10 @@ def drive(
             if isinstance(step, core.Sleep):
                 if sleep:
                     time.sleep(step.seconds)
+                step = op.send(None)
+                continue
+            if isinstance(step, core.Notify):
+                step.callback(step.value)
                 step = op.send(None)
                 continue
             r = pending.pop(0)
@@ -324,3 +329,218 @@ def test_parse_time() -> None:
 
     assert parse_time("2026-11-29T11:31:45.182245123Z") == datetime(2026, 11, 29, 11, 31, 45, 182245, timezone.utc)
     assert parse_time("2026-11-29T12:31:45+01:00") == datetime(2026, 11, 29, 11, 31, 45, tzinfo=timezone.utc)
+
+
+# --- execute and eval runs -----------------------------------------------------
+
+
+def test_execute_chunks_by_count_and_bytes() -> None:
+    base = core.execute_body(language="python", timeout=None, template=None, runtime=None)
+    assert base == {"language": "python"}
+    scripts = [f"print({i})" for i in range(10)]
+    assert core.execute_chunks(scripts, base, max_scripts=4) == [scripts[0:4], scripts[4:8], scripts[8:10]]
+    # By bytes: each chunk's body, encoded as httpx encodes it, fits; one more script would not.
+    big = ["x" * 300 + 'é\n"' for _ in range(10)]
+    limit = 1000
+    chunks = core.execute_chunks(big, base, max_body=limit)
+    assert [s for c in chunks for s in c] == big
+    for c in chunks:
+        assert len(httpx.Request("POST", "http://x", json={**base, "scripts": list(c)}).content) <= limit
+    assert len(json.dumps({**base, "scripts": [*chunks[0], big[0]]}, ensure_ascii=False).encode()) > limit
+    # A script too large on its own goes alone (the server answers 413); nothing is dropped.
+    assert core.execute_chunks(["a", "b" * 2000, "c"], base, max_body=1000) == [["a"], ["b" * 2000], ["c"]]
+    with pytest.raises(TypeError, match="script 1"):
+        core.execute_chunks(["ok", b"bytes"], base)  # type: ignore[list-item]
+
+
+def test_execute_keeps_order_across_requests() -> None:
+    base = core.execute_body(language="bash", timeout=2.5, template="base", runtime="namespaces")
+    scripts = [f"echo {i}" for i in range(5)]
+
+    def results(lo: int, hi: int) -> httpx.Response:
+        rs = [
+            {"stdout": f"{i}\n", "stderr": "", "exit_code": 0, "status": "exited", "duration_ms": 5}
+            for i in range(lo, hi)
+        ]
+        return answer(200, {"results": rs})
+
+    value, steps = drive(core.execute(CFG, scripts, base, max_scripts=2), [results(0, 2), results(2, 4), results(4, 5)])
+    assert [r.stdout for r in value] == [f"{i}\n" for i in range(5)]
+    calls = [s for s in steps if isinstance(s, core.Call)]
+    assert [c.json["scripts"] for c in calls] == [scripts[0:2], scripts[2:4], scripts[4:5]]
+    assert all(c.json["language"] == "bash" and c.json["timeout"] == 2.5 for c in calls)
+    assert all(not c.retry and c.read_timeout is None for c in calls)
+    with pytest.raises(evalbox.EvalboxError, match="2 scripts sent, 1 results"):
+        drive(core.execute(CFG, scripts[:2], base), [results(0, 1)])
+    with pytest.raises(StopIteration) as stop:  # no scripts: no request
+        core.execute(CFG, [], base).send(None)
+    assert stop.value.value == []
+    with pytest.raises(ValueError, match="timeout"):
+        core.execute_body(language="python", timeout=0, template=None, runtime=None)
+
+
+def test_eval_body(tmp_path: Any) -> None:
+    problem = {"task_id": "t/0", "prompt": "p", "entry_point": "f", "test": "t", "canonical_solution": None, "x": 1}
+    sample = {"task_id": "t/0", "completion": "c", "solution": None, "result": "passed", "passed": True}
+    none = dict(k=None, timeout=None, template=None, runtime=None, concurrency=None, seed=None, mode=None, slice=None)
+    body = core.eval_body([problem], [sample], **none)
+    assert body == {
+        "problems": [{"task_id": "t/0", "prompt": "p", "entry_point": "f", "test": "t"}],
+        "samples": [{"task_id": "t/0", "completion": "c"}],
+    }
+    io_problem = {"task_id": "t/1", "prompt": "p", "entry_point": "f", "io": [{"input": [1], "output": 2}]}
+    body = core.eval_body(
+        [io_problem],
+        [sample],
+        k=5,
+        timeout=1.5,
+        template="py",
+        runtime="gvisor",
+        concurrency=4,
+        seed=0,
+        mode="batch",
+        slice=50,
+    )
+    assert body["problems"] == [io_problem]
+    assert {k: v for k, v in body.items() if k not in ("problems", "samples")} == {
+        "k": [5],
+        "timeout": 1.5,
+        "template": "py",
+        "runtime": "gvisor",
+        "concurrency": 4,
+        "seed": 0,
+        "mode": "batch",
+        "slice": 50,
+    }
+    # Files: .jsonl and .jsonl.gz (by content, not name), blank lines skipped.
+    plain = tmp_path / "samples.jsonl"
+    plain.write_text(json.dumps(sample) + "\n\n" + json.dumps({"task_id": "t/0", "solution": "s"}) + "\n")
+    packed = tmp_path / "samples.data"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    want = [{"task_id": "t/0", "completion": "c"}, {"task_id": "t/0", "solution": "s"}]
+    assert core.eval_records(plain, core.SAMPLE_FIELDS, "samples") == want
+    assert core.eval_records(str(packed), core.SAMPLE_FIELDS, "samples") == want
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(sample) + "\n{oops\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2:"):
+        core.eval_records(bad, core.SAMPLE_FIELDS, "samples")
+    with pytest.raises(ValueError, match="no problems"):
+        core.eval_records(iter([]), core.PROBLEM_FIELDS, "problems")
+    with pytest.raises(TypeError, match=r"samples\[1\]"):
+        core.eval_records([sample, "x"], core.SAMPLE_FIELDS, "samples")  # type: ignore[list-item]
+
+
+RUN = {
+    "id": "ev_1",
+    "team_id": "t",
+    "state": "running",
+    "created_at": "2026-11-29T11:31:45Z",
+    "k": [1],
+    "timeout": 3,
+    "template": "python",
+    "runtime": "",
+    "concurrency": 2,
+    "seed": 0,
+    "tasks": 1,
+    "samples": 2,
+    "done": 0,
+    "counts": {},
+}
+
+
+def test_eval_run_parsing_before_and_after_modes() -> None:
+    old = evalbox.EvalRun.from_json(RUN)
+    assert (old.mode, old.slice, old.summary, old.pass_at_k, old.running) == (None, None, None, {}, True)
+    summary = {
+        "pass_at_k": {"pass@1": 0.5},
+        "counts": {"passed": 1, "failed": 1},
+        "template_digest": "sha256:x",
+        "runtime": "gvisor",
+        "runtime_version": "v",
+        "duration_ms": 1500,
+        "trials_per_second": 2.0,
+        "retries": 1,
+        "phases": {"run": {"p50_ms": 10, "p99_ms": 20, "mean_ms": 12}},
+        "a_field_of_a_newer_server": True,
+    }
+    new = evalbox.EvalRun.from_json(
+        {
+            **RUN,
+            "state": "succeeded",
+            "mode": "batch",
+            "slice": 100,
+            "done": 2,
+            "summary": summary,
+            "finished_at": RUN["created_at"],
+        }
+    )
+    assert (new.mode, new.slice, new.running, new.pass_at_k) == ("batch", 100, False, {"pass@1": 0.5})
+    assert new.summary is not None
+    assert (new.summary.duration, new.summary.retries) == (1.5, 1)
+    assert new.summary.phases["run"] == evalbox.PhaseStats(p50=0.01, p99=0.02, mean=0.012)
+    assert evalbox.EvalRun.from_json({**RUN, "mode": "trial"}).slice is None
+
+
+def test_wait_eval_reports_each_change_once() -> None:
+    seen: list[evalbox.EvalRun] = []
+    progress = [
+        {**RUN},
+        {**RUN, "done": 1, "counts": {"passed": 1}},
+        {**RUN, "done": 1, "counts": {"passed": 1}},
+        {**RUN, "state": "succeeded", "done": 2, "counts": {"passed": 1, "failed": 1}},
+    ]
+    first = evalbox.EvalRun.from_json(RUN)
+    op = core.wait_eval(CFG, "ev_1", timeout=None, poll_interval=0.5, on_progress=seen.append, first=first)
+    value, steps = drive(op, [answer(200, d) for d in progress])
+    assert [(r.state, r.done) for r in seen] == [("running", 0), ("running", 1), ("succeeded", 2)]
+    assert value == seen[-1]
+    assert [type(s).__name__ for s in steps].count("Sleep") == 4
+    assert all(s.seconds == 0.5 for s in steps if isinstance(s, core.Sleep))
+    # A deadline: the run is still running when it passes.
+    op = core.wait_eval(CFG, "ev_1", timeout=0.05, poll_interval=0.02, on_progress=None)
+    with pytest.raises(evalbox.TimeoutError, match="ev_1 is still running"):
+        drive(op, [answer(200, RUN)] * 10, sleep=True)
+    with pytest.raises(ValueError, match="poll_interval"):
+        drive(core.wait_eval(CFG, "ev_1", timeout=None, poll_interval=0, on_progress=None), [])
+
+
+def test_json_lines_across_chunks() -> None:
+    lines = core.JSONLines()
+    assert lines.feed(b'{"a": 1}\n{"b"') == [{"a": 1}]
+    assert lines.feed(b": 2}") == []
+    assert lines.feed(b"\n\n") == [{"b": 2}]
+    assert lines.feed(b'{"c": 3}') == []
+    assert lines.end() == [{"c": 3}]
+    assert lines.end() == []
+    with pytest.raises(evalbox.EvalboxError, match="invalid line"):
+        lines.feed(b"nope\n")
+
+
+def test_template_parsing() -> None:
+    t = evalbox.TemplateInfo.from_json(
+        {
+            "name": "mine",
+            "digest": "sha256:d",
+            "size_bytes": 10,
+            "built_at": "2026-11-29T11:31:45Z",
+            "cpu": 1,
+            "memory_mb": 512,
+            "disk_mb": 1024,
+            "workdir": "/work",
+            "user": "root",
+            "source": "build",
+            "env": {"A": "1"},
+            "ready_cmd": "true",
+            "from": "sha256:base",
+            "layers": ["sha256:l1"],
+            "build_id": "b1",
+        }
+    )
+    assert (t.from_, t.layers, t.env, t.cmd, t.build_id, t.ready_cmd) == (
+        "sha256:base",
+        ("sha256:l1",),
+        {"A": "1"},
+        (),
+        "b1",
+        "true",
+    )

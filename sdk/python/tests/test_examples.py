@@ -42,6 +42,18 @@ def test_score_two_candidates_gvisor(team: Team) -> None:
     assert "buggy: failed" in out
 
 
+def test_rl_rewards(team: Team) -> None:
+    out = run_example("rl_rewards.py", team.url, team.key, "--runtime", NS, "--group", "3", "--timeout", "3")
+    assert out.splitlines() == [
+        "completion 0: mean reward 1.00 (exited)",
+        "completion 1: mean reward 1.00 (exited)",
+        "completion 2: mean reward 0.50 (exited)",
+        "completion 3: mean reward 0.25 (exited)",
+        "completion 4: mean reward 0.00 (timed_out)",
+        "15 scripts, mean reward 0.55",
+    ]
+
+
 def test_harness_in_sandbox(team: Team) -> None:
     out = run_example("harness_in_sandbox.py", team.url, team.key, "--runtime", NS, "--timeout", "1")
     assert out.splitlines() == [

@@ -9,7 +9,11 @@ The trial loop::
         r = sb.commands.run("python3 /work/solution.py", timeout=5)
         score = r.exit_code == 0 and r.stdout.strip() == expected
 
-``AsyncSandbox`` has the same surface with ``await``. The server is found
+``AsyncSandbox`` has the same surface with ``await``. For RL rewards,
+``evalbox.execute(scripts, timeout=5)`` runs a batch of scripts, each in its
+own fresh sandbox; ``evalbox.evals.run(problems=..., samples=...)`` scores a
+HumanEval-format benchmark on the server (``async_execute`` and
+``async_evals`` are the async twins). The server is found
 with ``EVALBOX_API_URL`` and ``EVALBOX_API_KEY`` (or ``api_url=``/``api_key=``
 arguments, or a :class:`Client`). Errors answered by the server raise
 subclasses of :class:`EvalboxError` (see :mod:`evalbox.errors`).
@@ -19,8 +23,19 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from ._async import AsyncClient, AsyncCommandHandle, AsyncCommands, AsyncFiles, AsyncSandbox
-from ._sync import Client, CommandHandle, Commands, Files, Sandbox
+from ._async import (
+    AsyncClient,
+    AsyncCommandHandle,
+    AsyncCommands,
+    AsyncEvals,
+    AsyncFiles,
+    AsyncSandbox,
+    AsyncTemplates,
+    async_evals,
+    async_execute,
+    async_templates,
+)
+from ._sync import Client, CommandHandle, Commands, Evals, Files, Sandbox, Templates, evals, execute, templates
 from .errors import (
     APIConnectionError,
     AuthenticationError,
@@ -38,7 +53,17 @@ from .errors import (
     ServiceUnavailableError,
     TooManySandboxesError,
 )
-from .models import CommandResult, FileInfo, ProcessInfo, SandboxInfo
+from .models import (
+    CommandResult,
+    EvalResult,
+    EvalRun,
+    EvalSummary,
+    FileInfo,
+    PhaseStats,
+    ProcessInfo,
+    SandboxInfo,
+    TemplateInfo,
+)
 
 #: ``evalbox.TimeoutError`` is :class:`CommandTimeoutError` (also a built-in
 #: :class:`TimeoutError`). It is left out of ``__all__`` so that
@@ -50,8 +75,10 @@ __all__ = [
     "AsyncClient",
     "AsyncCommandHandle",
     "AsyncCommands",
+    "AsyncEvals",
     "AsyncFiles",
     "AsyncSandbox",
+    "AsyncTemplates",
     "AuthenticationError",
     "BadRequestError",
     "Client",
@@ -60,13 +87,18 @@ __all__ = [
     "CommandTimeoutError",
     "Commands",
     "ConflictError",
+    "EvalResult",
+    "EvalRun",
+    "EvalSummary",
     "EvalboxError",
+    "Evals",
     "FileInfo",
     "Files",
     "NoSpaceError",
     "NotFoundError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
+    "PhaseStats",
     "ProcessInfo",
     "RateLimitedError",
     "Sandbox",
@@ -74,6 +106,14 @@ __all__ = [
     "SandboxNotRunningError",
     "ServerError",
     "ServiceUnavailableError",
+    "TemplateInfo",
+    "Templates",
     "TooManySandboxesError",
     "__version__",
+    "async_evals",
+    "async_execute",
+    "async_templates",
+    "evals",
+    "execute",
+    "templates",
 ]

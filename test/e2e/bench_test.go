@@ -1,0 +1,131 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/eval"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// TestBenchHumanEval runs `evalbox bench humaneval` on 3 HumanEval tasks:
+// the unsandboxed harness and an eval run on namespaces sandboxes (its own
+// server, warm pools), both sample sets, concurrency 2. The verdicts agree
+// and are the ones the generated kinds are built for, and the sandboxed
+// rows carry the server's phase timings.
+func TestBenchHumanEval(t *testing.T) {
+	if _, err := os.Stat(sharedData); errors.Is(err, os.ErrNotExist) {
+		t.Skipf("no HumanEval data in %s", sharedData)
+	}
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skip("the unsandboxed way needs /usr/bin/python3")
+	}
+	ps, err := eval.ReadProblemsFile(filepath.Join(sharedData, "HumanEval.jsonl.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "problems.jsonl")
+	var buf bytes.Buffer
+	for _, id := range ps.Order[:3] {
+		b, err := json.Marshal(ps.ByID[id])
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf.Write(append(b, '\n'))
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctxT(t, 5*time.Minute), filepath.Join(binDir, "evalbox"), "bench", "humaneval",
+		"--problems", path, "--set", "both", "--mixed-size", "18", "--runtimes", "unsandboxed,namespaces",
+		"--concurrency", "2", "--templates-dir", templatesDir, "--json")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench humaneval: %v\n%s", err, stderr.String())
+	}
+	var rep struct {
+		Rows []struct {
+			Set, Way, Runtime, Pool string
+			Trials                  int
+			WallS                   float64 `json:"wall_s"`
+			PerS                    float64 `json:"trials_per_s"`
+			Ratio                   float64 `json:"ratio_vs_unsandboxed"`
+			P50Ms                   float64 `json:"p50_ms"`
+			P99Ms                   float64 `json:"p99_ms"`
+			Counts                  map[string]int
+			Phases                  map[string]client.PhaseStats
+			CPU                     struct{ Total, Machine float64 } `json:"cpu_ms_per_trial"`
+		}
+		Mismatches []any `json:"verdict_mismatches"`
+		Sets       map[string]string
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("output: %v\n%s", err, stdout.String())
+	}
+	if len(rep.Rows) != 4 || len(rep.Mismatches) != 0 {
+		t.Fatalf("rows %+v, mismatches %v\n%s", rep.Rows, rep.Mismatches, stderr.String())
+	}
+	// 18 generated samples over 3 tasks: each task gets the 6 kinds once,
+	// 2 of which (canonical, canonical+print) pass.
+	want := map[string]map[string]int{"canonical": {"passed": 3}, "1000": {"passed": 6, "failed": 12}}
+	for _, r := range rep.Rows {
+		where := r.Set + "/" + r.Way
+		if fmt.Sprint(r.Counts) != fmt.Sprint(want[r.Set]) {
+			t.Errorf("%s: verdicts %v, want %v", where, r.Counts, want[r.Set])
+		}
+		if r.Trials != map[string]int{"canonical": 3, "1000": 18}[r.Set] || r.PerS <= 0 || r.WallS <= 0 || r.P50Ms <= 0 || r.P99Ms < r.P50Ms || r.Ratio <= 0 {
+			t.Errorf("%s: %+v", where, r)
+		}
+		switch r.Runtime {
+		case "unsandboxed":
+			// A python3 start alone takes milliseconds of CPU.
+			if _, err := os.Stat("/sys/fs/cgroup/cpuacct/cpuacct.usage"); err == nil && r.CPU.Total < 1 {
+				t.Errorf("%s: CPU per trial %+v", where, r.CPU)
+			}
+			if r.Ratio != 1 || r.Phases != nil {
+				t.Errorf("%s: %+v", where, r)
+			}
+		case client.RuntimeNamespaces:
+			if r.Pool != "warm" {
+				t.Errorf("%s: pool %q", where, r.Pool)
+			}
+			for _, ph := range []string{"create", "write", "run", "delete", "trial"} {
+				if p, ok := r.Phases[ph]; !ok || p.P50Ms <= 0 || p.P99Ms < p.P50Ms || p.MeanMs <= 0 {
+					t.Errorf("%s: phase %s: %+v", where, ph, r.Phases)
+				}
+			}
+			// A trial is at least its phases.
+			ph := r.Phases
+			if sum := ph["create"].MeanMs + ph["write"].MeanMs + ph["run"].MeanMs + ph["delete"].MeanMs; ph["trial"].MeanMs < sum*0.99 {
+				t.Errorf("%s: mean trial %.2f ms < the sum of its phases %.2f ms", where, ph["trial"].MeanMs, sum)
+			}
+		default:
+			t.Errorf("unexpected row %+v", r)
+		}
+	}
+	// The bench's own cgroup (CPU meter) is gone.
+	if _, err := os.Stat(fmt.Sprintf("/sys/fs/cgroup/cpuacct/evalbox-bench-%d", cmd.Process.Pid)); err == nil {
+		t.Errorf("the bench left its cpuacct cgroup behind")
+	}
+	// The progress log names every way.
+	sc := bufio.NewScanner(&stderr)
+	n := 0
+	for sc.Scan() {
+		if bytes.Contains(sc.Bytes(), []byte(" trials in ")) {
+			n++
+		}
+	}
+	if n != 4 {
+		t.Errorf("progress lines: %d, want 4", n)
+	}
+}
