@@ -39,6 +39,7 @@ type humanevalOpts struct {
 	templatesDir      string
 	rounds            int
 	pool              string
+	modes             []string
 	python            string
 	json              bool
 }
@@ -70,7 +71,9 @@ syntax error — except every 250th, which hangs (sleeps) until the timeout.
 --pool warm starts the server with a warm pool of python sandboxes per
 runtime sized to the concurrency, cold without pools, both runs both (two
 servers). Every sandboxed way starts once its pool is full. The ways of a
-round run one after the other, their order rotated each round (--rounds).`,
+round run one after the other, their order rotated each round (--rounds).
+--modes trial,batch also runs each sandboxed way in batch mode (one sandbox
+per slice of samples; its latency is each sample's run in the slice).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runHumanEval(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
@@ -85,6 +88,7 @@ round run one after the other, their order rotated each round (--rounds).`,
 	f.StringSliceVar(&o.runtimes, "runtimes", []string{wayUnsandboxed, client.RuntimeNamespaces, client.RuntimeGVisor}, "ways to run: unsandboxed and runtimes")
 	f.Float64Var(&o.timeout, "timeout", 3, "per-trial timeout in seconds")
 	f.StringVar(&o.templatesDir, "templates-dir", "/var/lib/evalbox/templates", "template directory (built by evalbox template init)")
+	f.StringSliceVar(&o.modes, "modes", []string{client.EvalModeTrial}, "eval modes of the sandboxed ways: trial (a fresh sandbox per sample), batch (a sandbox per slice)")
 	f.IntVar(&o.rounds, "rounds", 1, "times to run every way (order rotated each round)")
 	f.StringVar(&o.pool, "pool", poolWarm, "server pools: warm (python pools sized to the concurrency), cold (none) or both")
 	f.StringVar(&o.python, "python", "/usr/bin/python3", "python of the unsandboxed way (the host's Debian python3, as in the python template; a name is looked up in PATH)")
@@ -97,11 +101,15 @@ round run one after the other, their order rotated each round (--rounds).`,
 type way struct {
 	runtime string // wayUnsandboxed or a runtime
 	pool    string // "" (unsandboxed), poolWarm or poolCold
+	mode    string // the eval run's mode (sandboxed ways)
 }
 
 func (w way) String() string {
-	if w.pool == "" {
+	switch {
+	case w.pool == "":
 		return w.runtime
+	case w.mode == client.EvalModeBatch:
+		return w.runtime + " (" + w.pool + ", batch)"
 	}
 	return w.runtime + " (" + w.pool + ")"
 }
@@ -208,6 +216,11 @@ func parseWays(o humanevalOpts) ([]way, error) {
 	default:
 		return nil, fmt.Errorf("--pool %q: want warm, cold or both", o.pool)
 	}
+	for _, m := range o.modes {
+		if m != client.EvalModeTrial && m != client.EvalModeBatch {
+			return nil, fmt.Errorf("--modes: unknown mode %q (trial, batch)", m)
+		}
+	}
 	var ways []way
 	for _, rt := range o.runtimes {
 		switch rt {
@@ -215,7 +228,9 @@ func parseWays(o humanevalOpts) ([]way, error) {
 			ways = append(ways, way{runtime: rt})
 		case client.RuntimeNamespaces, client.RuntimeGVisor:
 			for _, p := range pools {
-				ways = append(ways, way{runtime: rt, pool: p})
+				for _, m := range o.modes {
+					ways = append(ways, way{runtime: rt, pool: p, mode: m})
+				}
 			}
 		default:
 			return nil, fmt.Errorf("--runtimes: unknown way %q (unsandboxed, namespaces, gvisor)", rt)
@@ -314,7 +329,7 @@ func runHumanEval(ctx context.Context, w, logw io.Writer, o humanevalOpts) error
 				if wy.pool == "" {
 					row, err = runLocal(ctx, local, ps, set.samples, o.concurrency, meter)
 				} else {
-					row, err = runServer(ctx, servers[wy.pool], wy.runtime, ps, set.samples, o, meter)
+					row, err = runServer(ctx, servers[wy.pool], wy.runtime, wy.mode, ps, set.samples, o, meter)
 				}
 				if err != nil {
 					return fmt.Errorf("%s, set %s: %w", wy, set.name, err)
@@ -468,8 +483,8 @@ feed:
 }
 
 // runServer runs the samples as one eval run on the server.
-func runServer(ctx context.Context, s *server, rt string, ps eval.Problems, ss []benchSample, o humanevalOpts, m *cpuMeter) (heRow, error) {
-	req := client.CreateEvalRequest{Runtime: rt, Template: "python", Timeout: o.timeout, Concurrency: o.concurrency}
+func runServer(ctx context.Context, s *server, rt, mode string, ps eval.Problems, ss []benchSample, o humanevalOpts, m *cpuMeter) (heRow, error) {
+	req := client.CreateEvalRequest{Runtime: rt, Mode: mode, Template: "python", Timeout: o.timeout, Concurrency: o.concurrency}
 	used := map[string]bool{}
 	for _, s := range ss {
 		req.Samples = append(req.Samples, client.EvalSample{TaskID: s.TaskID, Completion: s.Completion, Solution: s.Solution})
@@ -501,11 +516,13 @@ func runServer(ctx context.Context, s *server, rt string, ps eval.Problems, ss [
 	if run.State != client.EvalStateSucceeded || run.Summary == nil {
 		return row, fmt.Errorf("eval run %s ended %s: %s", run.ID, run.State, run.Error)
 	}
+	var durs sample
 	err = c.EvalResults(ctx, run.ID, func(r client.EvalResult) error {
 		if r.CompletionID < 0 || r.CompletionID >= len(ss) {
 			return fmt.Errorf("result for unknown completion %d", r.CompletionID)
 		}
 		row.statuses[r.CompletionID] = eval.Status(r.Status)
+		durs = append(durs, time.Duration(r.DurationMs)*time.Millisecond)
 		return nil
 	})
 	if err != nil {
@@ -514,6 +531,10 @@ func runServer(ctx context.Context, s *server, rt string, ps eval.Problems, ss [
 	row.Counts, row.Phases, row.Retries = run.Summary.Counts, run.Summary.Phases, run.Summary.Retries
 	if t, ok := row.Phases["trial"]; ok {
 		row.P50Ms, row.P99Ms = t.P50Ms, t.P99Ms
+	} else {
+		// Batch mode has no per-trial sandbox phases: the latency is each
+		// sample's run inside its slice's sandbox.
+		row.P50Ms, row.P99Ms = msf(durs.pct(50)), msf(durs.pct(99))
 	}
 	return row, nil
 }

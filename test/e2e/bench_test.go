@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,7 +49,7 @@ func TestBenchHumanEval(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctxT(t, 5*time.Minute), filepath.Join(binDir, "evalbox"), "bench", "humaneval",
 		"--problems", path, "--set", "both", "--mixed-size", "18", "--runtimes", "unsandboxed,namespaces",
-		"--concurrency", "2", "--templates-dir", templatesDir, "--json")
+		"--modes", "trial,batch", "--concurrency", "2", "--templates-dir", templatesDir, "--json")
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("bench humaneval: %v\n%s", err, stderr.String())
@@ -72,7 +73,7 @@ func TestBenchHumanEval(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
 		t.Fatalf("output: %v\n%s", err, stdout.String())
 	}
-	if len(rep.Rows) != 4 || len(rep.Mismatches) != 0 {
+	if len(rep.Rows) != 6 || len(rep.Mismatches) != 0 {
 		t.Fatalf("rows %+v, mismatches %v\n%s", rep.Rows, rep.Mismatches, stderr.String())
 	}
 	// 18 generated samples over 3 tasks: each task gets the 6 kinds once,
@@ -98,6 +99,13 @@ func TestBenchHumanEval(t *testing.T) {
 		case client.RuntimeNamespaces:
 			if r.Pool != "warm" {
 				t.Errorf("%s: pool %q", where, r.Pool)
+			}
+			if strings.HasSuffix(r.Way, ", batch)") {
+				// One sandbox per slice: no per-trial phases.
+				if len(r.Phases) != 0 {
+					t.Errorf("%s: phases %+v", where, r.Phases)
+				}
+				continue
 			}
 			for _, ph := range []string{"create", "write", "run", "delete", "trial"} {
 				if p, ok := r.Phases[ph]; !ok || p.P50Ms <= 0 || p.P99Ms < p.P50Ms || p.MeanMs <= 0 {
@@ -125,7 +133,7 @@ func TestBenchHumanEval(t *testing.T) {
 			n++
 		}
 	}
-	if n != 4 {
-		t.Errorf("progress lines: %d, want 4", n)
+	if n != 6 {
+		t.Errorf("progress lines: %d, want 6", n)
 	}
 }

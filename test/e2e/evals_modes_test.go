@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -482,27 +481,5 @@ func TestEvalBatchResumesAfterKill(t *testing.T) {
 	}
 	for _, sb := range sbs {
 		assertGone(t, s2, sb.ID)
-	}
-}
-
-// TestEvalModesThroughput runs the 164 canonical HumanEval solutions in
-// trial and batch mode, on both runtimes, at the same concurrency, side by
-// side, and logs trials/s (a measurement, not a check: set
-// EVALBOX_EVAL_MODES_BENCH=1 to run it).
-func TestEvalModesThroughput(t *testing.T) {
-	if os.Getenv("EVALBOX_EVAL_MODES_BENCH") == "" {
-		t.Skip("set EVALBOX_EVAL_MODES_BENCH=1 to measure")
-	}
-	c, _, _ := newTeam(t, srv, client.Limits{MaxSandboxes: 8, MaxConcurrentExec: 8})
-	for _, rt := range runtimes {
-		for _, mode := range []string{client.EvalModeTrial, client.EvalModeBatch} {
-			req := humanEvalRequest(t, func(p client.EvalProblem) string { return p.CanonicalSolution })
-			req.Runtime, req.Mode, req.Concurrency = rt, mode, 4
-			start := time.Now()
-			run, _ := runEvalWait(t, c, req, 10*time.Minute)
-			sbs := runSandboxes(t, c, run.ID)
-			t.Logf("%-10s %-5s: %v passed, %.1f trials/s, wall %v, %d sandboxes", rt, mode, run.Summary.Counts["passed"],
-				run.Summary.TrialsPerSecond, time.Since(start).Round(time.Millisecond), len(sbs))
-		}
 	}
 }
