@@ -41,7 +41,7 @@ for rt in gvisor namespaces; do
   bin/evalbox sandbox rm "$id" >/dev/null
   echo "create: $(( (created - start) / 1000000 )) ms, whole round: $(( ($(date +%s%N) - start) / 1000000 )) ms"
 done
-bin/evalbox sandbox ls --all | head -5
+bin/evalbox sandbox ls --all | sed -n 1,5p   # sed reads it all: no SIGPIPE under pipefail
 
 echo "== eval run: examples/evals (8 tasks x 5 samples: correct, wrong, timing-out and hostile ones)"
 bin/evalbox eval run --problems examples/evals/problems.jsonl --samples examples/evals/samples.jsonl --k 1,5 --seed 1
