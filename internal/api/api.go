@@ -122,6 +122,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/evals", a(s.listEvals))
 	s.mux.HandleFunc("GET /v1/evals/{id}", a(s.getEval))
 	s.mux.HandleFunc("GET /v1/evals/{id}/results", a(s.evalResults))
+	s.mux.HandleFunc("GET /v1/evals/{id}/events", a(s.evalEvents))
 	s.mux.HandleFunc("POST /v1/evals/{id}/cancel", a(s.cancelEval))
 	s.mux.HandleFunc("POST /v1/teams", a(s.createTeam))
 	s.mux.HandleFunc("GET /v1/teams", a(s.listTeams))

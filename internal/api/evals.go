@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/pkg/client"
@@ -68,5 +69,43 @@ func (s *Server) evalResults(w http.ResponseWriter, r *http.Request, p auth.Prin
 	enc := json.NewEncoder(w)
 	if err := s.evals.Results(r.Context(), p.TeamID, id, func(res client.EvalResult) error { return enc.Encode(res) }); err != nil {
 		s.log.Warn("eval results", "run", id, "err", err)
+	}
+}
+
+// evalEvents streams a run's events as NDJSON EvalEvents, one flushed line
+// each, until the run ends or the client leaves (see evalrun.Follow).
+func (s *Server) evalEvents(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	id := r.PathValue("id")
+	results := true
+	if v := r.URL.Query().Get("results"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			writeError(w, errorf(client.CodeBadRequest, "results must be true or false, got %q", v))
+			return
+		}
+		results = b
+	}
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	started := false
+	err := s.evals.Follow(r.Context(), p.TeamID, id, results, func(ev client.EvalEvent) error {
+		if !started {
+			w.Header().Set("Content-Type", client.ContentTypeNDJSON)
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
+		if err := enc.Encode(ev); err != nil {
+			return err
+		}
+		return rc.Flush()
+	})
+	switch {
+	case err != nil && !started:
+		writeError(w, err)
+	case err != nil:
+		// Headers are gone: a stream without its end event tells the
+		// client it was cut.
+		s.log.Debug("eval event stream ended", "run", id, "err", err)
 	}
 }

@@ -13,13 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Progress pacing: how often a run is polled, and how often a plain
-// (non-terminal) progress line is printed at most when no 10 % step was
-// crossed.
-const (
-	evalPollInterval = 500 * time.Millisecond
-	evalLineInterval = 5 * time.Second
-)
+// evalLineInterval is how often a plain (non-terminal) progress line is
+// printed at most when no 10 % step was crossed.
+const evalLineInterval = 5 * time.Second
 
 // terminalWidth returns the column count of w when it is a terminal.
 func terminalWidth(w io.Writer) (int, bool) {
@@ -160,31 +156,27 @@ func countsLine(counts map[string]int) string {
 	return b.String()
 }
 
-// follow polls a run until it is no longer running, showing its progress
-// on w. It returns the last state seen; when ctx ends first, with ctx's
-// error (the run goes on on the server).
+// follow follows a running run's event stream (progress only) until the
+// run ends, showing its progress on w. It returns the last state seen;
+// when ctx ends first, with ctx's error (the run goes on on the server).
 func follow(ctx context.Context, c *client.Client, run *client.EvalRun, w io.Writer) (*client.EvalRun, error) {
+	if run.State != client.EvalStateRunning {
+		return run, nil
+	}
 	p := newProgress(w, run, time.Now())
 	defer p.end()
-	t := time.NewTicker(evalPollInterval)
-	defer t.Stop()
-	for run.State == client.EvalStateRunning {
-		select {
-		case <-ctx.Done():
-			return run, ctx.Err()
-		case <-t.C:
+	err := c.EvalProgressEvents(ctx, run.ID, func(ev client.EvalEvent) error {
+		if ev.Type == client.EvalEventResult {
+			return nil
 		}
-		r, err := c.GetEval(ctx, run.ID)
-		if err != nil {
-			if ctx.Err() != nil {
-				err = ctx.Err()
-			}
-			return run, err
-		}
-		run = r
+		run = ev.Run
 		p.update(run, time.Now())
+		return nil
+	})
+	if err != nil && ctx.Err() != nil {
+		err = ctx.Err()
 	}
-	return run, nil
+	return run, err
 }
 
 // printFollowHint tells how to find an interrupted command's run again.

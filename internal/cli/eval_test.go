@@ -22,7 +22,8 @@ import (
 // fakeEvals is an in-memory stand-in for the eval-run routes of the API
 // (api/openapi.yaml): a run's sample "completions" say what its verdict
 // is ("pass", "fail:<detail>", "timeout", "infra"), and every GET of a
-// running run finishes `step` more trials, in the samples' order.
+// running run, and every fakeEventPace of its event stream, finishes
+// `step` more trials, in the samples' order.
 type fakeEvals struct {
 	srv *httptest.Server
 
@@ -30,9 +31,14 @@ type fakeEvals struct {
 	runs    []*fakeRun // oldest first
 	step    int
 	lastReq client.CreateEvalRequest
-	onGet   func(gets int) // called (unlocked) after each GET of a running run
+	onGet   func(gets int) // called (unlocked) after each GET or progress event of a running run
 	gets    int
+	// eventQueries records the query of each event stream request.
+	eventQueries []string
 }
+
+// fakeEventPace is how often the fake's event stream advances a run.
+const fakeEventPace = 30 * time.Millisecond
 
 type fakeRun struct {
 	run     client.EvalRun
@@ -77,6 +83,7 @@ func newFakeEvals(t *testing.T) *fakeEvals {
 			_ = enc.Encode(r)
 		}
 	}))
+	mux.HandleFunc("GET /v1/evals/{id}/events", f.withRun(f.events))
 	mux.HandleFunc("POST /v1/evals/{id}/cancel", f.withRun(func(w http.ResponseWriter, r *http.Request, fr *fakeRun) {
 		f.mu.Lock()
 		if fr.run.State == client.EvalStateRunning {
@@ -159,6 +166,56 @@ func (f *fakeEvals) create(w http.ResponseWriter, r *http.Request) {
 	fr.run.Tasks = len(tasks)
 	f.runs = append(f.runs, fr)
 	reply(w, 201, fr.run)
+}
+
+// events streams a run's events as the server does: its snapshot, then,
+// every fakeEventPace, step more trials as result events (unless
+// results=false) and a progress event, and the end.
+func (f *fakeEvals) events(w http.ResponseWriter, r *http.Request, fr *fakeRun) {
+	results := r.URL.Query().Get("results") != "false"
+	w.Header().Set("Content-Type", client.ContentTypeNDJSON)
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	send := func(ev client.EvalEvent) bool {
+		return enc.Encode(ev) == nil && rc.Flush() == nil
+	}
+	f.mu.Lock()
+	f.eventQueries = append(f.eventQueries, r.URL.RawQuery)
+	run := fr.run
+	f.mu.Unlock()
+	if !send(client.EvalEvent{Type: client.EvalEventRun, Run: &run}) {
+		return
+	}
+	for run.State == client.EvalStateRunning {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(fakeEventPace):
+		}
+		f.mu.Lock()
+		from := fr.run.Done
+		running := fr.run.State == client.EvalStateRunning
+		if running {
+			f.advance(fr)
+			f.gets++
+		}
+		run = fr.run
+		gets, hook := f.gets, f.onGet
+		rs := slices.Clone(fr.results[from:fr.run.Done])
+		f.mu.Unlock()
+		for _, res := range rs {
+			if results && !send(client.EvalEvent{Type: client.EvalEventResult, Result: &res}) {
+				return
+			}
+		}
+		if run.State == client.EvalStateRunning && !send(client.EvalEvent{Type: client.EvalEventProgress, Run: &run}) {
+			return
+		}
+		if running && hook != nil {
+			hook(gets)
+		}
+	}
+	send(client.EvalEvent{Type: client.EvalEventEnd, Run: &run})
 }
 
 func cmpOrK(k []int) []int {
@@ -246,6 +303,13 @@ func TestEvalRun(t *testing.T) {
 		"[100%] 6/6  passed 3  failed 2  timed_out 1  infra_error 0\n"
 	if got := regexp.MustCompile(`  [0-9.]+ trials/s(  ETA \S+)?`).ReplaceAllString(r.stderr, ""); got != want {
 		t.Errorf("stderr:\n%s\nwant (trials/s and ETA removed):\n%s", r.stderr, want)
+	}
+	// The progress came from one event stream, without result events.
+	f.mu.Lock()
+	queries := slices.Clone(f.eventQueries)
+	f.mu.Unlock()
+	if fmt.Sprint(queries) != "[results=false]" {
+		t.Errorf("event stream requests: %q, want one with results=false", queries)
 	}
 	wantOut := "pass@1 0.5000  pass@2 0.8000  pass@10 n/a   (1 tasks, 6 samples each, 0 infra errors)\n" +
 		"2.4 trials/s, 2.5s on namespaces release-test, template sha256:feed, 1 infra retries\n"

@@ -90,11 +90,13 @@ func evalProblem(p client.EvalProblem) eval.Problem {
 	return ep
 }
 
-// work is what a run's workers share: its samples and problems.
+// work is what a run's workers share: its samples and problems, and its
+// live state, which gets every recorded verdict and retry.
 type work struct {
 	run      client.EvalRun
 	samples  []client.EvalSample
 	problems map[string]eval.Problem
+	live     *liveRun
 }
 
 // program returns sample i's problem and trial program, which ends by
@@ -124,9 +126,11 @@ func (s *Service) trialOne(ctx context.Context, w *work, i int) (retries int, er
 	res := eval.NewResult(p.TaskID, i, v, r.DurationMs)
 	env := store.TrialEnv{SandboxID: out.Sandbox.ID, TemplateDigest: out.Sandbox.TemplateDigest,
 		Runtime: out.Sandbox.Runtime, RuntimeVersion: out.Sandbox.RuntimeVersion, Times: trialTimes(out)}
-	if err := s.st.PutEvalTrial(ctx, run.TeamID, run.ID, wire(res), env); err != nil {
+	wr := wire(res)
+	if err := s.st.PutEvalTrial(ctx, run.TeamID, run.ID, wr, env); err != nil {
 		return 0, fmt.Errorf("record trial %d: %w", i, err)
 	}
+	w.live.publish(wr)
 	return out.Attempts - 1, nil
 }
 
@@ -152,6 +156,7 @@ func (s *Service) judgeBatch(ctx context.Context, w *work, todo []int) (ran, ret
 		wg.Go(func() {
 			for ids := range next {
 				n, r, err := s.runSlice(ctx, w, ids)
+				w.live.addRetries(r)
 				mu.Lock()
 				ran, retries = ran+n, retries+r
 				if err != nil && firstErr == nil {
@@ -321,11 +326,13 @@ func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResul
 			return // the harness could not run it: it stays unjudged and is retried
 		}
 		res := eval.NewResult(p.TaskID, l.ID, v, l.DurationMs)
-		if err := s.st.PutEvalTrial(ctx, run.TeamID, run.ID, wire(res), env); err != nil {
+		wr := wire(res)
+		if err := s.st.PutEvalTrial(ctx, run.TeamID, run.ID, wr, env); err != nil {
 			out.fatal = fmt.Errorf("record trial %d: %w", l.ID, err)
 			return
 		}
 		out.done[l.ID] = true
+		w.live.publish(wr)
 	}}
 	var stderr tail
 	res, err := s.sb.Exec(ctx, run.TeamID, sb.ID, client.ExecRequest{

@@ -91,8 +91,15 @@ type Service struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 
+	// draining closes at Drain: event streams end, runs go on.
+	draining  chan struct{}
+	drainOnce sync.Once
+
+	// progressEvery paces the progress events of Follow.
+	progressEvery time.Duration
+
 	mu      sync.Mutex
-	running map[string]context.CancelFunc
+	running map[string]*liveRun
 }
 
 // New returns the service. Call Recover once at start and Close at the end.
@@ -102,7 +109,7 @@ func New(st Store, sb Sandboxes, log *slog.Logger) *Service {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	return &Service{st: st, sb: sb, trials: trial.New(sb, log), log: log, ctx: ctx, stop: stop,
-		running: map[string]context.CancelFunc{}}
+		draining: make(chan struct{}), progressEvery: progressEvery, running: map[string]*liveRun{}}
 }
 
 // input is what a run stores of its request.
@@ -225,27 +232,38 @@ func (s *Service) Recover(ctx context.Context) error {
 // Close stops the runs in progress (they stay running in the store and
 // resume at the next Recover) and waits for their workers.
 func (s *Service) Close() {
+	s.Drain()
 	s.stop()
 	s.wg.Wait()
 }
 
+// Drain ends every event stream (Follow) with an error event saying the
+// server is shutting down, so that they do not hold a graceful shutdown;
+// the runs themselves go on until Close. Call it when shutdown starts.
+func (s *Service) Drain() {
+	s.drainOnce.Do(func() { close(s.draining) })
+}
+
 func (s *Service) start(run client.EvalRun) {
 	ctx, cancel := context.WithCancel(s.ctx)
+	live := newLiveRun(cancel)
 	s.mu.Lock()
-	s.running[run.ID] = cancel
+	s.running[run.ID] = live
 	s.mu.Unlock()
 	s.wg.Go(func() {
 		defer func() {
 			s.mu.Lock()
 			delete(s.running, run.ID)
 			s.mu.Unlock()
+			live.stop()
 			cancel()
 		}()
-		s.run(ctx, run)
+		s.run(ctx, run, live)
 	})
 }
 
-// withProgress adds a run's progress counts.
+// withProgress adds a run's progress counts, and the retries so far of a
+// run this process is running.
 func (s *Service) withProgress(ctx context.Context, r client.EvalRun) (client.EvalRun, error) {
 	counts, err := s.st.EvalCounts(ctx, r.TeamID, r.ID)
 	if err != nil {
@@ -254,6 +272,13 @@ func (s *Service) withProgress(ctx context.Context, r client.EvalRun) (client.Ev
 	r.Counts, r.Done = counts, 0
 	for _, n := range counts {
 		r.Done += n
+	}
+	if r.State == client.EvalStateRunning {
+		s.mu.Lock()
+		if live := s.running[r.ID]; live != nil {
+			r.Retries = int(live.retries.Load())
+		}
+		s.mu.Unlock()
 	}
 	return r, nil
 }
@@ -308,18 +333,18 @@ func (s *Service) Cancel(ctx context.Context, teamID, id string) (client.EvalRun
 		return client.EvalRun{}, err
 	}
 	s.mu.Lock()
-	if cancel := s.running[id]; cancel != nil {
-		cancel()
+	if live := s.running[id]; live != nil {
+		live.cancel()
 	}
 	s.mu.Unlock()
 	return s.Get(ctx, teamID, id)
 }
 
 // run judges the run's unfinished samples, then records its summary.
-func (s *Service) run(ctx context.Context, run client.EvalRun) {
+func (s *Service) run(ctx context.Context, run client.EvalRun, live *liveRun) {
 	log := s.log.With("run", run.ID, "team", run.TeamID)
 	started := time.Now()
-	ran, retries, err := s.judge(ctx, run)
+	ran, retries, err := s.judge(ctx, run, live)
 	if ctx.Err() != nil {
 		log.Info("eval run stopped", "trials", ran)
 		return
@@ -351,8 +376,9 @@ func (s *Service) run(ctx context.Context, run client.EvalRun) {
 // judge runs every sample without a recorded result, in the run's seeded
 // order, and returns how many it ran and how many attempts were retries
 // after infra failures. It stops at the first error that stops a trial
-// from running at all (e.g. an unknown template).
-func (s *Service) judge(ctx context.Context, run client.EvalRun) (ran, retries int, err error) {
+// from running at all (e.g. an unknown template). Its verdicts and retries
+// also go to live's followers.
+func (s *Service) judge(ctx context.Context, run client.EvalRun, live *liveRun) (ran, retries int, err error) {
 	raw, err := s.st.EvalInput(ctx, run.TeamID, run.ID)
 	if err != nil {
 		return 0, 0, err
@@ -383,7 +409,7 @@ func (s *Service) judge(ctx context.Context, run client.EvalRun) (ran, retries i
 	}
 	rng := rand.New(rand.NewPCG(uint64(run.Seed), 0x65766c))
 	rng.Shuffle(len(todo), func(i, j int) { todo[i], todo[j] = todo[j], todo[i] })
-	w := &work{run: run, samples: in.Samples, problems: problems}
+	w := &work{run: run, samples: in.Samples, problems: problems, live: live}
 	if run.Mode == client.EvalModeBatch {
 		return s.judgeBatch(ctx, w, todo)
 	}
@@ -412,6 +438,7 @@ func (s *Service) judge(ctx context.Context, run client.EvalRun) (ran, retries i
 					fail(err)
 					continue
 				}
+				w.live.addRetries(r)
 				mu.Lock()
 				ran++
 				retries += r

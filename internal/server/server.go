@@ -235,6 +235,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("server: %w", err)
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	// Eval event streams end when shutdown starts instead of holding it
+	// for the whole grace period.
+	srv.RegisterOnShutdown(evals.Drain)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("evalbox serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "runtimes", n.Runtimes())

@@ -71,6 +71,7 @@ var wireTypes = map[string]reflect.Type{
 	"PhaseStats":           reflect.TypeFor[PhaseStats](),
 	"EvalRunList":          reflect.TypeFor[EvalRunList](),
 	"EvalResult":           reflect.TypeFor[EvalResult](),
+	"EvalEvent":            reflect.TypeFor[EvalEvent](),
 }
 
 // enumConsts maps "Schema.property" to the prefix of the constants in
@@ -94,6 +95,7 @@ var enumConsts = map[string]string{
 	"EvalRun.state":                "EvalState",
 	"EvalRun.mode":                 "EvalMode",
 	"CreateEvalRequest.mode":       "EvalMode",
+	"EvalEvent.type":               "EvalEvent",
 	"Pool.runtime":                 "Runtime",
 	"Pool.network":                 "Network",
 }

@@ -583,9 +583,13 @@ type EvalRun struct {
 	Samples int `json:"samples"`
 	// Done counts finished trials; Counts them by status (passed, failed,
 	// timed_out, infra_error).
-	Done    int            `json:"done"`
-	Counts  map[string]int `json:"counts"`
-	Summary *EvalSummary   `json:"summary,omitempty"`
+	Done   int            `json:"done"`
+	Counts map[string]int `json:"counts"`
+	// Retries counts the trials run again after an infra failure so far
+	// by the server process running the run (running runs only; an ended
+	// run's summary has them).
+	Retries int          `json:"retries,omitempty"`
+	Summary *EvalSummary `json:"summary,omitempty"`
 }
 
 // EvalSummary is a finished run's outcome.
@@ -634,3 +638,27 @@ type EvalResult struct {
 	Passed       bool   `json:"passed"`
 	Result       string `json:"result"`
 }
+
+// EvalEvent is one line of GET /v1/evals/{id}/events (NDJSON): first a
+// "run" snapshot (the run with its counts), then a "result" for every
+// verdict recorded after the snapshot, "progress" (the run with its
+// counts, at most about once a second when they changed), and last an
+// "end" with the ended run and its summary, after which the server closes
+// the stream. An "error" event (Error set) ends a stream the server gave
+// up on (a client too slow to read it). A stream that closes without
+// "end" or "error" was cut (e.g. the server stopped).
+type EvalEvent struct {
+	Type   string       `json:"type"`
+	Run    *EvalRun     `json:"run,omitempty"`
+	Result *EvalResult  `json:"result,omitempty"`
+	Error  *ErrorDetail `json:"error,omitempty"`
+}
+
+// EvalEvent types.
+const (
+	EvalEventRun      = "run"
+	EvalEventResult   = "result"
+	EvalEventProgress = "progress"
+	EvalEventEnd      = "end"
+	EvalEventError    = "error"
+)
