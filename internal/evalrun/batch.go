@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"time"
 
@@ -116,7 +117,7 @@ func (s *Service) trialOne(ctx context.Context, w *work, i int) (retries int, er
 	out, err := s.trials.Run(ctx, run.TeamID, trial.Spec{
 		Template: run.Template, Runtime: run.Runtime, Timeout: run.Timeout,
 		Script: prog, Path: programPath, Argv: []string{"python3", programPath},
-		User: sampleUser, Metadata: map[string]string{"eval_run": run.ID},
+		User: sampleUser, Metadata: map[string]string{"eval_run": run.ID, "eval_sample": strconv.Itoa(i)},
 	})
 	if err != nil {
 		return 0, err

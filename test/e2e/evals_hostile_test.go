@@ -361,7 +361,11 @@ func TestEvalSurvivesSandboxKills(t *testing.T) {
 		t.Fatal(err)
 	}
 	root := "--root=" + filepath.Join(s.dataDir, "runsc")
+	// Each kill hits a sample that was not hit before (trial sandboxes
+	// carry their sample's index), so that no sample loses all its
+	// attempts: every kill must end in a retry, never an infra_error.
 	var killed []string
+	hit := map[string]bool{}
 	for len(killed) < 5 {
 		r, err := s.admin.GetEval(ctxT(t, time.Minute), run.ID)
 		if err != nil {
@@ -370,8 +374,20 @@ func TestEvalSurvivesSandboxKills(t *testing.T) {
 		if r.State != client.EvalStateRunning {
 			break
 		}
-		if id, ok := killSentry(root, killed); ok {
+		sbs, err := s.admin.ListSandboxes(ctxT(t, time.Minute), client.ListOptions{Metadata: map[string]string{"eval_run": run.ID}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sample := map[string]string{}
+		for _, sb := range sbs {
+			if sb.Metadata["eval_sample"] == "" {
+				t.Fatalf("trial sandbox %s has no eval_sample: %v", sb.ID, sb.Metadata)
+			}
+			sample[sb.ID] = sb.Metadata["eval_sample"]
+		}
+		if id, ok := killSentry(root, func(id string) bool { return sample[id] != "" && !hit[sample[id]] }); ok {
 			killed = append(killed, id)
+			hit[sample[id]] = true
 			time.Sleep(300 * time.Millisecond)
 			continue
 		}
@@ -409,10 +425,10 @@ func TestEvalSurvivesSandboxKills(t *testing.T) {
 }
 
 // killSentry SIGKILLs the Sentry (runsc-sandbox) of one sandbox whose runsc
-// root is root (the --root=… argument), skipping the ids in done, and
+// root is root (the --root=… argument) and whose id ok accepts, and
 // returns the sandbox id. Only processes with exactly that argument match:
 // other servers' sandboxes on the host are never touched.
-func killSentry(root string, done []string) (string, bool) {
+func killSentry(root string, ok func(id string) bool) (string, bool) {
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range procs {
 		b, err := os.ReadFile(filepath.Join(p, "cmdline"))
@@ -424,7 +440,7 @@ func killSentry(root string, done []string) (string, bool) {
 			continue
 		}
 		id := args[len(args)-1]
-		if !strings.HasPrefix(id, "sb-") || slices.Contains(done, id) {
+		if !strings.HasPrefix(id, "sb-") || !ok(id) {
 			continue
 		}
 		var pid int
