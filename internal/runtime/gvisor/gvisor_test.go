@@ -459,8 +459,8 @@ func TestDestroyWithoutRunsc(t *testing.T) {
 }
 
 // TestForkBombContained: a fork bomb meets the sandbox's RLIMIT_NPROC
-// (its Pids) inside gVisor, before the host pids limit would kill the
-// Sentry: the sandbox survives, and answers after the bomb is gone.
+// (half its Pids) inside gVisor, before the host pids limit (its Pids)
+// would kill the Sentry: the sandbox survives, and answers after the bomb.
 func TestForkBombContained(t *testing.T) {
 	runsc, agent, rootfs := testBinaries(t)
 	e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: t.TempDir()}
@@ -471,17 +471,20 @@ func TestForkBombContained(t *testing.T) {
 		}
 	})
 	s := e.start(t, r, "gv-forkbomb", runtime.NetworkNone)
-	if out := s.sh(t, "bash -c 'ulimit -u'"); strings.TrimSpace(out) != "128" {
-		t.Fatalf("ulimit -u = %q, want the sandbox's Pids 128", out)
+	if out := s.sh(t, "bash -c 'ulimit -u'"); strings.TrimSpace(out) != "32" {
+		t.Fatalf("ulimit -u = %q, want a quarter of the sandbox's Pids (128)", out)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	res, err := s.agent.Exec(ctx, agentproto.ExecRequest{Shell: `bomb() { bomb | bomb & }; bomb; sleep 3`, TimeoutMs: 5_000}, nil, &out, &out)
+	res, err := s.agent.Exec(ctx, agentproto.ExecRequest{Shell: `bomb() { bomb | bomb & }; bomb; sleep 10`, TimeoutMs: 3_000}, nil, &out, &out)
 	if err != nil {
 		t.Fatalf("fork bomb: the sandbox was lost: %v", err)
 	}
 	t.Logf("fork bomb: %+v", res)
+	if res.Status != agentproto.StatusTimedOut {
+		t.Fatalf("fork bomb: %+v, want timed out (its tree killed)", res)
+	}
 	if got := s.sh(t, "echo alive"); got != "alive\n" {
 		t.Fatalf("after the fork bomb: %q", got)
 	}

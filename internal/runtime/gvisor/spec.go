@@ -91,22 +91,35 @@ func ociSpec(s runtime.Spec, cgroupParent string, nw *sandboxNet) *specs.Spec {
 }
 
 // rlimits are the sandbox's resource limits inside gVisor. The Sentry
-// enforces RLIMIT_NPROC (also for root), so Pids bounds the sandbox's own
-// processes and threads where a fork bomb meets it: fork fails with EAGAIN
-// inside the sandbox, as on Linux.
+// enforces RLIMIT_NPROC (also for root), and it is where a fork bomb must
+// meet its limit: fork then fails with EAGAIN inside the sandbox, as on
+// Linux, and the sandbox lives on. Each guest task costs the host more
+// than one task (systrap's stub processes and threads: a Python fork bomb
+// of 512 guest tasks took more than 1,280 host tasks), so the guest gets a
+// quarter of the sandbox's Pids, and the host limit (hostPids) is Pids plus
+// room for the Sentry's threads: were the host limit met first, it would
+// kill the Sentry and lose the sandbox.
 func rlimits(pids int) []specs.POSIXRlimit {
 	rl := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}}
-	if pids > 0 {
-		rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: uint64(pids), Soft: uint64(pids)})
+	if n := uint64(guestTasks(pids)); n > 0 {
+		rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
 	}
 	return rl
 }
 
-// hostPids is the host pids limit of a sandbox whose guest may run pids
-// tasks: each guest task costs the Sentry several host threads (systrap's
-// stub threads and its own), so a guest at its RLIMIT_NPROC must not meet
-// the host limit first, which kills the Sentry and loses the sandbox. The
-// host limit stays a backstop against a runaway Sentry.
+// guestTasks is the RLIMIT_NPROC (tasks per user: processes and threads)
+// of a sandbox whose Pids is pids.
+func guestTasks(pids int) int {
+	return pids / 4
+}
+
+// sentryTasks is the host tasks a Sentry and gofer need besides those of
+// the guest's tasks (their own threads).
+const sentryTasks = 256
+
+// hostPids is the host pids limit of a sandbox: its Pids and the Sentry's
+// own. It bounds what a sandbox can take of the host's pid space (pid_max
+// is often 32768), so a runaway Sentry cannot starve the host.
 func hostPids(pids int64) int64 {
-	return 8*pids + 512
+	return pids + sentryTasks
 }
