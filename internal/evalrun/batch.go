@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/evalbox/evalbox/internal/eval"
@@ -145,40 +144,11 @@ func (s *Service) judgeBatch(ctx context.Context, w *work, todo []int) (ran, ret
 	}
 	workers := max(1, w.run.Concurrency)
 	slices := cut(todo, w.run.Slice, workers)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	next := make(chan []int)
-	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		firstErr error
-	)
-	for range min(workers, len(slices)) {
-		wg.Go(func() {
-			for ids := range next {
-				n, r, err := s.runSlice(ctx, w, ids)
-				w.live.addRetries(r)
-				mu.Lock()
-				ran, retries = ran+n, retries+r
-				if err != nil && firstErr == nil {
-					firstErr = err
-					cancel()
-				}
-				mu.Unlock()
-			}
-		})
-	}
-feed:
-	for _, ids := range slices {
-		select {
-		case next <- ids:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(next)
-	wg.Wait()
-	return ran, retries, firstErr
+	return fanOut(ctx, workers, slices, func(ctx context.Context, ids []int) (int, int, error) {
+		n, r, err := s.runSlice(ctx, w, ids)
+		w.live.addRetries(r)
+		return n, r, err
+	})
 }
 
 // cut aims to give each worker slicesPerWorker slices, so that slices of

@@ -414,42 +414,46 @@ func (s *Service) judge(ctx context.Context, run client.EvalRun, live *liveRun) 
 		return s.judgeBatch(ctx, w, todo)
 	}
 
+	return fanOut(ctx, max(1, run.Concurrency), todo, func(ctx context.Context, i int) (int, int, error) {
+		r, err := s.trialOne(ctx, w, i)
+		if err != nil {
+			return 0, 0, err
+		}
+		w.live.addRetries(r)
+		return 1, r, nil
+	})
+}
+
+// fanOut runs job on items, in order, by up to workers at a time, and sums
+// the trials each ran and their retries. The first error stops the feed
+// and cancels the jobs under way; it is returned with the sums so far.
+func fanOut[T any](ctx context.Context, workers int, items []T, job func(context.Context, T) (ran, retries int, err error)) (ran, retries int, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	next := make(chan int)
+	next := make(chan T)
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
 		firstErr error
 	)
-	fail := func(err error) {
-		mu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		mu.Unlock()
-		cancel()
-	}
-	for range max(1, run.Concurrency) {
+	for range min(workers, len(items)) {
 		wg.Go(func() {
-			for i := range next {
-				r, err := s.trialOne(ctx, w, i)
-				if err != nil {
-					fail(err)
-					continue
-				}
-				w.live.addRetries(r)
+			for it := range next {
+				n, r, err := job(ctx, it)
 				mu.Lock()
-				ran++
-				retries += r
+				ran, retries = ran+n, retries+r
+				if err != nil && firstErr == nil {
+					firstErr = err
+					cancel()
+				}
 				mu.Unlock()
 			}
 		})
 	}
 feed:
-	for _, i := range todo {
+	for _, it := range items {
 		select {
-		case next <- i:
+		case next <- it:
 		case <-ctx.Done():
 			break feed
 		}
