@@ -17,11 +17,15 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/evalbox/evalbox/internal/agent"
+	"github.com/evalbox/evalbox/internal/agentproto"
 )
 
 func main() {
@@ -39,6 +43,16 @@ func run() int {
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))
 	cfg.Logger = log
+	if v, ok := os.LookupEnv(agentproto.CgroupEnv); ok {
+		os.Unsetenv(agentproto.CgroupEnv)
+		dir, err := openCgroup(v)
+		if err != nil {
+			// Still usable, with the weaker tree kill: say so.
+			log.Error("agent: no cgroup per process", "err", err)
+		} else {
+			cfg.Cgroup = dir
+		}
+	}
 
 	// Not dumpable: code in the sandbox, even as the same user, can
 	// neither read nor write the agent's memory through /proc/1/mem.
@@ -96,6 +110,34 @@ func run() int {
 		return 1
 	}
 	return 0
+}
+
+// openCgroup opens the cgroup directory the runtime gave the agent (see
+// agentproto.CgroupEnv).
+func openCgroup(v string) (*os.File, error) {
+	kind, arg, _ := strings.Cut(v, ":")
+	switch kind {
+	case "fd":
+		fd, err := strconv.Atoi(arg)
+		if err != nil || fd < 3 {
+			return nil, fmt.Errorf("%s=%q: bad descriptor", agentproto.CgroupEnv, v)
+		}
+		unix.CloseOnExec(fd)
+		return os.NewFile(uintptr(fd), "cgroup"), nil
+	case "path":
+		// The agent's own cgroup in the cgroup2 mount at arg.
+		b, err := os.ReadFile("/proc/self/cgroup")
+		if err != nil {
+			return nil, err
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if rel, ok := strings.CutPrefix(line, "0::"); ok {
+				return os.Open(filepath.Join(arg, filepath.Clean("/"+rel)))
+			}
+		}
+		return nil, fmt.Errorf("no cgroup2 entry in /proc/self/cgroup: %q", b)
+	}
+	return nil, fmt.Errorf("%s=%q: want fd:N or path:DIR", agentproto.CgroupEnv, v)
 }
 
 // serveUnix serves the agent protocol on a unix socket at path (only the

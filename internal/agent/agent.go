@@ -60,6 +60,13 @@ type Config struct {
 	Env []string
 	// Logger receives lifecycle logs. nil = no logs.
 	Logger *slog.Logger
+	// Cgroup is a cgroup2 directory the agent may create cgroups below and
+	// move processes into (the runtime delegates it): every process gets
+	// a cgroup of its own there, and a tree kill kills that cgroup, which
+	// no process can leave. nil: trees are found by process group,
+	// ancestry and an environment marker, which a daemon of another user
+	// can escape (the agent cannot read its environment).
+	Cgroup *os.File
 }
 
 // server is the state of one Serve call.
@@ -68,6 +75,8 @@ type server struct {
 	log  *slog.Logger
 	env  []string // base environment, without any markerEnv entry
 	runs sync.WaitGroup
+	// cgroups makes a cgroup per process (nil without Config.Cgroup).
+	cgroups *cgroupTree
 
 	mu       sync.Mutex
 	closed   bool             // no new processes once set
@@ -169,6 +178,9 @@ func newServer(cfg Config) (*server, error) {
 		cfg.Env = os.Environ()
 	}
 	s := &server{cfg: cfg, log: cfg.Logger, procs: make(map[string]*proc)}
+	if cfg.Cgroup != nil {
+		s.cgroups = newCgroupTree(cfg.Cgroup)
+	}
 	for _, kv := range cfg.Env {
 		if !strings.HasPrefix(kv, markerEnv+"=") {
 			s.env = append(s.env, kv)

@@ -1119,3 +1119,88 @@ func BenchmarkReadFile(b *testing.B) {
 		}
 	}
 }
+
+// cgroup2Dir makes a cgroup for the test in the host's cgroup2 hierarchy
+// and returns it open, as a runtime delegates one to the agent.
+func cgroup2Dir(t *testing.T) *os.File {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a cgroup")
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mount := ""
+	for _, l := range strings.Split(string(mi), "\n") {
+		pre, post, ok := strings.Cut(l, " - ")
+		if pf := strings.Fields(pre); ok && strings.HasPrefix(post, "cgroup2 ") && len(pf) >= 5 {
+			mount = pf[4]
+		}
+	}
+	if mount == "" {
+		t.Skip("no cgroup2 hierarchy on this host")
+	}
+	dir := filepath.Join(mount, fmt.Sprintf("evalbox-agent-test-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "-")))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		f.Close()
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if e.IsDir() {
+				t.Errorf("cgroup %s left below the agent's", e.Name())
+				_ = syscall.Rmdir(filepath.Join(dir, e.Name()))
+			}
+		}
+		if err := syscall.Rmdir(dir); err != nil {
+			t.Errorf("remove test cgroup: %v", err)
+		}
+	})
+	return f
+}
+
+// With a delegated cgroup, a timeout kills daemons of another user that
+// left the session and cleared their environment (the marker scan cannot
+// read a process of another user: it misses them), and the per-process
+// cgroups are removed once empty.
+func TestExecTimeoutKillsOtherUsersDaemons(t *testing.T) {
+	ta := startAgent(t, agent.Config{Cgroup: cgroup2Dir(t)})
+	// A directory nobody can write to (t.TempDir's parent is 0700).
+	dir, err := os.MkdirTemp("", "evalbox-agent-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	pidFile := filepath.Join(dir, "daemon.pid")
+	script := fmt.Sprintf(`(setsid sh -c 'echo $$ > %s; exec env -i sleep 1000' &); sleep 1000`, pidFile)
+	exit, _, _ := ta.exec(t, agentproto.ExecRequest{Shell: script, User: "65534", Cwd: "/", TimeoutMs: 500})
+	if exit.Status != agentproto.StatusTimedOut {
+		t.Fatalf("exit %+v", exit)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, pid)
+	// A command that ends on its own keeps its daemon; its cgroup stays
+	// until the daemon is gone, then the next process sweeps it.
+	exit, _, _ = ta.exec(t, agentproto.ExecRequest{Shell: fmt.Sprintf(`(setsid sh -c 'echo $$ > %s; exec sleep 0.3' > /dev/null 2>&1 &)`, pidFile), User: "65534", Cwd: "/"})
+	if exit.Status != agentproto.StatusExited {
+		t.Fatalf("exit %+v", exit)
+	}
+	time.Sleep(time.Second)
+	ta.exec(t, agentproto.ExecRequest{Shell: "true"})
+}

@@ -71,6 +71,8 @@ type proc struct {
 	exit agentproto.ExitInfo
 
 	out *outLog // background processes only
+
+	cg *procCgroup // its cgroup, when the agent has a delegated one
 }
 
 // kill kills the process tree for reason (the first reason is kept) and
@@ -78,6 +80,10 @@ type proc struct {
 func (p *proc) kill(reason int32) {
 	p.reason.CompareAndSwap(reasonNone, reason)
 	p.killOnce.Do(func() {
+		if p.cg != nil {
+			p.cg.kill(time.Now().Add(killTreeBudget))
+		}
+		// Without a cgroup, or should a member have escaped it: the scan.
 		killTree(p.pid, p.marker)
 		close(p.killDone)
 	})
@@ -230,11 +236,24 @@ func (s *server) spawn(req *agentproto.ExecRequest, withStdin bool) (*proc, *age
 	if ident != nil {
 		attr.Sys.Credential = ident.credential()
 	}
+	if s.cgroups != nil {
+		// Born in its own cgroup: nothing it starts can leave it.
+		cg, err := s.cgroups.create(id)
+		if err != nil {
+			closeAll()
+			return p.failed(fmt.Errorf("start %s: %w", exe, err)), nil
+		}
+		p.cg = cg
+		attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = true, cg.descriptor()
+	}
 	pid, waitCh, err := getReaper().start(func() (int, error) {
 		return syscall.ForkExec(exe, argv, attr)
 	})
 	if err != nil {
 		closeAll()
+		if p.cg != nil {
+			p.cg.release()
+		}
 		return p.failed(fmt.Errorf("start %s: %w", exe, err)), nil
 	}
 	p.pid, p.waitCh = pid, waitCh
@@ -433,6 +452,9 @@ func (s *server) run(p *proc, req *agentproto.ExecRequest, to sink) agentproto.E
 func (p *proc) discard() {
 	p.kill(reasonAbort)
 	<-p.waitCh
+	if p.cg != nil {
+		p.cg.release()
+	}
 	for _, f := range []*os.File{p.stdin, p.stdout, p.stderr} {
 		if f != nil {
 			f.Close()
@@ -502,10 +524,14 @@ func pipeBuffered(f *os.File) int {
 	return n
 }
 
-// finish publishes how p ended.
+// finish publishes how p ended, and lets its cgroup go (kept while
+// daemons it left on its own still run in it).
 func (p *proc) finish(exit agentproto.ExitInfo) {
 	p.exit = exit
 	close(p.done)
+	if p.cg != nil {
+		p.cg.release()
+	}
 }
 
 // streamSink forwards output to the host as frames as soon as it is read.

@@ -45,9 +45,21 @@
 //	OpStat, OpListDir, OpMkdir, OpRemove, OpPing: KindResponse only.
 //
 // A frame payload is at most MaxFrame bytes.
+//
+// # Start-up
+//
+// The runtime starts the agent with its flags (cmd/evalbox-agent) and, when
+// it gives the agent a cgroup2 directory of its own to make a cgroup per
+// process in, the environment variable CgroupEnv: "fd:N" (an inherited
+// directory descriptor; namespaces) or "path:DIR" (a cgroup2 mount, in
+// which the agent's own cgroup is found through /proc/self/cgroup; gVisor).
+// The agent removes it from the environment its processes get.
 package agentproto
 
 import "time"
+
+// CgroupEnv names the agent's delegated cgroup (see Start-up).
+const CgroupEnv = "EVALBOX_AGENT_CGROUP"
 
 // Frame kinds.
 const (

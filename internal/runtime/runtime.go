@@ -26,8 +26,11 @@ type Spec struct {
 	// never modify it: every sandbox gets a copy-on-write layer on top.
 	RootFS string
 	// AgentPath is the host path of the static evalbox-agent binary. The
-	// driver makes it visible read-only at AgentGuestPath and starts it as
-	// the sandbox's first process with AgentArgs.
+	// driver starts it as the sandbox's first process with AgentArgs (gVisor
+	// makes it visible read-only at AgentGuestPath; namespaces runs it from
+	// a sealed in-memory copy, at no path in the sandbox). A driver that can
+	// give the agent a cgroup per process to kill trees with says where in
+	// the agent's environment (agentproto.CgroupEnv).
 	AgentPath string
 	AgentArgs []string
 	// Env is the environment of the agent (and so the default of every
@@ -48,7 +51,8 @@ type Spec struct {
 	Hostname string
 }
 
-// AgentGuestPath is where the agent binary appears inside every sandbox.
+// AgentGuestPath is the agent's argv[0] in every sandbox, and where the
+// gVisor driver mounts it.
 const AgentGuestPath = "/.evalbox/agent"
 
 // Sandbox is one running sandbox.

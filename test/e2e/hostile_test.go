@@ -153,3 +153,68 @@ func TestHostile(t *testing.T) {
 		})
 	}
 }
+
+// survivors lists the processes of a sandbox other than the agent (pid 1)
+// and the listing shell itself and its children.
+const survivors = `for p in /proc/[0-9]*; do pid=${p#/proc/}; [ "$pid" = 1 ] || [ "$pid" = $$ ] && continue; read -r line < $p/stat 2>/dev/null || continue; set -- $line; [ "$4" = $$ ] && continue; echo "$pid $2"; done`
+
+// TestTimeoutKillsEveryUsersDaemons: a command that times out takes
+// everything it started with it, also daemons that left its session and
+// process group and run as another user than root, whose environment the
+// agent cannot read (before: the marker check missed them, and
+// `(setsid sleep 3003 &)` run as nobody outlived its timeout). The same
+// holds for a background process killed through the API, and for a root
+// command whose daemon drops to another user.
+func TestTimeoutKillsEveryUsersDaemons(t *testing.T) {
+	for _, rt := range runtimes {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			c := defaultTeam(t)
+			sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt})
+			check := func(t *testing.T, what string) {
+				t.Helper()
+				deadline := time.Now().Add(5 * time.Second)
+				for {
+					left := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: survivors})
+					if strings.TrimSpace(left.Stdout) == "" {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: processes survived:\n%s", what, left.Stdout)
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+			r := mustExec(t, c, sb.ID, client.ExecRequest{User: "nobody", Timeout: 2,
+				Cmd: `(setsid sleep 3003 &); (setsid sh -c 'exec env -i sleep 3004' &); sleep 30`})
+			if r.Status != client.StatusTimedOut {
+				t.Fatalf("exec: %+v", r)
+			}
+			check(t, "timeout as nobody")
+			// Root starts a daemon that becomes nobody, clears its
+			// environment and leaves the session.
+			r = mustExec(t, c, sb.ID, client.ExecRequest{Timeout: 2,
+				Cmd: `(setsid setpriv --reuid=65534 --regid=65534 --clear-groups env -i sleep 3005 &); sleep 30`})
+			if r.Status != client.StatusTimedOut {
+				t.Fatalf("exec: %+v", r)
+			}
+			check(t, "timeout as root, daemon as nobody")
+			p, err := c.StartProcess(ctxT(t, time.Minute), sb.ID, client.ExecRequest{User: "nobody", Cmd: `(setsid sleep 3006 &); sleep 600`})
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond)
+			if err := c.KillProcess(ctxT(t, time.Minute), sb.ID, p.ID); err != nil {
+				t.Fatal(err)
+			}
+			check(t, "kill of a background process")
+			// A command that ends on its own may leave a daemon behind:
+			// that one lives on (servers started for an episode).
+			mustExec(t, c, sb.ID, client.ExecRequest{User: "nobody", Cmd: `(setsid sleep 3007 > /dev/null 2>&1 &)`})
+			time.Sleep(500 * time.Millisecond)
+			if left := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: `cat /proc/[0-9]*/cmdline | tr '\0' ' '`}); !strings.Contains(left.Stdout, "sleep 3007") {
+				t.Fatalf("a daemon of a command that ended on its own was killed: %q", left.Stdout)
+			}
+		})
+	}
+}

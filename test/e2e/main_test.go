@@ -69,6 +69,10 @@ type serverOptions struct {
 	// listenAll makes the server listen on every address (the client still
 	// uses 127.0.0.1), to test that sandboxes cannot reach it.
 	listenAll bool
+	// ctty, a terminal (the slave of a pty), becomes the server's stdin
+	// and controlling terminal, as when an operator runs `evalbox serve &`
+	// in a shell.
+	ctty *os.File
 }
 
 // server is a running `evalbox serve` process.
@@ -122,6 +126,12 @@ func startServer(o serverOptions) (*server, error) {
 	s.cmd = exec.Command(filepath.Join(binDir, "evalbox"), args...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if o.ctty != nil {
+		// A session of its own (its process group id is still its pid)
+		// whose controlling terminal is ctty.
+		s.cmd.Stdin = o.ctty
+		s.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	}
 	if err := s.cmd.Start(); err != nil {
 		logf.Close()
 		return nil, err

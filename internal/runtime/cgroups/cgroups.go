@@ -15,6 +15,12 @@
 // on v2 it is born inside (CLONE_INTO_CGROUP, see PrepareClone), on v1 the
 // caller writes its pid with AddProc while the child still waits for the
 // go-ahead. All descendants inherit the cgroup.
+//
+// With WithUnified, a v1 (hybrid) host's cgroup2 mount is used as well:
+// every cgroup also has a directory there, with no controller, which gives
+// it what v1 lacks: cgroup.kill, CLONE_INTO_CGROUP, and a subtree that can
+// be delegated to the sandbox (Delegate), where its agent makes a cgroup
+// per command. On v2 hosts the sandbox's one cgroup plays that part.
 package cgroups
 
 import (
@@ -80,15 +86,34 @@ type Manager struct {
 	parents map[string]string
 	// dirs are the distinct parent directories (one on v2).
 	dirs []string
-	// killFile is true when cgroup.kill is available (v2, Linux ≥ 5.14).
+	// unified is the parent directory in the cgroup2 hierarchy: dirs[0]
+	// on v2; on v1 the cgroup2 mount's (WithUnified), or "".
+	unified string
+	// killFile is true when cgroup.kill is available in the unified
+	// hierarchy (Linux ≥ 5.14).
 	killFile bool
 }
+
+// Option configures New.
+type Option func(*options)
+
+type options struct{ unified bool }
+
+// WithUnified makes a v1 host's manager keep each cgroup in the host's
+// cgroup2 hierarchy too, when one is mounted (a "hybrid" host): no limits
+// there, but cgroup.kill, CLONE_INTO_CGROUP and delegation. It has no
+// effect on v2 hosts, where the one hierarchy offers all of it.
+func WithUnified() Option { return func(o *options) { o.unified = true } }
 
 // New detects the host's cgroup version and makes sure the parent cgroup
 // exists (and, on v2, that the cpu, memory and pids controllers are enabled
 // for its children). parent is a relative path in the hierarchy; "" means
 // DefaultParent.
-func New(parent string) (*Manager, error) {
+func New(parent string, opts ...Option) (*Manager, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if parent == "" {
 		parent = DefaultParent
 	}
@@ -108,7 +133,11 @@ func New(parent string) (*Manager, error) {
 			}
 			roots[c] = mp
 		}
-		return newV1(roots, parent)
+		unified := ""
+		if o.unified {
+			unified = mounts.v2
+		}
+		return newV1(roots, unified, parent)
 	}
 	if mounts.v2 == "" {
 		return nil, errors.New("cgroups: no cgroup v1 memory hierarchy and no cgroup2 mount found")
@@ -116,8 +145,9 @@ func New(parent string) (*Manager, error) {
 	return newV2(mounts.v2, parent, v2Controllers)
 }
 
-// newV1 builds a v1 manager from controller → hierarchy mount point.
-func newV1(roots map[string]string, parent string) (*Manager, error) {
+// newV1 builds a v1 manager from controller → hierarchy mount point, and
+// the cgroup2 mount point unified ("" for none).
+func newV1(roots map[string]string, unified, parent string) (*Manager, error) {
 	m := &Manager{version: V1, parents: make(map[string]string, len(roots))}
 	for c, root := range roots {
 		dir := filepath.Join(root, parent)
@@ -126,10 +156,19 @@ func newV1(roots map[string]string, parent string) (*Manager, error) {
 			m.dirs = append(m.dirs, dir)
 		}
 	}
+	if unified != "" {
+		m.unified = filepath.Join(unified, parent)
+		m.dirs = append(m.dirs, m.unified)
+	}
 	slices.Sort(m.dirs)
 	for _, dir := range m.dirs {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("cgroups: create parent: %w", err)
+		}
+	}
+	if m.unified != "" {
+		if _, err := os.Stat(filepath.Join(m.unified, "cgroup.kill")); err == nil {
+			m.killFile = true
 		}
 	}
 	return m, nil
@@ -177,7 +216,7 @@ func newV2(root, parent string, controllers []string) (*Manager, error) {
 			return nil, err
 		}
 	}
-	m := &Manager{version: V2, parents: make(map[string]string, len(v1Controllers)), dirs: []string{dir}}
+	m := &Manager{version: V2, parents: make(map[string]string, len(v1Controllers)), dirs: []string{dir}, unified: dir}
 	for _, c := range v1Controllers {
 		m.parents[c] = dir
 	}
@@ -220,6 +259,10 @@ func (m *Manager) Dirs() []string { return slices.Clone(m.dirs) }
 
 // Version reports the cgroup version in use.
 func (m *Manager) Version() Version { return m.version }
+
+// Unified reports whether cgroups have a directory in the cgroup2
+// hierarchy (v2 hosts, or v1 hosts with WithUnified and a cgroup2 mount).
+func (m *Manager) Unified() bool { return m.unified != "" }
 
 // Create creates the cgroup id with the given limits. If any step fails,
 // nothing is left behind. It returns an error wrapping ErrExist when the
@@ -296,14 +339,18 @@ func (m *Manager) cgroup(id string) *Cgroup {
 	for _, d := range m.dirs {
 		c.dirs = append(c.dirs, filepath.Join(d, id))
 	}
+	if m.unified != "" {
+		c.unified = filepath.Join(m.unified, id)
+	}
 	return c
 }
 
 // Cgroup is one sandbox's cgroup.
 type Cgroup struct {
-	m    *Manager
-	id   string
-	dirs []string
+	m       *Manager
+	id      string
+	dirs    []string
+	unified string // its directory in the cgroup2 hierarchy, or ""
 }
 
 // ID returns the cgroup's name.
@@ -362,22 +409,44 @@ func (c *Cgroup) setLimits(l Limits) error {
 }
 
 // PrepareClone arranges for the process started with attr to be born inside
-// the cgroup when the host supports it (cgroup v2: CLONE_INTO_CGROUP). It
-// reports whether it did; if not, the caller must call AddProc with the new
-// pid before the process runs untrusted code. The returned function
-// releases what PrepareClone opened; call it after the process started.
+// the cgroup's cgroup2 directory when it has one (CLONE_INTO_CGROUP). It
+// reports whether that placed the process in all of the cgroup (v2 hosts);
+// if not, the caller must call AddProc with the new pid before the process
+// runs untrusted code. The returned function releases what PrepareClone
+// opened; call it after the process started.
 func (c *Cgroup) PrepareClone(attr *syscall.SysProcAttr) (inside bool, release func(), err error) {
-	if c.m.version != V2 {
+	if c.unified == "" {
 		return false, func() {}, nil
 	}
-	fd, err := unix.Open(c.dirs[0], unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(c.unified, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return false, nil, fmt.Errorf("cgroups: open %s: %w", c.id, err)
 	}
 	attr.UseCgroupFD = true
 	attr.CgroupFD = fd
-	return true, func() { unix.Close(fd) }, nil
+	return c.m.version == V2, func() { unix.Close(fd) }, nil
 }
+
+// Delegate gives the cgroup's cgroup2 directory to the host ids uid and
+// gid (a sandbox's root in its user namespace): its owner may create and
+// remove cgroups below it and move processes between them (cgroup.procs),
+// but not change the limits, whose files stay root's. It fails when the
+// cgroup has no cgroup2 directory.
+func (c *Cgroup) Delegate(uid, gid int) error {
+	if c.unified == "" {
+		return fmt.Errorf("cgroups: %s: no cgroup2 hierarchy to delegate", c.id)
+	}
+	for _, p := range []string{c.unified, filepath.Join(c.unified, "cgroup.procs")} {
+		if err := os.Lchown(p, uid, gid); err != nil {
+			return fmt.Errorf("cgroups: delegate %s: %w", c.id, err)
+		}
+	}
+	return nil
+}
+
+// UnifiedPath is the cgroup's directory in the cgroup2 hierarchy ("" when
+// it has none).
+func (c *Cgroup) UnifiedPath() string { return c.unified }
 
 // AddProc moves the process pid (all its threads) into the cgroup.
 func (c *Cgroup) AddProc(pid int) error {
@@ -391,8 +460,12 @@ func (c *Cgroup) AddProc(pid int) error {
 }
 
 // Procs returns the pids (in the caller's pid namespace) of the processes
-// in the cgroup.
+// in the cgroup, also those in cgroups below it (which only a delegated
+// cgroup2 directory has: on v1 hosts the freezer cgroup holds them all).
 func (c *Cgroup) Procs() ([]int, error) {
+	if c.m.version == V2 {
+		return readPidsTree(c.dirs[0])
+	}
 	return readPids(filepath.Join(c.dir("freezer"), "cgroup.procs"))
 }
 
@@ -442,7 +515,8 @@ func (c *Cgroup) OOMKills() (int64, error) {
 // A cgroup that does not exist is empty.
 func (c *Cgroup) KillAll(ctx context.Context) error {
 	if c.m.killFile {
-		err := writeFile(filepath.Join(c.dirs[0], "cgroup.kill"), []byte("1"))
+		// cgroup.kill kills the whole subtree, forks included.
+		err := writeFile(filepath.Join(c.unified, "cgroup.kill"), []byte("1"))
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
@@ -531,9 +605,17 @@ func (c *Cgroup) freeze(ctx context.Context, on bool) error {
 	return nil
 }
 
-// waitEmpty waits until the cgroup has no process.
+// waitEmpty waits until the cgroup has no process (the cgroup2 directory
+// says so in cgroup.events for its whole subtree; on v1 the freezer
+// cgroup has every process).
 func (c *Cgroup) waitEmpty(ctx context.Context) error {
 	for b := newBackoff(); ; {
+		if c.m.version == V2 {
+			ev, err := os.ReadFile(filepath.Join(c.unified, "cgroup.events"))
+			if errors.Is(err, fs.ErrNotExist) || (err == nil && bytes.Contains(ev, []byte("populated 0"))) {
+				return nil
+			}
+		}
 		pids, err := c.Procs()
 		if errors.Is(err, fs.ErrNotExist) || (err == nil && len(pids) == 0) {
 			return nil
@@ -547,10 +629,16 @@ func (c *Cgroup) waitEmpty(ctx context.Context) error {
 	}
 }
 
-// Remove removes the cgroup's directories, retrying while exiting tasks
+// Remove removes the cgroup's directories (and in the cgroup2 hierarchy
+// the cgroups a delegate made below it), retrying while exiting tasks
 // drain. The cgroup must have no live process (see KillAll). Removing a
 // cgroup that does not exist succeeds.
 func (c *Cgroup) Remove(ctx context.Context) error {
+	if c.unified != "" {
+		if err := removeChildren(ctx, c.unified); err != nil {
+			return err
+		}
+	}
 	for _, dir := range c.dirs {
 		for b := newBackoff(); ; {
 			err := unix.Rmdir(dir)
@@ -597,6 +685,39 @@ func (b *backoff) wait(ctx context.Context) error {
 	return nil
 }
 
+// removeChildren removes the cgroups below dir, deepest first.
+func removeChildren(ctx context.Context, dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cgroups: %w", err)
+	}
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		child := filepath.Join(dir, e.Name())
+		if err := removeChildren(ctx, child); err != nil {
+			return err
+		}
+		for b := newBackoff(); ; {
+			err := unix.Rmdir(child)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				break
+			}
+			if !errors.Is(err, unix.EBUSY) {
+				return fmt.Errorf("cgroups: remove %s: %w", child, err)
+			}
+			if werr := b.wait(ctx); werr != nil {
+				return fmt.Errorf("cgroups: remove %s: %w (%w)", child, err, werr)
+			}
+		}
+	}
+	return nil
+}
+
 func removeDirs(dirs []string) {
 	for _, d := range dirs {
 		_ = unix.Rmdir(d)
@@ -636,6 +757,28 @@ func readPids(path string) ([]int, error) {
 			return nil, fmt.Errorf("parse %s: %w", path, err)
 		}
 		pids = append(pids, pid)
+	}
+	return pids, nil
+}
+
+// readPidsTree reads the pids of the cgroup2 directory dir and of every
+// cgroup below it.
+func readPidsTree(dir string) ([]int, error) {
+	pids, err := readPids(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return pids, nil // removed meanwhile
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			more, err := readPidsTree(filepath.Join(dir, e.Name()))
+			if err == nil {
+				pids = append(pids, more...)
+			}
+		}
 	}
 	return pids, nil
 }

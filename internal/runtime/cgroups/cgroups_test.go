@@ -363,3 +363,65 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// WithUnified: a v1 host's cgroup also lives in its cgroup2 hierarchy,
+// where it can be delegated, where its delegate's child cgroups hold
+// processes, and from where KillAll and Remove take those too.
+func TestUnifiedDelegation(t *testing.T) {
+	requireRoot(t)
+	m, err := New(testParent(t), WithUnified())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleanupManager(t, m)
+	if !m.Unified() {
+		t.Skip("no cgroup2 hierarchy on this host")
+	}
+	ctx := ctxT(t)
+	c, err := m.Create("delegated", Limits{Pids: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	attr := &syscall.SysProcAttr{}
+	inside, release, err := c.PrepareClone(attr)
+	if err != nil || inside != (m.Version() == V2) {
+		t.Fatalf("PrepareClone = %v, %v", inside, err)
+	}
+	cmd, in := startBlocked(t, attr, "sleep 100 & sleep 100 & wait")
+	release()
+	if !inside {
+		if err := c.AddProc(cmd.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const uid = 0x60000000
+	if err := c.Delegate(uid, uid); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{c.UnifiedPath(), filepath.Join(c.UnifiedPath(), "cgroup.procs")} {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil || st.Uid != uid || st.Gid != uid {
+			t.Errorf("%s owned by %d:%d (%v), want the delegate", p, st.Uid, st.Gid, err)
+		}
+	}
+	// The delegate (here: us) moves the process into a child cgroup.
+	child := filepath.Join(c.UnifiedPath(), "proc-x")
+	if err := os.Mkdir(child, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(child, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(in, "go\n")
+	waitFor(t, func() bool { p, _ := c.Procs(); return len(p) == 3 }, "3 processes")
+	if err := c.KillAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if err := c.Remove(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m.Exists("delegated") {
+		t.Fatal("exists after Remove")
+	}
+}

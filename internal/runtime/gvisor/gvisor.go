@@ -22,6 +22,11 @@
 // the Sentry's netstack (which takes over its address and routes), so the
 // sandboxed code never talks to the host's network stack directly.
 // /etc/resolv.conf is a read-only bind mount of a file in the state dir.
+//
+// Inside, gVisor's own cgroup2 filesystem is mounted at /sys/fs/cgroup
+// (--in-sandbox-cgroup=v2; the host's cgroups are not visible): the agent
+// makes a cgroup per process below its own and kills a process tree with
+// cgroup.kill, which no non-root process of the sandbox can leave.
 package gvisor
 
 import (
@@ -171,6 +176,7 @@ func (r *Runtime) globalArgs(network string, diskMB int) []string {
 		"--root", r.cfg.RootDir,
 		"--platform=" + r.cfg.Platform,
 		"--network=" + net,
+		"--in-sandbox-cgroup=v2",
 	}
 	// Always an in-memory upper layer: without --overlay2, runsc's default
 	// ("root:self") would keep its file store inside the template's

@@ -489,3 +489,9 @@ func TestForkBombContained(t *testing.T) {
 		t.Fatalf("after the fork bomb: %q", got)
 	}
 }
+
+func TestAgentCgroupEnv(t *testing.T) {
+	if agentCgroupEnv != agentproto.CgroupEnv {
+		t.Fatalf("agentCgroupEnv %q, agentproto.CgroupEnv %q", agentCgroupEnv, agentproto.CgroupEnv)
+	}
+}

@@ -17,6 +17,10 @@ const sentryOverheadMB = 96
 // oomScoreAdj is the OOM score adjustment of sandbox processes.
 var oomScoreAdj = 800
 
+// agentCgroupEnv tells the agent where its cgroup is; it must equal
+// agentproto.CgroupEnv (a test holds them equal).
+const agentCgroupEnv = "EVALBOX_AGENT_CGROUP"
+
 // capabilities granted to the agent (root inside the sandbox). They are
 // capabilities of the gVisor kernel, not of the host.
 var capabilities = []string{
@@ -42,7 +46,7 @@ func ociSpec(s runtime.Spec, cgroupParent string, nw *sandboxNet) *specs.Spec {
 			// control plane.
 			OOMScoreAdj: &oomScoreAdj,
 			Args:        args,
-			Env:         s.Env,
+			Env:         append(s.Env[:len(s.Env):len(s.Env)], agentCgroupEnv+"=path:/sys/fs/cgroup"),
 			Cwd:         "/",
 			User:        specs.User{UID: 0, GID: 0},
 			Capabilities: &specs.LinuxCapabilities{
@@ -57,6 +61,10 @@ func ociSpec(s runtime.Spec, cgroupParent string, nw *sandboxNet) *specs.Spec {
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: runtime.AgentGuestPath, Type: "bind", Source: s.AgentPath, Options: []string{"rbind", "ro"}},
+			// gVisor's own cgroup2 filesystem (--in-sandbox-cgroup=v2):
+			// the agent makes a cgroup per process below its own, and
+			// kills a tree through it. Only root inside may write there.
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev"}},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: "/" + cgroupParent + "/" + s.ID,

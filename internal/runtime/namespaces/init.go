@@ -24,15 +24,18 @@ const initArg0 = "evalbox-namespaces-init"
 // reads EOF without data once the agent runs.
 const initFD = 3
 
-// initConfig is what the host sends to the init stage.
+// initConfig is what the host sends to the init stage, after the
+// descriptors (initFileRoot, initFileAgent, and initFileCgroup when Cgroup
+// is set).
 type initConfig struct {
-	RootFS    string   `json:"rootfs"`
-	AgentPath string   `json:"agent_path"`
 	AgentArgs []string `json:"agent_args"`
 	Env       []string `json:"env"`
-	// Scratch is a host directory the init stage mounts the sandbox's
-	// tmpfs on, in its own mount namespace only.
-	Scratch    string `json:"scratch"`
+	// MountPoint is a host directory the init stage mounts the sandbox's
+	// disk (a tmpfs) on, in its own mount namespace only.
+	MountPoint string `json:"mount_point"`
+	// Cgroup says that a delegated cgroup2 directory is passed for the
+	// agent.
+	Cgroup     bool   `json:"cgroup"`
 	DiskMB     int    `json:"disk_mb"`
 	ShmMB      int    `json:"shm_mb"`
 	Hostname   string `json:"hostname"`
@@ -41,6 +44,25 @@ type initConfig struct {
 	// Seccomp is the assembled BPF program (struct sock_filter array).
 	Seccomp []byte `json:"seccomp"`
 }
+
+// The descriptors the host passes to the init stage, in this order.
+const (
+	// initFileRoot is the template root filesystem: a detached mount,
+	// id-mapped into the sandbox's user namespace, read-only.
+	initFileRoot = iota
+	// initFileAgent is the agent binary (a sealed memfd).
+	initFileAgent
+	// initFileCgroup is the sandbox's cgroup2 directory, delegated to its
+	// root: the agent makes a cgroup per command below it.
+	initFileCgroup
+	maxInitFiles
+)
+
+// agentCgroupEnv tells the agent the descriptor of its delegated cgroup
+// directory ("fd:N"); the agent removes it from its environment. It must
+// equal agentproto.CgroupEnv (a test holds them equal: this package does
+// not import the agent's).
+const agentCgroupEnv = "EVALBOX_AGENT_CGROUP"
 
 // Init runs the init stage of a sandbox when the process was started as
 // one by Runtime.Start, and never returns in that case: it builds the
@@ -79,10 +101,19 @@ func Init() {
 }
 
 // runInit performs the setup and execs the agent; it only returns errors.
+//
+// It runs as root of the sandbox's new user namespace (host id: the first
+// of the sandbox's id block), with every capability there and none on the
+// host. It inherited from the host's fork thread the securebit that keeps
+// capabilities across uid changes: cleared first, or a command the agent
+// runs as another user would keep root's capabilities.
 func runInit() error {
-	cfg, err := readInitConfig()
+	cfg, files, err := readInitConfig()
 	if err != nil {
 		return err
+	}
+	if err := unix.Prctl(unix.PR_SET_SECUREBITS, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("clear securebits: %w", err)
 	}
 	unix.CloseOnExec(initFD)
 	// Whatever else was inherited (a host fd without O_CLOEXEC) must not
@@ -90,6 +121,9 @@ func runInit() error {
 	// stay usable until exec.
 	if err := unix.CloseRange(initFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("close_range: %w", err)
+	}
+	if len(files) < initFileCgroup || (cfg.Cgroup && len(files) < maxInitFiles) {
+		return fmt.Errorf("got %d descriptors from the host", len(files))
 	}
 	// The host has placed us in the sandbox cgroup before sending the
 	// config: make it the root of our cgroup namespace.
@@ -100,7 +134,7 @@ func runInit() error {
 	if err := setupNetwork(cfg); err != nil {
 		return err
 	}
-	if err := setupRoot(cfg); err != nil {
+	if err := setupRoot(cfg, files[initFileRoot]); err != nil {
 		return err
 	}
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
@@ -116,18 +150,53 @@ func runInit() error {
 	if err := harden(cfg.Seccomp); err != nil {
 		return err
 	}
-	argv := append([]string{runtime.AgentGuestPath}, cfg.AgentArgs...)
 	env := cfg.Env
 	if env == nil {
 		env = []string{}
 	}
-	if err := unix.Exec(runtime.AgentGuestPath, argv, env); err != nil {
+	if cfg.Cgroup {
+		// The agent keeps this descriptor: it is how it reaches its
+		// cgroup (no cgroup filesystem is mounted in the sandbox).
+		cgfd := files[initFileCgroup]
+		if _, err := unix.FcntlInt(uintptr(cgfd), unix.F_SETFD, 0); err != nil {
+			return fmt.Errorf("cgroup descriptor: %w", err)
+		}
+		env = append(env[:len(env):len(env)], agentCgroupEnv+"=fd:"+strconv.Itoa(cgfd))
+	}
+	argv := append([]string{runtime.AgentGuestPath}, cfg.AgentArgs...)
+	// The agent runs from its memfd (through /proc, as fexecve does): no
+	// host path of it is mounted in the sandbox.
+	exe := "/proc/self/fd/" + strconv.Itoa(files[initFileAgent])
+	if err := unix.Exec(exe, argv, env); err != nil {
 		return fmt.Errorf("exec agent: %w", err)
 	}
 	return errors.New("exec returned")
 }
 
-func readInitConfig() (*initConfig, error) {
+// readInitConfig receives the host's descriptors (on the first byte) and
+// then its config, until EOF.
+func readInitConfig() (*initConfig, []int, error) {
+	one := make([]byte, 1)
+	oob := make([]byte, unix.CmsgSpace(maxInitFiles*4))
+	var n, oobn int
+	var err error
+	for {
+		n, oobn, _, _, err = unix.Recvmsg(initFD, one, oob, unix.MSG_CMSG_CLOEXEC)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil || n != 1 {
+		return nil, nil, fmt.Errorf("receive descriptors: %v (%d bytes)", err, n)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return nil, nil, fmt.Errorf("receive descriptors: %v (%d messages)", err, len(msgs))
+	}
+	files, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(files) != int(one[0]) {
+		return nil, nil, fmt.Errorf("receive descriptors: %v (%d of %d)", err, len(files), one[0])
+	}
 	buf := make([]byte, 0, 4096)
 	for {
 		if len(buf) == cap(buf) {
@@ -138,7 +207,7 @@ func readInitConfig() (*initConfig, error) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read config: %w", err)
+			return nil, nil, fmt.Errorf("read config: %w", err)
 		}
 		if n == 0 {
 			break
@@ -147,9 +216,9 @@ func readInitConfig() (*initConfig, error) {
 	}
 	cfg := new(initConfig)
 	if err := json.Unmarshal(buf, cfg); err != nil {
-		return nil, fmt.Errorf("decode config: %w", err)
+		return nil, nil, fmt.Errorf("decode config: %w", err)
 	}
-	return cfg, nil
+	return cfg, files, nil
 }
 
 // setupNetwork brings up lo in the new network namespace. With outbound
@@ -171,50 +240,69 @@ func setupNetwork(cfg *initConfig) error {
 
 // setupRoot builds the sandbox's root and pivots into it. Everything
 // mounted here lives only in the sandbox's mount namespace and vanishes
-// with its last process.
-func setupRoot(cfg *initConfig) error {
+// with its last process. rootTree is the template (see initFileRoot).
+//
+// The sandbox's root has no rights over host paths, so the disk is a new
+// tmpfs mounted on cfg.MountPoint (a directory anyone may search), the
+// overlay names its layers relative to it (mountinfo shows no host path),
+// and proc and sysfs, which a user namespace may only mount while the
+// host's instances are fully visible, are made before the pivot and
+// attached after it.
+func setupRoot(cfg *initConfig, rootTree int) error {
 	// Nothing we mount may propagate back to the host.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
 	}
 	// The sandbox disk: a tmpfs of DiskMB holding the overlay's upper and
-	// work directories (and the mount point of the merged root).
-	opts := "mode=0700"
+	// work directories (and the mount points of the template and of the
+	// merged root).
+	opts := []string{"mode", "0700"}
 	if cfg.DiskMB > 0 {
-		opts += ",size=" + strconv.Itoa(cfg.DiskMB) + "m"
+		opts = append(opts, "size", strconv.Itoa(cfg.DiskMB)+"m")
 	}
-	s := cfg.Scratch
-	if err := unix.Mount("tmpfs", s, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mount disk tmpfs: %w", err)
+	disk, err := newMount("tmpfs", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV, opts...)
+	if err != nil {
+		return err
 	}
-	for _, d := range []string{s + "/upper", s + "/work", s + "/root"} {
+	if err := unix.MoveMount(disk, "", unix.AT_FDCWD, cfg.MountPoint, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach disk on %s: %w", cfg.MountPoint, err)
+	}
+	if err := unix.Fchdir(disk); err != nil {
+		return fmt.Errorf("enter disk: %w", err)
+	}
+	for _, d := range []string{"lower", "upper", "work", "root"} {
 		if err := unix.Mkdir(d, 0o755); err != nil {
 			return fmt.Errorf("mkdir %s: %w", d, err)
 		}
 	}
-	root := s + "/root"
-	ovl := "lowerdir=" + cfg.RootFS + ",upperdir=" + s + "/upper,workdir=" + s + "/work"
+	if err := unix.MoveMount(rootTree, "", unix.AT_FDCWD, "lower", unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach template: %w", err)
+	}
 	// nodev/nosuid: device nodes and set-id binaries in the template are
 	// inert.
-	if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl); err != nil {
+	if err := unix.Mount("overlay", "root", "overlay", unix.MS_NOSUID|unix.MS_NODEV, "lowerdir=lower,upperdir=upper,workdir=work"); err != nil {
 		return fmt.Errorf("mount overlay: %w", err)
 	}
-	// A detached read-only bind of the agent binary, attached after the
-	// pivot so that no host path is resolved inside the new root.
-	agentTree, err := unix.OpenTree(unix.AT_FDCWD, cfg.AgentPath, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	proc, err := newMount("proc", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 	if err != nil {
-		return fmt.Errorf("open agent: %w", err)
+		return err
 	}
-	defer unix.Close(agentTree)
-	if err := unix.MountSetattr(agentTree, "", unix.AT_EMPTY_PATH, &unix.MountAttr{
-		Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
-	}); err != nil {
-		return fmt.Errorf("make agent read-only: %w", err)
+	sys, err := newMount("sysfs", unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return err
+	}
+	// A user namespace may not make device nodes: the sandbox's are bind
+	// mounts of the host's (detached copies, attached after the pivot).
+	devs := make([]int, len(devNodes))
+	for i, n := range devNodes {
+		if devs[i], err = unix.OpenTree(unix.AT_FDCWD, "/dev/"+n, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC); err != nil {
+			return fmt.Errorf("device %s: %w", n, err)
+		}
 	}
 
 	// pivot_root(".", ".") stacks the old root on top of the new one; the
 	// detach removes it, so no host path stays reachable.
-	if err := unix.Chdir(root); err != nil {
+	if err := unix.Chdir("root"); err != nil {
 		return err
 	}
 	if err := unix.PivotRoot(".", "."); err != nil {
@@ -228,47 +316,76 @@ func setupRoot(cfg *initConfig) error {
 	}
 	// From here on every path resolves inside the sandbox root, so a
 	// symlink in the template cannot point a mount or a write at the host.
-	if err := mountProc(); err != nil {
+	if err := attach(proc, "/proc", 0o555); err != nil {
 		return err
 	}
-	if err := mountDev(cfg.ShmMB); err != nil {
+	if err := limitNesting(); err != nil {
 		return err
 	}
-	if err := mountSys(); err != nil {
+	if err := mountDev(cfg.ShmMB, devs); err != nil {
 		return err
 	}
-	if err := maskProc(); err != nil {
+	if err := attach(sys, "/sys", 0o555); err != nil {
 		return err
 	}
-	if err := mkdirIfMissing("/.evalbox", 0o755); err != nil {
+	for _, p := range sysMasked {
+		if err := maskDir(p); err != nil {
+			return err
+		}
+	}
+	return maskProc()
+}
+
+// newMount makes a detached mount of a new fstype instance with the given
+// mount attributes and fsconfig key/value options.
+func newMount(fstype string, attrs int, opts ...string) (int, error) {
+	fs, err := unix.Fsopen(fstype, unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("fsopen %s: %w", fstype, err)
+	}
+	defer unix.Close(fs)
+	for i := 0; i+1 < len(opts); i += 2 {
+		if err := unix.FsconfigSetString(fs, opts[i], opts[i+1]); err != nil {
+			return -1, fmt.Errorf("%s option %s=%s: %w", fstype, opts[i], opts[i+1], err)
+		}
+	}
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return -1, fmt.Errorf("create %s: %w", fstype, err)
+	}
+	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, attrs)
+	if err != nil {
+		return -1, fmt.Errorf("fsmount %s: %w", fstype, err)
+	}
+	return m, nil
+}
+
+// attach attaches the detached mount fd at the directory p (made if
+// missing).
+func attach(fd int, p string, mode uint32) error {
+	if err := mkdirIfMissing(p, mode); err != nil {
 		return err
 	}
-	if err := touch(runtime.AgentGuestPath, 0o755); err != nil {
-		return err
-	}
-	if err := unix.MoveMount(agentTree, "", unix.AT_FDCWD, runtime.AgentGuestPath, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attach agent: %w", err)
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, p, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach %s: %w", p, err)
 	}
 	return nil
 }
 
-func mountProc() error {
-	if err := mkdirIfMissing("/proc", 0o555); err != nil {
-		return err
-	}
-	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("mount /proc: %w", err)
+// limitNesting forbids user namespaces inside the sandbox (its
+// /proc/sys/user is its own namespace's; /proc/sys becomes read-only
+// below). Seccomp refuses unshare and clone with CLONE_NEWUSER, but not
+// clone3, whose flags are out of a filter's reach: the limit stops it.
+func limitNesting() error {
+	if err := writeSysctl("/proc/sys/user/max_user_namespaces", "0"); err != nil {
+		return fmt.Errorf("limit user namespaces: %w", err)
 	}
 	return nil
 }
 
-// devNodes are the character devices of the sandbox's /dev.
-var devNodes = []struct {
-	name         string
-	major, minor uint32
-}{
-	{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0},
-}
+// devNodes are the character devices of the sandbox's /dev, bound from the
+// host's. /dev/tty opens the caller's controlling terminal, and no process
+// of a sandbox has one (its init starts a new session): ENXIO.
+var devNodes = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
 var devLinks = [][2]string{
 	{"/proc/self/fd", "/dev/fd"},
@@ -278,16 +395,20 @@ var devLinks = [][2]string{
 	{"pts/ptmx", "/dev/ptmx"},
 }
 
-func mountDev(shmMB int) error {
+func mountDev(shmMB int, devs []int) error {
 	if err := mkdirIfMissing("/dev", 0o755); err != nil {
 		return err
 	}
 	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=1m,nr_inodes=256"); err != nil {
 		return fmt.Errorf("mount /dev: %w", err)
 	}
-	for _, n := range devNodes {
-		if err := unix.Mknod("/dev/"+n.name, unix.S_IFCHR|0o666, int(unix.Mkdev(n.major, n.minor))); err != nil {
-			return fmt.Errorf("mknod /dev/%s: %w", n.name, err)
+	for i, n := range devNodes {
+		p := "/dev/" + n
+		if err := touch(p, 0o666); err != nil {
+			return err
+		}
+		if err := unix.MoveMount(devs[i], "", unix.AT_FDCWD, p, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("attach %s: %w", p, err)
 		}
 	}
 	for _, l := range devLinks {
@@ -318,27 +439,15 @@ func mountDev(shmMB int) error {
 // firmware tables and the RAPL energy counters (a power side channel).
 var sysMasked = []string{"/sys/firmware", "/sys/devices/virtual/powercap"}
 
-func mountSys() error {
-	if err := mkdirIfMissing("/sys", 0o555); err != nil {
-		return err
-	}
-	if err := unix.Mount("sysfs", "/sys", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("mount /sys: %w", err)
-	}
-	for _, p := range sysMasked {
-		if err := maskDir(p); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // Paths of /proc made read-only (kernel tunables: a root process without
 // CAP_SYS_ADMIN can still write many sysctls, e.g. core_pattern) or hidden.
 var (
 	procReadOnly   = []string{"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"}
-	procMaskedFile = []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats", "/proc/kmsg"}
-	procMaskedDir  = []string{"/proc/acpi", "/proc/scsi", "/proc/driver"}
+	procMaskedFile = []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats", "/proc/kmsg",
+		// Kernel heap and address-space layout (also closed to the
+		// sandbox's root by the user namespace: defense in depth).
+		"/proc/slabinfo", "/proc/vmallocinfo", "/proc/kpagecount", "/proc/kpageflags", "/proc/kpagecgroup", "/proc/pagetypeinfo"}
+	procMaskedDir = []string{"/proc/acpi", "/proc/scsi", "/proc/driver"}
 )
 
 func maskProc() error {

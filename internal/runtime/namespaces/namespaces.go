@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -33,7 +32,7 @@ const Name = "namespaces"
 
 // driverVersion is bumped when the sandbox environment changes in a way a
 // result may depend on (mounts, capabilities, seccomp rules).
-const driverVersion = "namespaces/1"
+const driverVersion = "namespaces/2"
 
 // guestIface is the name of the sandbox's network interface (outbound).
 const guestIface = network.GuestIface
@@ -62,7 +61,24 @@ type Config struct {
 	// AgentLogLimit caps StateDir/agent.log (the agent's stderr) in bytes;
 	// output beyond it is discarded. Default 8 MiB.
 	AgentLogLimit int64
+
+	// IDBase and IDBlocks are the host ids sandboxes' user namespaces map:
+	// IDBlocks blocks of 65536 ids from IDBase (default DefaultIDBase and
+	// DefaultIDBlocks: 0x60000000–0x6fffffff). No host user may use them.
+	IDBase   uint32
+	IDBlocks int
+	// IDLockFile is the host-wide lock file through which the evalbox
+	// servers of a host share the id blocks (default DefaultIDLockFile).
+	IDLockFile string
+	// MountPoint is an empty host directory that every user may search,
+	// on which each sandbox's init stage mounts its disk in its own mount
+	// namespace (no mount is ever visible on the host; all sandboxes use
+	// the same directory). Default DefaultMountPoint.
+	MountPoint string
 }
+
+// DefaultMountPoint is the default Config.MountPoint.
+const DefaultMountPoint = "/run/evalbox/mnt"
 
 // Runtime is the namespaces sandbox driver. It is safe for concurrent use.
 type Runtime struct {
@@ -74,6 +90,9 @@ type Runtime struct {
 	netm     *network.Manager
 	net      *network.Links // this driver's view of netm
 	logLimit int64
+	ids      *idBlocks
+	agents   agentImages
+	mntPoint string
 
 	mu       sync.Mutex
 	live     map[string]*Sandbox // started and not destroyed
@@ -94,7 +113,15 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = DefaultCgroupParent
 	}
-	cg, err := cgroups.New(cfg.CgroupParent)
+	cg, err := cgroups.New(cfg.CgroupParent, cgroups.WithUnified())
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	mnt := cmp.Or(cfg.MountPoint, DefaultMountPoint)
+	if err := mountPoint(mnt); err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	ids, err := newIDBlocks(cmp.Or(cfg.IDLockFile, DefaultIDLockFile), cmp.Or(cfg.IDBase, DefaultIDBase), cmp.Or(cfg.IDBlocks, DefaultIDBlocks))
 	if err != nil {
 		return nil, fmt.Errorf("namespaces: %w", err)
 	}
@@ -129,15 +156,41 @@ func New(cfg Config) (*Runtime, error) {
 		netm:     netm,
 		net:      links,
 		logLimit: cmp.Or(cfg.AgentLogLimit, 8<<20),
+		ids:      ids,
+		mntPoint: mnt,
 		live:     make(map[string]*Sandbox),
 		starting: make(map[string]struct{}),
 	}, nil
 }
 
+// mountPoint makes sure dir is an empty directory that every user may
+// search (its parents too), as the init stages need.
+func mountPoint(dir string) error {
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("mount point %q is not absolute", dir)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for p := dir; ; p = filepath.Dir(p) {
+		st, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("mount point %s: %s is not searchable by other users (mode %v), which a sandbox's unprivileged init stage needs", dir, p, st.Mode().Perm())
+		}
+		if p == "/" {
+			return nil
+		}
+	}
+}
+
 // Close removes the runtime's parent cgroup once its sandboxes are gone
-// (call it after destroying them all).
+// (call it after destroying them all) and releases what the runtime holds.
 func (r *Runtime) Close() error {
-	return cgroups.RemoveParent(r.parent)
+	r.agents.close()
+	return errors.Join(cgroups.RemoveParent(r.parent), r.ids.close())
 }
 
 // Name returns "namespaces".
@@ -239,6 +292,15 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 		r.mu.Unlock()
 	}()
 
+	// The block of host ids goes back once every process of the sandbox
+	// is gone: the cleanups below it (which kill them) run first.
+	blk, err := r.ids.acquire()
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	s.ids = blk
+	cleanups = append(cleanups, func() { r.ids.release(blk) })
+
 	cg, err := r.cg.Create(spec.ID, cgroups.Limits{CPU: spec.CPU, MemoryBytes: int64(spec.MemoryMB) << 20, Pids: spec.Pids})
 	if err != nil {
 		if errors.Is(err, cgroups.ErrExist) {
@@ -314,6 +376,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 	childCtl := os.NewFile(uintptr(socks[1]), "init-control-child")
 	childFiles = append(childFiles, childCtl)
 
+	hostID := int(blk.hostID)
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
 		Args:       []string{initArg0},
@@ -324,7 +387,18 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 		Stderr:     logW,
 		ExtraFiles: []*os.File{childCtl}, // fd 3 (initFD)
 		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
+			// The user namespace comes first (the kernel makes it the
+			// owner of the others): sandbox ids 0–65535 are the block's
+			// host ids, and nothing else is mapped.
+			Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWNET |
+				unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
+			UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: hostID, Size: idBlockSize}},
+			GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: hostID, Size: idBlockSize}},
+			GidMappingsEnableSetgroups: true,
+			// A session of its own: the sandbox has no controlling
+			// terminal, so nothing in it can reach the terminal the
+			// server runs on (/dev/tty gives ENXIO).
+			Setsid: true,
 			// The sandbox cannot outlive the host process that holds
 			// its pipes.
 			Pdeathsig: syscall.SIGKILL,
@@ -334,7 +408,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 	if err != nil {
 		return nil, fmt.Errorf("namespaces: %w", err)
 	}
-	err = startOnForkThread(cmd)
+	err = startOnForkThread(cmd, blk.hostID)
 	release()
 	closeChildFiles()
 	if err != nil {
@@ -359,17 +433,21 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 			return nil, fmt.Errorf("namespaces: %w", err)
 		}
 	}
+	fds, closeFDs, err := r.initFiles(&spec, s.pid, hostID, cg)
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
+	}
+	defer closeFDs()
 
 	icfg := initConfig{
-		RootFS:    spec.RootFS,
-		AgentPath: spec.AgentPath,
-		AgentArgs: spec.AgentArgs,
-		Env:       spec.Env,
-		Scratch:   spec.StateDir,
-		DiskMB:    spec.DiskMB,
-		ShmMB:     spec.MemoryMB,
-		Hostname:  cmp.Or(spec.Hostname, spec.ID),
-		Seccomp:   r.filter,
+		AgentArgs:  spec.AgentArgs,
+		Env:        spec.Env,
+		MountPoint: r.mntPoint,
+		DiskMB:     spec.DiskMB,
+		ShmMB:      spec.MemoryMB,
+		Hostname:   cmp.Or(spec.Hostname, spec.ID),
+		Seccomp:    r.filter,
+		Cgroup:     len(fds) > initFileCgroup,
 	}
 	if spec.Network == runtime.NetworkOutbound {
 		ns, err := netns.GetFromPid(s.pid)
@@ -386,7 +464,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 		icfg.Outbound = true
 		icfg.ResolvConf = r.netm.ResolvConf()
 	}
-	if err := r.runInit(ctx, ctl, &icfg); err != nil {
+	if err := r.runInit(ctx, ctl, &icfg, fds); err != nil {
 		return nil, fmt.Errorf("namespaces: %w", err)
 	}
 	select {
@@ -397,21 +475,79 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 	return s, nil
 }
 
-// runInit sends the config to the init stage and waits until it execs the
-// agent (EOF) or reports an error.
-func (r *Runtime) runInit(ctx context.Context, ctl *os.File, icfg *initConfig) error {
+// initFiles opens what the init stage gets as descriptors (in this
+// order, see initFileRoot…): the template root filesystem as a detached
+// mount id-mapped into the sandbox's user namespace, the agent binary (a
+// sealed memfd), and, when the cgroup has a cgroup2 directory, that
+// directory, delegated to the sandbox's root, in which the agent makes a
+// cgroup per command. The caller closes them with the returned function
+// once they are sent.
+func (r *Runtime) initFiles(spec *runtime.Spec, pid, hostRoot int, cg *cgroups.Cgroup) ([]int, func(), error) {
+	var fds []int
+	closeAll := func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	userns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("user namespace: %w", err)
+	}
+	defer unix.Close(userns)
+	root, err := idmappedTree(spec.RootFS, userns)
+	if err != nil {
+		return nil, nil, err
+	}
+	fds = append(fds, root)
+	img, err := r.agents.get(spec.AgentPath)
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	agentFD, err := unix.FcntlInt(img.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		closeAll()
+		return nil, nil, fmt.Errorf("agent: %w", err)
+	}
+	fds = append(fds, agentFD)
+	if dir := cg.UnifiedPath(); dir != "" {
+		if err := cg.Delegate(hostRoot, hostRoot); err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		cgFD, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("cgroup: %w", err)
+		}
+		fds = append(fds, cgFD)
+	}
+	return fds, closeAll, nil
+}
+
+// runInit sends the descriptors and the config to the init stage and waits
+// until it execs the agent (EOF) or reports an error.
+func (r *Runtime) runInit(ctx context.Context, ctl *os.File, icfg *initConfig, fds []int) error {
 	b, err := json.Marshal(icfg)
 	if err != nil {
 		return err
 	}
 	stop := context.AfterFunc(ctx, func() { ctl.SetDeadline(time.Now()) })
 	defer stop()
-	if _, err := ctl.Write(b); err != nil {
-		return fmt.Errorf("send init config: %w", err)
-	}
 	sc, err := ctl.SyscallConn()
 	if err != nil {
 		return err
+	}
+	// The descriptors ride on the first byte; the config follows.
+	var serr error
+	if cerr := sc.Write(func(fd uintptr) bool {
+		serr = unix.Sendmsg(int(fd), []byte{byte(len(fds))}, unix.UnixRights(fds...), nil, 0)
+		return !errors.Is(serr, unix.EAGAIN)
+	}); cerr != nil || serr != nil {
+		return fmt.Errorf("send init descriptors: %w", errors.Join(cerr, serr))
+	}
+	if _, err := ctl.Write(b); err != nil {
+		return fmt.Errorf("send init config: %w", err)
 	}
 	if cerr := sc.Control(func(fd uintptr) { err = unix.Shutdown(int(fd), unix.SHUT_WR) }); cerr != nil || err != nil {
 		return fmt.Errorf("send init config: %w", errors.Join(cerr, err))
@@ -540,35 +676,6 @@ func copyLog(f *os.File, r io.ReadCloser, limit int64, done chan<- struct{}) {
 	if m, _ := io.Copy(io.Discard, r); m > 0 {
 		fmt.Fprintf(f, "\n[evalbox: agent log truncated, %d bytes discarded]\n", m)
 	}
-}
-
-// forkRequests are served by one goroutine locked to its OS thread for
-// the life of the process. Sandboxes are started there because their
-// parent-death signal fires when the *thread* that forked them exits, and
-// Go ends a thread when a goroutine exits while locked to it.
-var (
-	forkOnce     sync.Once
-	forkRequests chan forkRequest
-)
-
-type forkRequest struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-func startOnForkThread(cmd *exec.Cmd) error {
-	forkOnce.Do(func() {
-		forkRequests = make(chan forkRequest)
-		go func() {
-			goruntime.LockOSThread() // never unlocked: the thread must live on
-			for req := range forkRequests {
-				req.done <- req.cmd.Start()
-			}
-		}()
-	})
-	done := make(chan error, 1)
-	forkRequests <- forkRequest{cmd: cmd, done: done}
-	return <-done
 }
 
 // pipe returns a close-on-exec pipe. The host's end (the read end if

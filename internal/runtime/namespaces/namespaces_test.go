@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/evalbox/evalbox/internal/agentproto"
 	"github.com/evalbox/evalbox/internal/runtime"
 )
 
@@ -197,7 +198,9 @@ func TestSandboxIsolation(t *testing.T) {
 
 	t.Run("pid1", func(t *testing.T) {
 		a.t = t
-		if got := strings.TrimSpace(a.mustRun("readlink /proc/1/exe")); got != runtime.AgentGuestPath {
+		// The agent runs from a sealed memfd: no host path of it exists
+		// in the sandbox.
+		if got := strings.TrimSpace(a.mustRun("readlink /proc/1/exe")); !strings.HasPrefix(got, "/memfd:evalbox-agent") {
 			t.Errorf("/proc/1/exe = %q", got)
 		}
 		// Only the sandbox's processes are visible: agent, sh, ls.
@@ -234,9 +237,52 @@ func TestSandboxIsolation(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(spec.RootFS, "evalbox-test-dir")); err == nil {
 			t.Error("mkdir reached the template")
 		}
-		// The agent binary is read-only.
-		if out, code := a.run("echo x >> " + runtime.AgentGuestPath); code == 0 {
+		// The agent binary cannot be changed.
+		if out, code := a.run("echo x >> /proc/1/exe"); code == 0 {
 			t.Errorf("agent binary writable: %q", out)
+		}
+	})
+	t.Run("no host paths", func(t *testing.T) {
+		a.t = t
+		out := a.mustRun("cat /proc/self/mountinfo")
+		hostRoot := hostRootSource(t)
+		for _, p := range []string{spec.RootFS, spec.StateDir, standinPath, filepath.Dir(standinPath), r.mntPoint, hostRoot} {
+			if p != "" && strings.Contains(out, p) {
+				t.Errorf("mountinfo shows the host path %s:\n%s", p, out)
+			}
+		}
+		for _, f := range []string{"/proc/slabinfo", "/proc/vmallocinfo", "/proc/kpageflags"} {
+			if out, code := a.run("head -c 64 " + f + " | wc -c"); code != 0 || strings.TrimSpace(out) != "0" {
+				t.Errorf("%s readable: %q", f, out)
+			}
+		}
+	})
+	t.Run("user namespace", func(t *testing.T) {
+		a.t = t
+		want := fmt.Sprintf("0 %d %d", a.s.ids.hostID, idBlockSize)
+		for _, f := range []string{"uid_map", "gid_map"} {
+			if got := strings.Join(strings.Fields(a.mustRun("cat /proc/self/"+f)), " "); got != want {
+				t.Errorf("%s = %q, want %q", f, got, want)
+			}
+		}
+		// Host side: the agent runs as the block's first id, not as root.
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.s.Pid()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(st), fmt.Sprintf("\nUid:\t%d\t%d\t%d\t%d\n", a.s.ids.hostID, a.s.ids.hostID, a.s.ids.hostID, a.s.ids.hostID)) {
+			t.Errorf("agent's host status:\n%s", st)
+		}
+		// The namespace is owned by that id too (limits counted against
+		// it in the host namespace, not against root).
+		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", a.s.Pid()), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner, err := unix.IoctlGetInt(fd, unix.NS_GET_OWNER_UID)
+		unix.Close(fd)
+		if err != nil || uint32(owner) != a.s.ids.hostID {
+			t.Errorf("user namespace owner %d (%v), want %d", owner, err, a.s.ids.hostID)
 		}
 	})
 	t.Run("environment", func(t *testing.T) {
@@ -302,6 +348,54 @@ func TestSandboxIsolation(t *testing.T) {
 	})
 }
 
+// hostRootSource is the device (or source) of the host's root mount, e.g.
+// /dev/vda.
+func hostRootSource(t *testing.T) string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(l, " - ")
+		pf, sf := strings.Fields(pre), strings.Fields(post)
+		if ok && len(pf) >= 5 && pf[4] == "/" && len(sf) >= 2 && strings.HasPrefix(sf[1], "/") {
+			return sf[1]
+		}
+	}
+	return ""
+}
+
+// Sandboxes get distinct id blocks, and the kernel's per-user limits of
+// one (here inotify instances, 128 per user by default) are its own: a
+// sandbox that takes all of its allowance leaves host root and other
+// sandboxes theirs. Without a user namespace the sandbox's root was host
+// root, and host root got EMFILE.
+func TestUserNamespaceLimits(t *testing.T) {
+	r := newRuntime(t, Config{})
+	a := startSandbox(t, r, testSpec(t, "limits-a"))
+	b := startSandbox(t, r, testSpec(t, "limits-b"))
+	if a.s.ids.hostID == b.s.ids.hostID {
+		t.Fatalf("two sandboxes share host ids %d", a.s.ids.hostID)
+	}
+	max, err := os.ReadFile("/proc/sys/fs/inotify/max_user_instances")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(max)))
+	out := a.mustRun(fmt.Sprintf("standin inotify %d > /tmp/inotify.out 2>&1 & sleep 1; cat /tmp/inotify.out", n+10))
+	if !strings.Contains(out, fmt.Sprintf("inotify %d\n", n)) {
+		t.Errorf("sandbox a opened %q inotify instances, want its own limit of %d", out, n)
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatalf("host root cannot make an inotify instance while a sandbox holds %d: %v", n, err)
+	}
+	unix.Close(fd)
+	if out := b.mustRun("standin inotify 8 > /tmp/inotify.out 2>&1 & sleep 0.5; cat /tmp/inotify.out"); !strings.Contains(out, "inotify 8") {
+		t.Fatalf("sandbox b after a took its allowance: %q", out)
+	}
+}
+
 // The agent's stderr lands in StateDir/agent.log, capped; no host fd leaks
 // into the sandbox.
 func TestAgentLogAndFds(t *testing.T) {
@@ -318,7 +412,13 @@ func TestAgentLogAndFds(t *testing.T) {
 	if strings.Contains(out, "leaked-fd-canary") {
 		t.Fatalf("host fd visible in the agent: %s", out)
 	}
-	a.mustRun("head -c 5000 /dev/zero | tr '\\0' x > /proc/1/fd/2")
+	// The agent's stderr is a host pipe the sandbox cannot reopen (its
+	// owner, host root, is not mapped in the sandbox): the stand-in
+	// writes to it on request.
+	if out, code := a.run("head -c 1 /dev/zero > /proc/1/fd/2"); code == 0 {
+		t.Errorf("the sandbox reopened the agent's stderr: %q", out)
+	}
+	a.mustRun("@stderr 5000")
 	if err := a.s.Destroy(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +434,7 @@ func TestAgentLogAndFds(t *testing.T) {
 func TestSeccomp(t *testing.T) {
 	r := newRuntime(t, Config{})
 	a := startSandbox(t, r, testSpec(t, "seccomp"))
-	out := a.mustRun(runtime.AgentGuestPath + " sys")
+	out := a.mustRun("standin sys")
 	got := map[string]string{}
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 		k, v, _ := strings.Cut(l, "=")
@@ -342,11 +442,20 @@ func TestSeccomp(t *testing.T) {
 	}
 	want := map[string]string{
 		"mount": "EPERM", "umount2": "EPERM", "unshare_user": "EPERM", "unshare_net": "EPERM",
-		"setns": "EPERM", "clone_newuser": "EPERM", "fork": "ok", "clone3": "ENOSYS",
+		"setns": "EPERM", "clone_newuser": "EPERM", "fork": "ok", "clone3": "EINVAL",
 		"bpf": "EPERM", "perf_event_open": "EPERM", "io_uring_setup": "EPERM", "keyctl": "EPERM",
 		"ptrace": "EPERM", "chroot": "EPERM", "pivot_root": "EPERM", "open_tree": "EPERM",
 		"personality_norandom": "EPERM", "personality_query": "ok", "sethostname": "EPERM",
 		"mknod": "EPERM", "userfaultfd": "EPERM", "settimeofday": "EPERM", "syslog": "EPERM",
+		// clone3 is allowed (the agent puts commands in cgroups with it),
+		// but the sandbox's user namespace allows no nested one.
+		"clone3_newuser": "ENOSPC",
+		// No controlling terminal, no injection into any terminal.
+		"open_tty": "ENXIO", "tiocsti": "EPERM", "tiocsti_high": "EPERM", "tioclinux": "EPERM", "tcgets": "ok",
+		// Socket families no network namespace covers are refused.
+		"socket_unix": "ok", "socket_inet": "ok", "socket_inet6": "ok", "socket_netlink": "ok",
+		"socket_vsock": "EAFNOSUPPORT", "socket_alg": "EAFNOSUPPORT", "socket_packet": "EAFNOSUPPORT",
+		"socket_vsock_high": "EAFNOSUPPORT", "socketpair_vsock": "EAFNOSUPPORT",
 	}
 	for k, w := range want {
 		if got[k] != w {
@@ -356,7 +465,7 @@ func TestSeccomp(t *testing.T) {
 	// A 32-bit syscall (int 0x80) kills the process instead of slipping
 	// past the x86-64 rules.
 	if goruntime.GOARCH == "amd64" {
-		out, code := a.run(runtime.AgentGuestPath + " int80")
+		out, code := a.run("standin int80")
 		if code != 128+int(syscall.SIGSYS) {
 			t.Errorf("int 0x80: exit %d, output %q; want death by SIGSYS", code, out)
 		}
@@ -380,7 +489,7 @@ func TestMemoryLimit(t *testing.T) {
 	spec := testSpec(t, "mem")
 	spec.MemoryMB = 64
 	a := startSandbox(t, r, spec)
-	out, code := a.run(runtime.AgentGuestPath + " hog 512")
+	out, code := a.run("standin hog 512")
 	if code != 128+int(syscall.SIGKILL) || strings.Contains(out, "survived") {
 		t.Fatalf("512 MiB hog in 64 MiB: exit %d, %q; want OOM kill", code, out)
 	}
@@ -388,7 +497,7 @@ func TestMemoryLimit(t *testing.T) {
 	if got := a.mustRun("echo alive"); got != "alive\n" {
 		t.Fatalf("after OOM: %q", got)
 	}
-	out = a.mustRun(runtime.AgentGuestPath + " hog 16")
+	out = a.mustRun("standin hog 16")
 	if !strings.Contains(out, "survived 16") {
 		t.Fatalf("16 MiB in 64 MiB: %q", out)
 	}
@@ -400,7 +509,7 @@ func TestForkBomb(t *testing.T) {
 	spec.Pids = 64
 	a := startSandbox(t, r, spec)
 	// A bomb that keeps forking and ignores failures, in the background.
-	a.mustRun(runtime.AgentGuestPath + " bomb > /dev/null 2>&1 &")
+	a.mustRun("standin bomb > /dev/null 2>&1 &")
 	var pids []int
 	deadline := time.Now().Add(10 * time.Second)
 	for len(pids) < 8 {
@@ -612,7 +721,7 @@ func TestParallelStarts(t *testing.T) {
 
 func TestVersion(t *testing.T) {
 	r := newRuntime(t, Config{})
-	if r.Name() != "namespaces" || !strings.HasPrefix(r.Version(), "namespaces/1 linux/") {
+	if r.Name() != "namespaces" || !strings.HasPrefix(r.Version(), "namespaces/2 linux/") {
 		t.Fatalf("Name %q Version %q", r.Name(), r.Version())
 	}
 }
@@ -653,4 +762,10 @@ func benchColdStart(b *testing.B, r *Runtime, netMode string) {
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(destroy.Microseconds())/float64(b.N)/1000, "destroy-ms/op")
+}
+
+func TestAgentCgroupEnv(t *testing.T) {
+	if agentCgroupEnv != agentproto.CgroupEnv {
+		t.Fatalf("agentCgroupEnv %q, agentproto.CgroupEnv %q", agentCgroupEnv, agentproto.CgroupEnv)
+	}
 }

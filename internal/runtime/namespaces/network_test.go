@@ -68,7 +68,7 @@ func TestOutbound(t *testing.T) {
 
 	dial := func(a *agent, addr string) string {
 		t.Helper()
-		out, _ := a.run(fmt.Sprintf("%s dial %s 2000", runtime.AgentGuestPath, addr))
+		out, _ := a.run(fmt.Sprintf("standin dial %s 2000", addr))
 		return strings.TrimSpace(out)
 	}
 	// Out to the "internet", NATed to the host's address on that link.

@@ -26,6 +26,9 @@ type Sandbox struct {
 	cg    *cgroups.Cgroup
 	conn  *conn
 	lease *network.Lease
+	ids   idBlock // the host ids its user namespace maps
+	// idsReleased is set once ids went back (under destroyMu).
+	idsReleased bool
 
 	done    chan struct{} // closed once the sandbox's init (the agent) is reaped
 	exitErr error         // how it exited; written before done is closed
@@ -96,6 +99,11 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	// The PID namespace is empty now; the cgroup kill is a safety net.
 	if err := s.cg.KillAll(ctx); err != nil {
 		return fmt.Errorf("namespaces: destroy %s: %w", s.id, err)
+	}
+	// No process holds the sandbox's ids any more.
+	if !s.idsReleased {
+		s.rt.ids.release(s.ids)
+		s.idsReleased = true
 	}
 	if s.lease != nil {
 		s.rt.net.Detach(s.lease)

@@ -53,6 +53,19 @@ var deniedSyscalls = []string{
 	"vhangup", "uselib", "nfsservctl",
 }
 
+// deniedIoctls are ioctl(2) requests that fail with EPERM: TIOCSTI pushes
+// bytes into a terminal's input queue (typed commands), TIOCLINUX reads and
+// writes a virtual console. A sandbox has no controlling terminal; this
+// closes any other terminal descriptor too. The kernel reads the request
+// as 32 bits, so only those are compared.
+var deniedIoctls = []uint32{unix.TIOCSTI, unix.TIOCLINUX}
+
+// allowedSocketFamilies are the socket(2) and socketpair(2) domains a
+// sandbox may use; any other (AF_VSOCK, which no network namespace covers,
+// AF_ALG, AF_PACKET, AF_BLUETOOTH, AF_KEY, AF_XDP, …) fails with
+// EAFNOSUPPORT, as on a kernel without it.
+var allowedSocketFamilies = []uint32{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
+
 // nsCloneFlags are the clone(2) flags that create namespaces.
 const nsCloneFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWUSER |
 	unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWCGROUP
@@ -94,11 +107,13 @@ func buildSeccomp() ([]byte, error) {
 				{Name: "clone", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.BitsSet, Value: nsCloneFlags}}},
 				{Name: "personality", Conditions: notAllowed},
 			}},
-			// clone3 passes its flags in memory, out of the filter's
-			// reach: ENOSYS makes libc fall back to clone.
-			{Action: seccomp.ActionErrno | seccomp.Action(unix.ENOSYS), Names: known([]string{"clone3"})},
 		},
 	}
+	// clone3 passes its flags in memory, out of the filter's reach. It is
+	// allowed (the agent places each command in its own cgroup with
+	// CLONE_INTO_CGROUP): every namespace flag but CLONE_NEWUSER needs a
+	// capability the sandbox does not have, and its user namespace allows
+	// no nested one (max_user_namespaces is 0 there, see limitNesting).
 	insts, err := policy.Assemble()
 	if err != nil {
 		return nil, fmt.Errorf("seccomp: %w", err)
@@ -108,7 +123,12 @@ func buildSeccomp() ([]byte, error) {
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(info.ID), SkipTrue: 1},
 		bpf.RetConstant{Val: uint32(seccomp.ActionKillProcess)},
 	}
-	raw, err := bpf.Assemble(append(archCheck, insts...))
+	argChecks, err := argumentChecks(info)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	prefix := append(archCheck, argChecks...)
+	raw, err := bpf.Assemble(append(prefix, insts...))
 	if err != nil {
 		return nil, fmt.Errorf("seccomp: %w", err)
 	}
@@ -121,4 +141,72 @@ func buildSeccomp() ([]byte, error) {
 	}
 	n := len(prog) * int(unsafe.Sizeof(unix.SockFilter{}))
 	return append([]byte(nil), unsafe.Slice((*byte)(unsafe.Pointer(&prog[0])), n)...), nil
+}
+
+// seccomp_data offsets (linux/seccomp.h): nr, arch, instruction pointer,
+// then six 64-bit arguments; the low half of an argument comes first on
+// little-endian machines.
+const (
+	offNr   = 0
+	offArgs = 16
+)
+
+// argLow is the offset of the low 32 bits of argument i.
+func argLow(i uint32) uint32 { return offArgs + 8*i }
+
+// argumentChecks are the rules that compare only the low 32 bits of an
+// argument (the kernel reads an int or unsigned int there, so a filter
+// that compared all 64 would let a value with junk in the high half
+// through): the ioctl requests and the socket families. They run after the
+// architecture check and fall through to the rest of the program.
+func argumentChecks(info *arch.Info) ([]bpf.Instruction, error) {
+	if !littleEndian() {
+		return nil, fmt.Errorf("argument checks assume a little-endian machine")
+	}
+	nr := func(name string) (uint32, error) {
+		n, ok := info.SyscallNames[name]
+		if !ok {
+			return 0, fmt.Errorf("no syscall %s on %s", name, info.Name)
+		}
+		return uint32(n), nil
+	}
+	ioctl, err := nr("ioctl")
+	if err != nil {
+		return nil, err
+	}
+	eperm := uint32(seccomp.ActionErrno) | uint32(unix.EPERM)
+	eafnosupport := uint32(seccomp.ActionErrno) | uint32(unix.EAFNOSUPPORT)
+
+	var prog []bpf.Instruction
+	// ioctl: deny the listed requests.
+	block := []bpf.Instruction{bpf.LoadAbsolute{Off: argLow(1), Size: 4}}
+	for _, req := range deniedIoctls {
+		block = append(block, bpf.JumpIf{Cond: bpf.JumpEqual, Val: req, SkipFalse: 1}, bpf.RetConstant{Val: eperm})
+	}
+	prog = append(prog, bpf.LoadAbsolute{Off: offNr, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: ioctl, SkipFalse: uint8(len(block))})
+	prog = append(prog, block...)
+	// socket, socketpair: allow the listed families only.
+	for _, name := range []string{"socket", "socketpair"} {
+		n, err := nr(name)
+		if err != nil {
+			return nil, err
+		}
+		k := len(allowedSocketFamilies)
+		block := []bpf.Instruction{bpf.LoadAbsolute{Off: argLow(0), Size: 4}}
+		for i, fam := range allowedSocketFamilies {
+			// An allowed family jumps past the rest of the block.
+			block = append(block, bpf.JumpIf{Cond: bpf.JumpEqual, Val: fam, SkipTrue: uint8(k - i)})
+		}
+		block = append(block, bpf.RetConstant{Val: eafnosupport})
+		prog = append(prog, bpf.LoadAbsolute{Off: offNr, Size: 4},
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: n, SkipFalse: uint8(len(block))})
+		prog = append(prog, block...)
+	}
+	return prog, nil
+}
+
+func littleEndian() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -26,12 +27,25 @@ func main() {
 		os.Exit(sub(os.Args[1], os.Args[2:]))
 	}
 	fmt.Fprintln(os.Stderr, "standin: started")
+	// The runtime runs the agent from memory, at no path in the sandbox:
+	// a copy at /usr/local/bin/standin serves the tests' subcommands.
+	if err := installSelf("/usr/local/bin/standin"); err != nil {
+		fmt.Fprintln(os.Stderr, "standin: install:", err)
+	}
 	w := bufio.NewWriter(os.Stdout)
 	fmt.Fprintf(w, "READY pid=%d\n", os.Getpid())
 	w.Flush()
 	sc := bufio.NewScanner(os.Stdin)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
+		if n, ok := strings.CutPrefix(sc.Text(), "@stderr "); ok {
+			// Write n bytes to the agent's own stderr.
+			k, _ := strconv.Atoi(n)
+			os.Stderr.Write(bytes.Repeat([]byte("x"), k))
+			fmt.Fprintf(w, "__EXIT__ 0\n")
+			w.Flush()
+			continue
+		}
 		var buf bytes.Buffer
 		cmd := exec.Command("/bin/sh", "-c", sc.Text())
 		cmd.Stdout, cmd.Stderr = &buf, &buf
@@ -67,6 +81,17 @@ func main() {
 	}
 }
 
+func installSelf(dst string) error {
+	b, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll("/usr/local/bin", 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o755)
+}
+
 func sub(name string, args []string) int {
 	switch name {
 	case "hog":
@@ -89,6 +114,20 @@ func sub(name string, args []string) int {
 		}
 	case "sys":
 		probeSyscalls()
+		return 0
+	case "inotify":
+		// Open up to N inotify instances, say how many, and hold them.
+		n, _ := strconv.Atoi(args[0])
+		got := 0
+		for ; got < n; got++ {
+			if _, err := unix.InotifyInit1(0); err != nil {
+				break
+			}
+		}
+		fmt.Println("inotify", got)
+		os.Stdout.Close()
+		os.Stderr.Close()
+		time.Sleep(time.Minute)
 		return 0
 	case "int80":
 		fmt.Println("int80 returned", int80(20))
@@ -172,4 +211,55 @@ func probeSyscalls() {
 	report("userfaultfd", raw(unix.SYS_USERFAULTFD, 0))
 	report("settimeofday", raw(unix.SYS_SETTIMEOFDAY, 0, 0))
 	report("syslog", raw(unix.SYS_SYSLOG, 3, 0, 0))
+	report("clone3_newuser", clone3(unix.CLONE_NEWUSER))
+	// Terminals: no controlling one, and no input injection into any.
+	_, err := os.OpenFile("/dev/tty", os.O_RDWR, 0)
+	report("open_tty", err)
+	if m, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0); err != nil {
+		report("tiocsti", err)
+	} else {
+		c := byte('x')
+		report("tiocsti", raw(unix.SYS_IOCTL, m.Fd(), unix.TIOCSTI, uintptr(unsafe.Pointer(&c))))
+		// The kernel reads the request as 32 bits: junk above must not
+		// slip past the filter.
+		report("tiocsti_high", raw(unix.SYS_IOCTL, m.Fd(), 1<<32|unix.TIOCSTI, uintptr(unsafe.Pointer(&c))))
+		report("tioclinux", raw(unix.SYS_IOCTL, m.Fd(), unix.TIOCLINUX, uintptr(unsafe.Pointer(&c))))
+		report("tcgets", raw(unix.SYS_IOCTL, m.Fd(), unix.TCGETS, uintptr(unsafe.Pointer(new(unix.Termios)))))
+		m.Close()
+	}
+	sock := func(name string, family int, typ int) {
+		fd, err := unix.Socket(family, typ, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		report(name, err)
+	}
+	sock("socket_unix", unix.AF_UNIX, unix.SOCK_STREAM)
+	sock("socket_inet", unix.AF_INET, unix.SOCK_STREAM)
+	sock("socket_inet6", unix.AF_INET6, unix.SOCK_DGRAM)
+	sock("socket_netlink", unix.AF_NETLINK, unix.SOCK_RAW)
+	sock("socket_vsock", unix.AF_VSOCK, unix.SOCK_STREAM)
+	sock("socket_alg", unix.AF_ALG, unix.SOCK_SEQPACKET)
+	sock("socket_packet", unix.AF_PACKET, unix.SOCK_RAW)
+	report("socket_vsock_high", raw(unix.SYS_SOCKET, 1<<32|unix.AF_VSOCK, unix.SOCK_STREAM, 0))
+	var pair [2]int32
+	report("socketpair_vsock", raw(unix.SYS_SOCKETPAIR, unix.AF_VSOCK, unix.SOCK_STREAM, 0, uintptr(unsafe.Pointer(&pair))))
+}
+
+// clone3 calls clone3(2) with flags; a child, should one be made, exits at
+// once.
+func clone3(flags uint64) error {
+	args := struct {
+		flags, pidfd, childTID, parentTID, exitSignal, stack, stackSize, tls uint64
+	}{flags: flags, exitSignal: uint64(unix.SIGCHLD)}
+	pid, _, e := unix.RawSyscall(unix.SYS_CLONE3, uintptr(unsafe.Pointer(&args)), unsafe.Sizeof(args), 0)
+	if e != 0 {
+		return e
+	}
+	if pid == 0 {
+		unix.RawSyscall(unix.SYS_EXIT_GROUP, 0, 0, 0)
+	}
+	var ws unix.WaitStatus
+	unix.Wait4(int(pid), &ws, 0, nil)
+	return nil
 }
