@@ -50,6 +50,10 @@ type ServeConfig struct {
 	// its concurrent-exec limit, before 429 rate_limited.
 	ExecWait     time.Duration
 	BuildNetwork string
+	// OutputMemoryMB bounds the command output the server holds in memory
+	// for buffered answers and eval runs, in MiB (past it: 429
+	// output_budget_exhausted).
+	OutputMemoryMB int
 	// LogLevel is the minimum level logged; Logger logs to stderr at it.
 	LogLevel slog.Level
 	Logger   *slog.Logger
@@ -80,6 +84,7 @@ const (
 	DefaultMaxBuilds      = 2
 	DefaultBuildTimeout   = 30 * time.Minute
 	DefaultExecWait       = 10 * time.Minute
+	DefaultOutputMemoryMB = 1024
 	defaultLogLevelString = "info"
 )
 
@@ -117,6 +122,9 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			cfg.MaxFileBytes = int64(maxFileBytes)
 			cfg.BuildTimeout = time.Duration(buildTimeout)
 			cfg.ExecWait = time.Duration(execWait)
+			if cfg.OutputMemoryMB < 16 {
+				return usagef(cmd, "--output-memory-mb must be at least 16")
+			}
 			if cfg.ExecWait < 0 {
 				return usagef(cmd, "--exec-wait must not be negative")
 			}
@@ -163,6 +171,8 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.Var(&execWait, "exec-wait", "how long a command queues for a team's exec slot before 429 rate_limited (0 = answer at once)")
 	f.StringVar(&cfg.BuildNetwork, "build-network", "outbound", "network of template build steps: outbound (specs may opt out) or none")
 	f.StringVar(&logLevel, "log-level", defaultLogLevelString, "debug, info, warn or error")
+	f.IntVar(&cfg.OutputMemoryMB, "output-memory-mb", DefaultOutputMemoryMB,
+		"memory for command output held for buffered (JSON) answers and eval runs, server-wide, in MiB; past it a request gets 429 output_budget_exhausted (streamed answers need none)")
 	return cmd
 }
 

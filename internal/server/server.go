@@ -22,6 +22,7 @@ import (
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/evalrun"
 	"github.com/evalbox/evalbox/internal/node"
+	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/gvisor"
 	"github.com/evalbox/evalbox/internal/runtime/namespaces"
@@ -60,12 +61,18 @@ type Config struct {
 	// Catalog configures template builds and imports.
 	Catalog catalog.Config
 	// Build is the shape of template build sandboxes.
-	Build  node.BuildConfig
-	Logger *slog.Logger
+	Build node.BuildConfig
+	// OutputMemory bounds, in bytes, the command output the server holds
+	// for buffered answers and eval runs at any one time (0: 1 GiB).
+	OutputMemory int64
+	Logger       *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
 	Ready func(addr string)
 }
+
+// DefaultOutputMemory is the default of Config.OutputMemory.
+const DefaultOutputMemory = 1 << 30
 
 // PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
 // ("" = the default runtime).
@@ -215,7 +222,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := tmpls.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
-	evals := evalrun.New(st, svc, log)
+	if cfg.OutputMemory == 0 {
+		cfg.OutputMemory = DefaultOutputMemory
+	}
+	outputBudget := outbuf.NewBudget(cfg.OutputMemory)
+	evals := evalrun.New(st, svc, outputBudget, log)
 	defer evals.Close()
 	if err := evals.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -229,7 +240,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	handler := api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
-		Templates: tmpls, Evals: evals, Runtimes: n.Runtimes(), Pools: n, DefaultLimits: cfg.Limits, Logger: log})
+		Templates: tmpls, Evals: evals, Runtimes: n.Runtimes(), Pools: n, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)

@@ -69,6 +69,8 @@ type serverOptions struct {
 	// listenAll makes the server listen on every address (the client still
 	// uses 127.0.0.1), to test that sandboxes cannot reach it.
 	listenAll bool
+	// binDir runs the evalbox binary of this directory ("" = binDir).
+	binDir string
 }
 
 // server is a running `evalbox serve` process.
@@ -119,7 +121,11 @@ func startServer(o serverOptions) (*server, error) {
 	}
 	args := append([]string{"serve", "--data-dir", s.dataDir, "--listen", listen,
 		"--templates-dir", templatesDir, "--log-level", "debug"}, o.args...)
-	s.cmd = exec.Command(filepath.Join(binDir, "evalbox"), args...)
+	dir := binDir
+	if o.binDir != "" {
+		dir = o.binDir
+	}
+	s.cmd = exec.Command(filepath.Join(dir, "evalbox"), args...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {
