@@ -37,6 +37,7 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 			ExecWait: execWait(c.ExecWait)},
 		Catalog:      catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
 		OutputMemory: int64(c.OutputMemoryMB) << 20,
+		HTTP:         server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
 		Logger:       c.Logger,
 	})
 }

@@ -54,6 +54,11 @@ type ServeConfig struct {
 	// for buffered answers and eval runs, in MiB (past it: 429
 	// output_budget_exhausted).
 	OutputMemoryMB int
+	// ReadHeaderTimeout and IdleTimeout bound the HTTP connections: the
+	// time to send a request's headers, and a keep-alive connection's idle
+	// time (hidden flags; tests shorten them).
+	ReadHeaderTimeout time.Duration
+	IdleTimeout       time.Duration
 	// LogLevel is the minimum level logged; Logger logs to stderr at it.
 	LogLevel slog.Level
 	Logger   *slog.Logger
@@ -85,6 +90,8 @@ const (
 	DefaultBuildTimeout   = 30 * time.Minute
 	DefaultExecWait       = 10 * time.Minute
 	DefaultOutputMemoryMB = 1024
+	DefaultReadHeader     = 10 * time.Second
+	DefaultIdleTimeout    = 2 * time.Minute
 	defaultLogLevelString = "info"
 )
 
@@ -96,6 +103,8 @@ func newServeCmd() *cobra.Command {
 		maxFileBytes = byteSize(DefaultMaxFileBytes)
 		buildTimeout = seconds(DefaultBuildTimeout)
 		execWait     = seconds(DefaultExecWait)
+		readHeader   = seconds(DefaultReadHeader)
+		idleTimeout  = seconds(DefaultIdleTimeout)
 		pool         string
 		logLevel     string
 	)
@@ -122,6 +131,11 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			cfg.MaxFileBytes = int64(maxFileBytes)
 			cfg.BuildTimeout = time.Duration(buildTimeout)
 			cfg.ExecWait = time.Duration(execWait)
+			cfg.ReadHeaderTimeout = time.Duration(readHeader)
+			cfg.IdleTimeout = time.Duration(idleTimeout)
+			if cfg.ReadHeaderTimeout <= 0 || cfg.IdleTimeout <= 0 {
+				return usagef(cmd, "--http-read-header-timeout and --http-idle-timeout must be positive")
+			}
 			if cfg.OutputMemoryMB < 16 {
 				return usagef(cmd, "--output-memory-mb must be at least 16")
 			}
@@ -173,6 +187,11 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.StringVar(&logLevel, "log-level", defaultLogLevelString, "debug, info, warn or error")
 	f.IntVar(&cfg.OutputMemoryMB, "output-memory-mb", DefaultOutputMemoryMB,
 		"memory for command output held for buffered (JSON) answers and eval runs, server-wide, in MiB; past it a request gets 429 output_budget_exhausted (streamed answers need none)")
+	// Hidden: the HTTP connection bounds, for tests.
+	f.Var(&readHeader, "http-read-header-timeout", "time a client has to send a request's headers")
+	f.Var(&idleTimeout, "http-idle-timeout", "time a keep-alive connection may stay idle")
+	_ = f.MarkHidden("http-read-header-timeout")
+	_ = f.MarkHidden("http-idle-timeout")
 	return cmd
 }
 
