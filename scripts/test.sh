@@ -41,6 +41,22 @@ CGO_ENABLED=1 go build -race -o bin/race/evalbox ./cmd/evalbox
 ln -sf ../evalbox-agent bin/race/evalbox-agent
 ln -sf ../runsc bin/race/runsc
 export EVALBOX_BIN_DIR="$PWD/bin/race"
+# Memory measurements (TestOutputBudgetBoundsWaits) need a server without
+# the race detector, which multiplies a process's memory.
+export EVALBOX_PLAIN_BIN_DIR="$PWD/bin"
+
+# TestSchemathesis fuzzes the API with schemathesis, pinned (with its
+# dependencies) by scripts/schemathesis-constraints.txt, in a venv cached
+# by version.
+st_version=$(sed -n 's/^schemathesis==//p' scripts/schemathesis-constraints.txt)
+st_venv=/var/cache/evalbox/venv-schemathesis-$st_version
+if [ ! -x "$st_venv/bin/st" ]; then
+  echo "== installing schemathesis $st_version into $st_venv"
+  rm -rf "$st_venv"
+  python3 -m venv "$st_venv"
+  "$st_venv/bin/pip" install -q --disable-pip-version-check "schemathesis==$st_version" -c scripts/schemathesis-constraints.txt
+fi
+export EVALBOX_SCHEMATHESIS="$st_venv/bin/st"
 
 echo "== go test -race ./..."
 CGO_ENABLED=1 go test -race -count=1 -timeout 25m ./...

@@ -164,6 +164,12 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, p auth.Princip
 
 func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	id := r.PathValue("id")
+	if id == p.KeyID {
+		// A key revoking itself would lock its caller out mid-session (the
+		// bootstrap admin key: every admin operation, until a restart).
+		writeError(w, errorf(client.CodeConflict, "key %s is the key of this request; revoke it with another key", id))
+		return
+	}
 	team := p.TeamID
 	if p.Admin {
 		team = ""

@@ -20,6 +20,7 @@ import (
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/evalrun"
 	"github.com/evalbox/evalbox/internal/node"
+	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/trial"
@@ -64,6 +65,8 @@ type Server struct {
 	defaults  client.Limits
 	log       *slog.Logger
 	mux       *http.ServeMux
+	// outputBudget bounds the command output held for buffered answers.
+	outputBudget *outbuf.Budget
 }
 
 // Config configures the API.
@@ -77,13 +80,17 @@ type Config struct {
 	Pools     Pools
 	// DefaultLimits are given to teams created without limits.
 	DefaultLimits client.Limits
-	Logger        *slog.Logger
+	// OutputBudget bounds the memory of command output held for buffered
+	// (JSON) answers, server-wide; nil = no bound.
+	OutputBudget *outbuf.Budget
+	Logger       *slog.Logger
 }
 
 // New returns the API handler.
 func New(cfg Config) *Server {
 	s := &Server{pools: cfg.Pools, svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
-		evals: cfg.Evals, runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux()}
+		evals: cfg.Evals, runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux(),
+		outputBudget: cfg.OutputBudget}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -223,6 +230,8 @@ var statusOf = map[string]int{
 	client.CodeUnavailable:       http.StatusServiceUnavailable,
 	client.CodeInternal:          http.StatusInternalServerError,
 	client.CodeNoSpace:           http.StatusInsufficientStorage,
+
+	client.CodeOutputBudgetExhausted: http.StatusTooManyRequests,
 }
 
 // errorDetail maps err to its status, body and Retry-After seconds. Unknown

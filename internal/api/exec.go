@@ -1,9 +1,9 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -142,14 +143,25 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p auth.Principal) 
 		})
 		return
 	}
-	var stdout, stderr bytes.Buffer
-	res, err := s.svc.Exec(r.Context(), p.TeamID, id, req, &stdout, &stderr)
+	// The output is held until the command ends. When the budget cannot
+	// hold even its first bytes, nothing runs (429); when it runs out while
+	// the command runs, the command runs on to its end and the rest of its
+	// output is dropped (the result says so), since the command cannot be
+	// undone.
+	stdout, stderr, err := s.outputPair(outbuf.Truncate)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	res.Stdout, res.Stderr = stdout.String(), stderr.String()
-	writeJSON(w, http.StatusOK, res)
+	defer stdout.Release()
+	defer stderr.Release()
+	res, err := s.svc.Exec(r.Context(), p.TeamID, id, req, stdout, stderr)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	markDropped(&res, stdout, stderr)
+	writeExecResult(w, res, stdout, stderr)
 }
 
 func (s *Server) startProcess(w http.ResponseWriter, r *http.Request, p auth.Principal) {
@@ -196,9 +208,21 @@ func (s *Server) waitProcess(w http.ResponseWriter, r *http.Request, p auth.Prin
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(secs*float64(time.Second)))
 		defer cancel()
 	}
-	var stdout, stderr bytes.Buffer
-	res, err := s.svc.AttachProcess(ctx, p.TeamID, r.PathValue("id"), r.PathValue("pid"), &stdout, &stderr)
+	// A wait can be asked again: when the budget runs out it answers 429
+	// (the process runs on, its output stays in the sandbox).
+	stdout, stderr, err := s.outputPair(outbuf.Fail)
 	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer stdout.Release()
+	defer stderr.Release()
+	res, err := s.svc.AttachProcess(ctx, p.TeamID, r.PathValue("id"), r.PathValue("pid"), stdout, stderr)
+	if err != nil {
+		if errors.Is(err, outbuf.ErrExhausted) {
+			writeError(w, budgetError())
+			return
+		}
 		if ctx.Err() != nil && r.Context().Err() == nil {
 			writeError(w, errorf(client.CodeTimeout, "process %s is still running", r.PathValue("pid")))
 			return
@@ -206,8 +230,7 @@ func (s *Server) waitProcess(w http.ResponseWriter, r *http.Request, p auth.Prin
 		writeError(w, err)
 		return
 	}
-	res.Stdout, res.Stderr = stdout.String(), stderr.String()
-	writeJSON(w, http.StatusOK, res)
+	writeExecResult(w, res, stdout, stderr)
 }
 
 func (s *Server) streamProcess(w http.ResponseWriter, r *http.Request, p auth.Principal) {

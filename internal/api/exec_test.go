@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -60,5 +61,28 @@ func TestStreamKeepsCharactersWhole(t *testing.T) {
 	}
 	if got.String() != text || last.Type != client.EventExit {
 		t.Fatalf("got %q, last event %+v", got.String(), last)
+	}
+}
+
+// TestWriteResult: a result written from buffers is the bytes encoding/json
+// writes for it with the output as strings.
+func TestWriteResult(t *testing.T) {
+	for _, res := range []client.ExecResult{
+		{ExitCode: 3, Status: client.StatusExited, DurationMs: 12, StdoutTruncated: true},
+		{ExitCode: -1, Status: client.StatusKilled, Signal: 9, Error: "out <of> memory & more"},
+	} {
+		stdout, _ := outbuf.New(nil, outbuf.Fail)
+		stderr, _ := outbuf.New(nil, outbuf.Fail)
+		_, _ = stdout.Write([]byte("hello\x00\n\"é\xff"))
+		_, _ = stderr.Write([]byte("<warn>\u2028"))
+		var got bytes.Buffer
+		if err := writeResult(&got, res, stdout, stderr); err != nil {
+			t.Fatal(err)
+		}
+		res.Stdout, res.Stderr = stdout.String(), stderr.String()
+		want, _ := json.Marshal(res)
+		if got.String() != string(want) {
+			t.Errorf("got  %s\nwant %s", got.Bytes(), want)
+		}
 	}
 }

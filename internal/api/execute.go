@@ -2,10 +2,12 @@ package api
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"sync"
 
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/trial"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -67,18 +69,58 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, p auth.Principa
 		writeError(w, errorf(client.CodeTooManySandboxes, "team %s may not run sandboxes (its limits are 0)", team.Name))
 		return
 	}
-	results, err := s.runScripts(r.Context(), p.TeamID, spec, req.Scripts, workers)
+	// Every script's output is held until the last one ends: the first
+	// chunks of all of them are reserved before any runs (429 when they
+	// cannot be); output that outgrows the budget later is dropped and the
+	// script's result says so, as for an exec.
+	outs := make([][2]*outbuf.Buffer, len(req.Scripts))
+	defer func() {
+		for _, o := range outs {
+			o[0].Release()
+			o[1].Release()
+		}
+	}()
+	for i := range outs {
+		stdout, stderr, err := s.outputPair(outbuf.Truncate)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		outs[i] = [2]*outbuf.Buffer{stdout, stderr}
+	}
+	results, err := s.runScripts(r.Context(), p.TeamID, spec, req.Scripts, outs, workers)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, client.ExecuteResponse{Results: results})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_ = writeResults(w, results, outs)
+}
+
+// writeResults writes an ExecuteResponse whose results' output is in outs.
+func writeResults(w io.Writer, results []client.ExecResult, outs [][2]*outbuf.Buffer) error {
+	if _, err := io.WriteString(w, `{"results":[`); err != nil {
+		return err
+	}
+	for i, res := range results {
+		if i > 0 {
+			if _, err := io.WriteString(w, ","); err != nil {
+				return err
+			}
+		}
+		if err := writeResult(w, res, outs[i][0], outs[i][1]); err != nil {
+			return err
+		}
+	}
+	_, err := io.WriteString(w, "]}\n")
+	return err
 }
 
 // runScripts runs the scripts with at most workers at a time. The first
 // error that stops a script from running at all (bad template, the caller
 // gone) stops the rest and is returned.
-func (s *Server) runScripts(ctx context.Context, teamID string, spec trial.Spec, scripts []string, workers int) ([]client.ExecResult, error) {
+func (s *Server) runScripts(ctx context.Context, teamID string, spec trial.Spec, scripts []string, outs [][2]*outbuf.Buffer, workers int) ([]client.ExecResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	results := make([]client.ExecResult, len(scripts))
@@ -93,11 +135,24 @@ func (s *Server) runScripts(ctx context.Context, teamID string, spec trial.Spec,
 			for i := range next {
 				sp := spec
 				sp.Script = scripts[i]
+				stdout, stderr := outs[i][0], outs[i][1]
+				sp.Output = func() (io.Writer, io.Writer) {
+					// A fresh pair for each attempt.
+					stdout.Reset()
+					stderr.Reset()
+					return stdout, stderr
+				}
 				out, err := s.trials.Run(ctx, teamID, sp)
 				if err != nil {
 					once.Do(func() { firstErr = err; cancel() })
 					continue
 				}
+				if out.Phases == (trial.Phases{}) {
+					// Every attempt failed (infra): no output of theirs is the result's.
+					stdout.Reset()
+					stderr.Reset()
+				}
+				markDropped(&out.Result, stdout, stderr)
 				results[i] = out.Result
 			}
 		})

@@ -50,6 +50,15 @@ type ServeConfig struct {
 	// its concurrent-exec limit, before 429 rate_limited.
 	ExecWait     time.Duration
 	BuildNetwork string
+	// OutputMemoryMB bounds the command output the server holds in memory
+	// for buffered answers and eval runs, in MiB (past it: 429
+	// output_budget_exhausted).
+	OutputMemoryMB int
+	// ReadHeaderTimeout and IdleTimeout bound the HTTP connections: the
+	// time to send a request's headers, and a keep-alive connection's idle
+	// time (hidden flags; tests shorten them).
+	ReadHeaderTimeout time.Duration
+	IdleTimeout       time.Duration
 	// LogLevel is the minimum level logged; Logger logs to stderr at it.
 	LogLevel slog.Level
 	Logger   *slog.Logger
@@ -80,6 +89,9 @@ const (
 	DefaultMaxBuilds      = 2
 	DefaultBuildTimeout   = 30 * time.Minute
 	DefaultExecWait       = 10 * time.Minute
+	DefaultOutputMemoryMB = 1024
+	DefaultReadHeader     = 10 * time.Second
+	DefaultIdleTimeout    = 2 * time.Minute
 	defaultLogLevelString = "info"
 )
 
@@ -91,6 +103,8 @@ func newServeCmd() *cobra.Command {
 		maxFileBytes = byteSize(DefaultMaxFileBytes)
 		buildTimeout = seconds(DefaultBuildTimeout)
 		execWait     = seconds(DefaultExecWait)
+		readHeader   = seconds(DefaultReadHeader)
+		idleTimeout  = seconds(DefaultIdleTimeout)
 		pool         string
 		logLevel     string
 	)
@@ -117,6 +131,14 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			cfg.MaxFileBytes = int64(maxFileBytes)
 			cfg.BuildTimeout = time.Duration(buildTimeout)
 			cfg.ExecWait = time.Duration(execWait)
+			cfg.ReadHeaderTimeout = time.Duration(readHeader)
+			cfg.IdleTimeout = time.Duration(idleTimeout)
+			if cfg.ReadHeaderTimeout <= 0 || cfg.IdleTimeout <= 0 {
+				return usagef(cmd, "--http-read-header-timeout and --http-idle-timeout must be positive")
+			}
+			if cfg.OutputMemoryMB < 16 {
+				return usagef(cmd, "--output-memory-mb must be at least 16")
+			}
 			if cfg.ExecWait < 0 {
 				return usagef(cmd, "--exec-wait must not be negative")
 			}
@@ -163,6 +185,13 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.Var(&execWait, "exec-wait", "how long a command queues for a team's exec slot before 429 rate_limited (0 = answer at once)")
 	f.StringVar(&cfg.BuildNetwork, "build-network", "outbound", "network of template build steps: outbound (specs may opt out) or none")
 	f.StringVar(&logLevel, "log-level", defaultLogLevelString, "debug, info, warn or error")
+	f.IntVar(&cfg.OutputMemoryMB, "output-memory-mb", DefaultOutputMemoryMB,
+		"memory for command output held for buffered (JSON) answers and eval runs, server-wide, in MiB; past it a request gets 429 output_budget_exhausted (streamed answers need none)")
+	// Hidden: the HTTP connection bounds, for tests.
+	f.Var(&readHeader, "http-read-header-timeout", "time a client has to send a request's headers")
+	f.Var(&idleTimeout, "http-idle-timeout", "time a keep-alive connection may stay idle")
+	_ = f.MarkHidden("http-read-header-timeout")
+	_ = f.MarkHidden("http-idle-timeout")
 	return cmd
 }
 

@@ -70,6 +70,11 @@ func (l HarnessLine) Run() Run {
 // maxHarnessLine bounds one result line (the caps, JSON escaped, and more).
 const maxHarnessLine = 8 * (HarnessStdoutCap + HarnessStderrCap)
 
+// HarnessReaderMemory bounds what a HarnessReader holds: the line being
+// read (its buffer grows to at most twice the longest line) and the
+// strings of the line it parses.
+const HarnessReaderMemory = 2*maxHarnessLine + HarnessStdoutCap + HarnessStderrCap
+
 // HarnessReader is an io.Writer for the harness's stdout: it calls Line
 // for every complete line that parses and carries Nonce, in order, and
 // drops anything else (a program cannot print here, but it might forge

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
 	"time"
@@ -113,16 +114,38 @@ func (s *Service) trialOne(ctx context.Context, w *work, i int) (retries int, er
 	run := w.run
 	code := eval.NewPassCode()
 	p, prog := w.program(i, code)
+	// Only what the verdict reads is kept, as in a batch: the head of
+	// stdout (I/O mode) and the tail of stderr (the traceback), leased
+	// from the output budget before the trial starts.
+	stdoutCap := 0
+	if p.IO != nil {
+		stdoutCap = eval.HarnessStdoutCap
+	}
+	lease, err := s.output.Lease(ctx, trialOutputMemory(stdoutCap))
+	if err != nil {
+		return 0, err
+	}
+	defer lease.Close()
+	var stdout *head
+	var stderr *tail
 	out, err := s.trials.Run(ctx, run.TeamID, trial.Spec{
 		Template: run.Template, Runtime: run.Runtime, Timeout: run.Timeout,
 		Script: prog, Path: programPath, Argv: []string{"python3", programPath},
 		User: sampleUser, Metadata: map[string]string{"eval_run": run.ID, "eval_sample": strconv.Itoa(i)},
+		Output: func() (io.Writer, io.Writer) {
+			stdout, stderr = &head{n: stdoutCap}, &tail{keep: trialStderrTail}
+			return stdout, stderr
+		},
 	})
 	if err != nil {
 		return 0, err
 	}
 	r := out.Result
-	v := p.Judge(eval.Run{Status: r.Status, ExitCode: r.ExitCode, Signal: r.Signal, PassCode: code, Stdout: r.Stdout, Stderr: r.Stderr, Error: r.Error})
+	run1 := eval.Run{Status: r.Status, ExitCode: r.ExitCode, Signal: r.Signal, PassCode: code, Error: r.Error}
+	if stdout != nil {
+		run1.Stdout, run1.Stderr = string(stdout.buf), string(stderr.bytes())
+	}
+	v := p.Judge(run1)
 	res := eval.NewResult(p.TaskID, i, v, r.DurationMs)
 	env := store.TrialEnv{SandboxID: out.Sandbox.ID, TemplateDigest: out.Sandbox.TemplateDigest,
 		Runtime: out.Sandbox.Runtime, RuntimeVersion: out.Sandbox.RuntimeVersion, Times: trialTimes(out)}
@@ -264,6 +287,14 @@ func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResul
 	}
 	stdin := string(payload)
 	sec := sliceSeconds(len(ids), run.Timeout)
+	// The harness's lines are read as they come; what a slice holds of
+	// them is bounded (eval.HarnessReaderMemory) and leased from the
+	// output budget before the slice starts.
+	lease, err := s.output.Lease(ctx, eval.HarnessReaderMemory)
+	if err != nil {
+		return out, err
+	}
+	defer lease.Close()
 	sb, err := s.sb.Create(ctx, run.TeamID, client.CreateSandboxRequest{
 		Template: run.Template, Runtime: run.Runtime, Timeout: int(math.Ceil(sec)) + 60,
 		Metadata:    map[string]string{"eval_run": run.ID, "eval_mode": client.EvalModeBatch},
@@ -305,7 +336,7 @@ func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResul
 		out.done[l.ID] = true
 		w.live.publish(wr)
 	}}
-	var stderr tail
+	stderr := tail{keep: 512}
 	res, err := s.sb.Exec(ctx, run.TeamID, sb.ID, client.ExecRequest{
 		Argv: eval.HarnessArgv(), Stdin: &stdin, Timeout: sec, MaxOutputBytes: batchOutput,
 	}, lines, &stderr)
@@ -316,20 +347,58 @@ func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResul
 		return out, nil
 	}
 	return out, fmt.Errorf("the batch harness ended (%s, exit code %d, signal %d) with %d of %d samples judged: %s%s",
-		res.Status, res.ExitCode, res.Signal, len(out.done), len(ids), res.Error, bytes.TrimSpace(stderr.buf))
+		res.Status, res.ExitCode, res.Signal, len(out.done), len(ids), res.Error, bytes.TrimSpace(stderr.bytes()))
 }
 
-// tail keeps the last bytes written to it (the harness's stderr, for the
-// log line of a failed slice).
-type tail struct{ buf []byte }
+// trialStderrTail is how much of the end of a trial's stderr its verdict
+// reads (where the traceback is).
+const trialStderrTail = 64 << 10
 
-func (t *tail) Write(p []byte) (int, error) {
-	const keep = 512
-	t.buf = append(t.buf, p...)
-	if len(t.buf) > 2*keep {
-		t.buf = append(t.buf[:0], t.buf[len(t.buf)-keep:]...)
+// trialOutputMemory is what a trial holds of its output: a head of
+// stdoutCap and a tail of stderr, each up to twice its size while it
+// grows, and their copies for the verdict.
+func trialOutputMemory(stdoutCap int) int64 {
+	return int64(3*stdoutCap + 3*trialStderrTail)
+}
+
+// head keeps the first n bytes written to it.
+type head struct {
+	n   int
+	buf []byte
+}
+
+func (h *head) Write(p []byte) (int, error) {
+	if k := min(len(p), h.n-len(h.buf)); k > 0 {
+		h.buf = append(h.buf, p[:k]...)
 	}
 	return len(p), nil
+}
+
+// tail keeps the last keep bytes written to it (the harness's stderr, for
+// the log line of a failed slice; a trial's, for its verdict).
+type tail struct {
+	keep int
+	buf  []byte
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	if len(p) >= t.keep {
+		t.buf = append(t.buf[:0], p[len(p)-t.keep:]...)
+		return len(p), nil
+	}
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > 2*t.keep {
+		t.buf = append(t.buf[:0], t.buf[len(t.buf)-t.keep:]...)
+	}
+	return len(p), nil
+}
+
+// bytes returns the last keep bytes.
+func (t *tail) bytes() []byte {
+	if len(t.buf) > t.keep {
+		return t.buf[len(t.buf)-t.keep:]
+	}
+	return t.buf
 }
 
 func isNotFound(err error) bool {

@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/evalbox/evalbox/internal/eval"
+	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/trial"
@@ -86,6 +87,9 @@ type Service struct {
 	sb     Sandboxes
 	trials *trial.Runner
 	log    *slog.Logger
+	// output is the server's budget for held command output: each trial
+	// and slice leases what it may hold before it starts.
+	output *outbuf.Budget
 
 	ctx  context.Context // ends at Close
 	stop context.CancelFunc
@@ -103,12 +107,13 @@ type Service struct {
 }
 
 // New returns the service. Call Recover once at start and Close at the end.
-func New(st Store, sb Sandboxes, log *slog.Logger) *Service {
+// output bounds the command output its trials hold (nil: no bound).
+func New(st Store, sb Sandboxes, output *outbuf.Budget, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Service{st: st, sb: sb, trials: trial.New(sb, log), log: log, ctx: ctx, stop: stop,
+	return &Service{st: st, sb: sb, trials: trial.New(sb, log), log: log, output: output, ctx: ctx, stop: stop,
 		draining: make(chan struct{}), progressEvery: progressEvery, running: map[string]*liveRun{}}
 }
 

@@ -153,7 +153,7 @@ func newHostService(t *testing.T) (*Service, *store.Store, *hostSandboxes, strin
 		t.Fatal(err)
 	}
 	h := &hostSandboxes{dirs: map[string]string{}}
-	s := New(st, h, nil)
+	s := New(st, h, nil, nil)
 	s.trials.Backoff = time.Millisecond
 	t.Cleanup(func() {
 		s.Close()

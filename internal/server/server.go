@@ -22,6 +22,7 @@ import (
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/evalrun"
 	"github.com/evalbox/evalbox/internal/node"
+	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/gvisor"
 	"github.com/evalbox/evalbox/internal/runtime/namespaces"
@@ -60,12 +61,45 @@ type Config struct {
 	// Catalog configures template builds and imports.
 	Catalog catalog.Config
 	// Build is the shape of template build sandboxes.
-	Build  node.BuildConfig
+	Build node.BuildConfig
+	// OutputMemory bounds, in bytes, the command output the server holds
+	// for buffered answers and eval runs at any one time (0: 1 GiB).
+	OutputMemory int64
+	// HTTP bounds the connections of the API's HTTP server.
+	HTTP   HTTPConfig
 	Logger *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
 	Ready func(addr string)
 }
+
+// HTTPConfig bounds the API's connections. No read or write timeout is set
+// on purpose: an exec, a stream or an upload may last as long as it needs.
+type HTTPConfig struct {
+	// ReadHeaderTimeout is how long a client has to send a request's
+	// headers (0: 10 s): a slow sender (slowloris) is cut off after it.
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout closes keep-alive connections idle that long (0: 2 min).
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's headers (0: 64 KiB); past it the
+	// answer is 431.
+	MaxHeaderBytes int
+}
+
+func (c *HTTPConfig) setDefaults() {
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = 10 * time.Second
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 2 * time.Minute
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = 64 << 10
+	}
+}
+
+// DefaultOutputMemory is the default of Config.OutputMemory.
+const DefaultOutputMemory = 1 << 30
 
 // PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
 // ("" = the default runtime).
@@ -215,7 +249,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := tmpls.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
-	evals := evalrun.New(st, svc, log)
+	if cfg.OutputMemory == 0 {
+		cfg.OutputMemory = DefaultOutputMemory
+	}
+	outputBudget := outbuf.NewBudget(cfg.OutputMemory)
+	evals := evalrun.New(st, svc, outputBudget, log)
 	defer evals.Close()
 	if err := evals.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -229,12 +267,15 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	handler := api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
-		Templates: tmpls, Evals: evals, Runtimes: n.Runtimes(), Pools: n, DefaultLimits: cfg.Limits, Logger: log})
+		Templates: tmpls, Evals: evals, Runtimes: n.Runtimes(), Pools: n, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	cfg.HTTP.setDefaults()
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout,
+		IdleTimeout: cfg.HTTP.IdleTimeout, MaxHeaderBytes: cfg.HTTP.MaxHeaderBytes,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	// Eval event streams end when shutdown starts instead of holding it
 	// for the whole grace period.
 	srv.RegisterOnShutdown(evals.Drain)

@@ -43,6 +43,12 @@ type Spec struct {
 	MaxOutputBytes int64
 	// Metadata labels the sandbox (e.g. the eval run it belongs to).
 	Metadata map[string]string
+	// Output, if set, is called before each attempt's run for the writers
+	// that get its stdout and stderr (writers of the callers' choosing:
+	// buffers counted against a budget, or only what a verdict reads);
+	// the Outcome's Result then has no output. Nil: the output is
+	// buffered into the Result (bounded by MaxOutputBytes alone).
+	Output func() (stdout, stderr io.Writer)
 }
 
 // Outcome is a trial's result: the run's result with its output, the
@@ -154,10 +160,14 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 		return out, fmt.Errorf("write %s: %w", spec.Path, err)
 	}
 	out.Phases.Write, t = lap(t)
-	var stdout, stderr strings.Builder
+	var bufOut, bufErr strings.Builder
+	var stdout, stderr io.Writer = &bufOut, &bufErr
+	if spec.Output != nil {
+		stdout, stderr = spec.Output()
+	}
 	res, err := r.sb.Exec(ctx, teamID, sb.ID, client.ExecRequest{
 		Argv: spec.Argv, Timeout: spec.Timeout, MaxOutputBytes: spec.MaxOutputBytes, User: spec.User,
-	}, &stdout, &stderr)
+	}, stdout, stderr)
 	if errors.Is(err, sandbox.ErrOutOfMemory) {
 		// The script took the sandbox past its memory limit (gVisor: the
 		// OOM killer stops the whole sandbox): its result, not an infra
@@ -173,7 +183,7 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 		return out, fmt.Errorf("exec: %w", err)
 	}
 	out.Phases.Run, _ = lap(t)
-	res.Stdout, res.Stderr = stdout.String(), stderr.String()
+	res.Stdout, res.Stderr = bufOut.String(), bufErr.String()
 	out.Result = res
 	return out, nil
 }

@@ -53,6 +53,11 @@ func IsTooManySandboxes(err error) bool { return ErrorCode(err) == CodeTooManySa
 // limit.
 func IsRateLimited(err error) bool { return ErrorCode(err) == CodeRateLimited }
 
+// IsOutputBudgetExhausted reports whether err says the server's memory for
+// buffered command output had no room: stream the output instead (ExecStream,
+// StreamProcess), lower MaxOutputBytes, or retry later.
+func IsOutputBudgetExhausted(err error) bool { return ErrorCode(err) == CodeOutputBudgetExhausted }
+
 // IsSandboxNotRunning reports whether err says the sandbox ended.
 func IsSandboxNotRunning(err error) bool { return ErrorCode(err) == CodeSandboxNotRunning }
 

@@ -48,6 +48,9 @@ const (
 	CodeInternal          = "internal"
 	CodeUnavailable       = "unavailable"
 	CodeNoSpace           = "no_space" // the sandbox's disk is full
+	// CodeOutputBudgetExhausted: the server's memory for buffered command
+	// output is in use; stream the output or lower max_output_bytes.
+	CodeOutputBudgetExhausted = "output_budget_exhausted"
 )
 
 // ErrorBody is every error response: {"error":{"code","message"}}.

@@ -140,3 +140,32 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("own sandbox after other team's attempts: %v", err)
 	}
 }
+
+// TestRevokeOwnKey: a key cannot revoke itself (409 conflict, found by
+// schemathesis: the admin key revoked itself and locked every admin
+// operation out until a restart); another key of the team still can.
+func TestRevokeOwnKey(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t, time.Minute)
+	for name, c := range map[string]*client.Client{"admin": srv.admin, "team": func() *client.Client { c, _, _ := newTeam(t, srv, client.Limits{}); return c }()} {
+		keys, err := c.ListKeys(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		own := ""
+		for _, k := range keys {
+			if name == "admin" && k.Name == "bootstrap admin" || name == "team" && k.Name == "test" {
+				own = k.ID
+			}
+		}
+		if own == "" {
+			t.Fatalf("%s: own key not listed: %+v", name, keys)
+		}
+		if err := c.RevokeKey(ctx, own); client.ErrorCode(err) != client.CodeConflict {
+			t.Errorf("%s: revoking the key of the request: %v, want conflict", name, err)
+		}
+		if _, err := c.ListKeys(ctx); err != nil {
+			t.Errorf("%s: the key no longer works: %v", name, err)
+		}
+	}
+}

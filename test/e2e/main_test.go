@@ -73,6 +73,8 @@ type serverOptions struct {
 	// and controlling terminal, as when an operator runs `evalbox serve &`
 	// in a shell.
 	ctty *os.File
+	// binDir runs the evalbox binary of this directory ("" = binDir).
+	binDir string
 }
 
 // server is a running `evalbox serve` process.
@@ -123,7 +125,11 @@ func startServer(o serverOptions) (*server, error) {
 	}
 	args := append([]string{"serve", "--data-dir", s.dataDir, "--listen", listen,
 		"--templates-dir", templatesDir, "--log-level", "debug"}, o.args...)
-	s.cmd = exec.Command(filepath.Join(binDir, "evalbox"), args...)
+	dir := binDir
+	if o.binDir != "" {
+		dir = o.binDir
+	}
+	s.cmd = exec.Command(filepath.Join(dir, "evalbox"), args...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if o.ctty != nil {

@@ -95,6 +95,7 @@ SANDBOX = {
         ("payload_too_large", 413, evalbox.PayloadTooLargeError),
         ("too_many_sandboxes", 429, evalbox.TooManySandboxesError),
         ("rate_limited", 429, evalbox.RateLimitedError),
+        ("output_budget_exhausted", 429, evalbox.OutputBudgetExhaustedError),
         ("internal", 500, evalbox.ServerError),
         ("unavailable", 503, evalbox.ServiceUnavailableError),
         ("no_space", 507, evalbox.NoSpaceError),

@@ -23,6 +23,7 @@ __all__ = [
     "ConflictError",
     "EvalboxError",
     "NotFoundError",
+    "OutputBudgetExhaustedError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
     "RateLimitedError",
@@ -116,6 +117,17 @@ class RateLimitedError(EvalboxError):
     """429 ``rate_limited``: the team is at its concurrent-command limit. Nothing was run."""
 
 
+class OutputBudgetExhaustedError(EvalboxError):
+    """429 ``output_budget_exhausted``: the server's memory for buffered command output is in use.
+
+    Raised by a buffered ``commands.run``, a wait or ``execute`` when the server
+    (``evalbox serve --output-memory-mb``) cannot hold their output. Nothing was
+    run, and a waited-for command keeps running. Stream the output instead
+    (``on_stdout``/``on_stderr`` callbacks, or the process's stream), lower
+    ``max_output_bytes``, or retry after :attr:`retry_after`.
+    """
+
+
 class CommandTimeoutError(EvalboxError, builtins.TimeoutError):
     """``timeout``: a background command was still running when a wait gave up.
 
@@ -161,6 +173,7 @@ _BY_CODE: dict[str, type[EvalboxError]] = {
     "no_space": NoSpaceError,
     "too_many_sandboxes": TooManySandboxesError,
     "rate_limited": RateLimitedError,
+    "output_budget_exhausted": OutputBudgetExhaustedError,
     "timeout": CommandTimeoutError,
     "internal": ServerError,
     "unavailable": ServiceUnavailableError,
