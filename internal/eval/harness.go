@@ -24,20 +24,43 @@ const (
 )
 
 // HarnessInput is a slice for the batch harness: the programs to run one
-// after another, each written to Path and run as `python3 Path` with the
-// timeout (seconds), as User.
+// after another, each written to Dir/File (a directory only the harness may
+// write to) and run as `python3 Dir/File` with the timeout (seconds), as
+// User.
+// Between two programs the harness kills every process of User and undoes
+// what the program did in the places it could write to (harness.py says
+// how), so that no program changes another's verdict.
 type HarnessInput struct {
 	// Nonce marks the harness's own result lines; the programs never see
 	// it.
 	Nonce   string  `json:"nonce"`
 	Timeout float64 `json:"timeout"`
-	Path    string  `json:"path"`
+	Dir     string  `json:"dir"`
+	File    string  `json:"file"`
 	// User is the uid (and gid) the programs run as when the harness runs
 	// as root; 0 keeps the harness's.
 	User      int              `json:"user"`
 	StdoutCap int              `json:"stdout_cap"`
 	StderrCap int              `json:"stderr_cap"`
 	Programs  []HarnessProgram `json:"programs"`
+	// Scan asks the harness to find, before any program runs, the
+	// directories and files User may write to, and to report them in a
+	// line (HarnessLine.Scan) for the next slices of the same template.
+	Scan bool `json:"scan,omitempty"`
+	// Writable is an earlier scan of the same template and runtime.
+	Writable *HarnessScan `json:"writable,omitempty"`
+	// Sandboxed says the harness has a sandbox of its own: it then also
+	// restores the directories every sandbox lets anyone write to (/tmp,
+	// /var/tmp, /dev/shm, …) and the System V IPC objects (never set it for
+	// a harness run on a host: these would be the host's).
+	Sandboxed bool `json:"sandboxed,omitempty"`
+}
+
+// HarnessScan is what a program's user may write to in a sandbox of a
+// template: the places the harness restores after each program.
+type HarnessScan struct {
+	Dirs  []string `json:"dirs"`
+	Files []string `json:"files"`
 }
 
 // HarnessProgram is one program of a slice; ID comes back in its lines.
@@ -60,6 +83,9 @@ type HarnessLine struct {
 	Stderr          string `json:"stderr"`
 	Error           string `json:"error"`
 	DurationMs      int64  `json:"ms"`
+	// Scan is set on the line that reports a scan (HarnessInput.Scan),
+	// which comes before any program's.
+	Scan *HarnessScan `json:"scan,omitempty"`
 }
 
 // Run is the program's run as a trial's exec would have reported it.

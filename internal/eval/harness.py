@@ -1,30 +1,71 @@
 # evalbox batch harness. It reads a slice (JSON on stdin: nonce, timeout,
-# path, user, stdout_cap, stderr_cap, programs [{id, source}]) and runs
-# each program as `python3 <path>`, as user (a uid, when the harness is
-# root), in its own process group with its own timeout, like a trial's
-# exec: at the end (or the timeout) the group and every process the
-# program left behind are killed. It prints one JSON line per program on
+# dir, file, user, stdout_cap, stderr_cap, sandboxed, scan, writable,
+# programs [{id, source}]) and runs each program as `python3 <dir>/<file>`,
+# as user (a
+# uid, when the harness is root), in its own process group with its own
+# timeout, like a trial's exec. It prints one JSON line per program on
 # stdout: {"n", "i", "start": true} before it runs, then {"n", "i",
 # "status", "exit_code", "signal", "stdout", "stdout_truncated", "stderr"
 # (its tail), "ms"}. The nonce marks the harness's own lines: the programs
 # never see it (stdin is read before any runs, and the harness is made
 # non-dumpable so its memory cannot be read through /proc).
+#
+# No program may change another's verdict. Each one is written to <dir>/
+# <file> (the same path as a trial's program: /.evalbox/program.py), in a
+# directory only the harness may write to, so its own file is the only
+# module on its path's first entry. After each program, before the
+# next one starts: every process of the program's user is killed (kill(-1)
+# as that user, which no fork escapes) and everything else the slice did
+# not start with; every entry it made in a directory it could write to is
+# removed (the writable directories come from a scan of the sandbox made
+# before any program ran: "scan" asks for one, reported in a {"n", "scan":
+# {"dirs", "files"}} line, "writable" passes an earlier one); the System V
+# IPC objects it made are removed. A change the harness cannot undo (an
+# entry the slice started with replaced, a writable file changed) ends the
+# slice with exit code 3 after the program's own result: the samples left
+# run again in a fresh sandbox.
+import ctypes
 import json
 import os
+import pwd
 import selectors
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
+
+# Directories every sandbox has that anyone may write to (tmpfs mounts of
+# the runtime included); the scan adds the template's.
+STANDARD_WRITABLE = ["/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock", "/run/shm", "/var/lock"]
+
+libc = None
+
+
+def load_libc():
+    global libc
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except Exception:
+        libc = None
 
 
 def nondumpable():
-    try:
-        import ctypes
+    if libc is not None:
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
 
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
-    except Exception:
-        pass
+
+def proc_stat(pid):
+    # (state, uid) of a process, or None when it is gone.
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat_ = f.read()
+        st = os.stat("/proc/%d" % pid)
+    except OSError:
+        return None
+    return stat_[stat_.rindex(b")") + 2 : stat_.rindex(b")") + 3], st.st_uid
 
 
 def live_pids():
@@ -32,12 +73,8 @@ def live_pids():
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open("/proc/%s/stat" % name, "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] != b"Z":
+        s = proc_stat(int(name))
+        if s is not None and s[0] != b"Z":
             pids.add(int(name))
     return pids
 
@@ -47,40 +84,307 @@ def ancestors():
     while pid > 1:
         try:
             with open("/proc/%d/stat" % pid, "rb") as f:
-                stat = f.read()
-            pid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+                stat_ = f.read()
+            pid = int(stat_[stat_.rindex(b")") + 2 :].split()[1])
         except (OSError, ValueError, IndexError):
             break
         keep.add(pid)
     return keep
 
 
-def sweep(keep):
+def as_user(uid, fn):
+    # Runs fn in a child process of uid; True if it returned true.
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            code = 0 if fn() else 1
+        except BaseException:
+            pass
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def kill_all():
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def kill_user(uid):
+    # kill(-1) as uid signals every process whose real or saved uid is uid
+    # (but the caller), atomically with respect to fork.
+    as_user(uid, kill_all)
+
+
+def sweep(keep, uid):
     # Kill whatever the last program left behind (also double-forked
-    # daemons), until nothing new is alive.
-    for _ in range(100):
+    # daemons), until nothing new is alive. False if something survives.
+    for _ in range(200):
         stray = live_pids() - keep
         if not stray:
-            return
+            reap()
+            return True
+        if uid > 0 and os.geteuid() == 0:
+            kill_user(uid)
         for pid in stray:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         time.sleep(0.001)
+    return False
 
 
-def run_one(argv, timeout, stdout_cap, stderr_cap, keep, user):
+def reap():
+    try:  # orphans reparented to the harness (when it is a subreaper or init)
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def can_write(st, uid, gid):
+    if st.st_uid == uid:
+        return st.st_mode & 0o200
+    if st.st_gid == gid:
+        return st.st_mode & 0o020
+    return st.st_mode & 0o002
+
+
+def scan(uid, gid):
+    # Directories and regular files uid:gid may write to, but for /proc and
+    # /sys (kernel interfaces, not storage).
+    dirs, files = [], []
+    for top, subdirs, names in os.walk("/", topdown=True):
+        if top in ("/proc", "/sys"):
+            subdirs[:] = []
+            continue
+        try:
+            if can_write(os.lstat(top), uid, gid):
+                dirs.append(top)
+        except OSError:
+            continue
+        for n in names:
+            p = os.path.join(top, n)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and can_write(st, uid, gid):
+                files.append(p)
+    return {"dirs": dirs, "files": files}
+
+
+def ident(st):
+    # What must not change of an entry the slice started with: the same
+    # inode, mode and owner; for a non-directory its size and time too (a
+    # directory's change as new entries in it is seen on its own listing
+    # when it is writable, and cannot happen when it is not).
+    if stat.S_ISDIR(st.st_mode):
+        return (st.st_dev, st.st_ino, st.st_mode, st.st_uid)
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns)
+
+
+class Snapshot:
+    # What the writable places held when the slice began.
+    def __init__(self, dirs, files, ipc):
+        self.dirs = {}
+        for d in dirs:
+            try:
+                self.dirs[d] = {n: ident(os.lstat(os.path.join(d, n))) for n in os.listdir(d)}
+            except OSError:
+                pass  # absent here
+        self.files = {}
+        for f in files:
+            try:
+                self.files[f] = ident(os.lstat(f))
+            except OSError:
+                pass
+        self.ipc = IPC() if ipc else None
+
+    def restore(self, uid):
+        # Undo what a program (run as uid) did to the writable places; the
+        # changes it cannot undo, as a list of strings.
+        problems = []
+        for d, before in self.dirs.items():
+            try:
+                now = os.listdir(d)
+            except OSError as e:
+                problems.append("%s: %s" % (d, e))
+                continue
+            for n in now:
+                p = os.path.join(d, n)
+                if n not in before:
+                    if not remove(p):
+                        problems.append("cannot remove %s" % p)
+                    continue
+                try:
+                    if ident(os.lstat(p)) != before[n]:
+                        problems.append("%s changed" % p)
+                except OSError as e:
+                    problems.append("%s: %s" % (p, e))
+            for n in before:
+                if n not in now:
+                    problems.append("%s removed" % os.path.join(d, n))
+        for f, before in self.files.items():
+            try:
+                if ident(os.lstat(f)) != before:
+                    problems.append("%s changed" % f)
+            except OSError as e:
+                problems.append("%s: %s" % (f, e))
+        made = sorted(self.ipc.new()) if self.ipc else []
+        if made:
+            # As their owner: root without CAP_IPC_OWNER may not remove
+            # them (and gVisor's msgctl says it did when it did not).
+            def rm():
+                return all(ipc_remove(o) for o in made)
+
+            if not (as_user(uid, rm) if uid > 0 and os.geteuid() == 0 else rm()):
+                problems.append("cannot remove System V IPC objects %s" % made)
+        return problems
+
+
+def remove(p):
+    try:
+        st = os.lstat(p)
+        if stat.S_ISDIR(st.st_mode):
+            os.chmod(p, 0o700)
+            shutil.rmtree(p, onerror=lambda fn, path, exc: force(path))
+        else:
+            os.unlink(p)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return not os.path.lexists(p)
+
+
+def force(path):
+    # rmtree hit an entry it could not remove (a directory made read-only
+    # or unsearchable by its owner): open it up and retry.
+    try:
+        os.chmod(os.path.dirname(path), 0o700)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+IPC_KINDS = ("shm", "sem", "msg")
+
+
+def ipc_objects():
+    # (kind, id) of every System V IPC object, from /proc/sysvipc; None
+    # where the kernel has no such files (gVisor: see ipc_mark).
+    objs = set()
+    for kind in IPC_KINDS:
+        try:
+            with open("/proc/sysvipc/" + kind) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 1:
+                        objs.add((kind, int(fields[1])))
+        except (StopIteration, ValueError):
+            pass
+        except OSError:
+            return None
+    return objs
+
+
+def ipc_create(kind):
+    if libc is None:
+        return -1
+    if kind == "shm":
+        return libc.shmget(0, 4096, 0o1600)  # IPC_PRIVATE, IPC_CREAT|0600
+    if kind == "sem":
+        return libc.semget(0, 1, 0o1600)
+    return libc.msgget(0, 0o1600)
+
+
+def ipc_mark():
+    # The id the next object of each kind gets, where ids are handed out
+    # in order (gVisor): made and removed at once.
+    marks = {}
+    for kind in IPC_KINDS:
+        i = ipc_create(kind)
+        if i >= 0:
+            ipc_remove((kind, i))
+            marks[kind] = i
+    return marks
+
+
+class IPC:
+    # The System V IPC objects the slice started with, to remove the ones
+    # a program makes.
+    def __init__(self):
+        self.objs = ipc_objects()
+        self.marks = ipc_mark() if self.objs is None else None
+
+    def new(self):
+        if self.objs is not None:
+            return (ipc_objects() or set()) - self.objs
+        now = ipc_mark()
+        made = set()
+        for kind, start in self.marks.items():
+            made.update((kind, i) for i in range(start + 1, now.get(kind, start)))
+        self.marks = now
+        return made
+
+
+def ipc_remove(obj):
+    # Removes an object and checks that it is gone (IPC_STAT fails with
+    # EINVAL or EIDRM; a success code alone is not trusted).
+    if libc is None:
+        return False
+    kind, ident_ = obj
+    IPC_RMID, IPC_STAT = 0, 2
+    buf = ctypes.create_string_buffer(512)
+    if kind == "shm":
+        libc.shmctl(ident_, IPC_RMID, None)
+        r = libc.shmctl(ident_, IPC_STAT, buf)
+    elif kind == "sem":
+        libc.semctl(ident_, 0, IPC_RMID)
+        r = libc.semctl(ident_, 0, IPC_STAT, buf)
+    else:
+        libc.msgctl(ident_, IPC_RMID, None)
+        r = libc.msgctl(ident_, IPC_STAT, buf)
+    return r < 0 and ctypes.get_errno() in (22, 43)  # EINVAL, EIDRM: gone
+
+
+def user_env(uid):
+    # The environment a trial's exec gives a program run as uid: the
+    # harness's, with the user's HOME, USER and LOGNAME.
+    env = dict(os.environ)
+    try:
+        pw = pwd.getpwuid(uid)
+        env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
+    except KeyError:
+        env.update(HOME="/", USER=str(uid), LOGNAME=str(uid))
+    return env
+
+
+def run_one(argv, cwd, env, timeout, stdout_cap, stderr_cap, keep, user):
     start = time.monotonic()
     deadline = start + timeout
     as_user = {}
     if user > 0 and os.geteuid() == 0:
         as_user = {"user": user, "group": user, "extra_groups": []}
     try:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True, **as_user)
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True, cwd=cwd, env=env, **as_user)
     except Exception as e:  # OSError, or a Python without these options
-        return {"status": "error", "exit_code": -1, "error": "start %s: %s" % (argv[0], e)}
+        return {"status": "error", "exit_code": -1, "error": "start %s: %s" % (argv[0], e)}, True
     out, err = bytearray(), bytearray()
     truncated = False
     sel = selectors.DefaultSelector()
@@ -127,13 +431,9 @@ def run_one(argv, timeout, stdout_cap, stderr_cap, keep, user):
         os.killpg(p.pid, signal.SIGKILL)
     except OSError:
         pass
-    sweep(keep)
+    clean = sweep(keep, user)
     rc = p.wait()
-    try:  # orphans reparented to the harness (when it is a subreaper or init)
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-    except ChildProcessError:
-        pass
+    reap()
     # Every writer is gone: take what is left in the pipes.
     for key in list(sel.get_map().values()):
         os.set_blocking(key.fd, False)
@@ -153,14 +453,39 @@ def run_one(argv, timeout, stdout_cap, stderr_cap, keep, user):
         res.update(status="killed", exit_code=-1, signal=-rc)
     else:
         res.update(status="exited", exit_code=rc, signal=0)
-    return res
+    return res, clean
+
+
+def program_dir(d):
+    # (d, False), made if missing, when only the harness's user may write
+    # to it and no one else may swap it (its parents are the harness's or
+    # root's, and writable by others only when sticky); else (a fresh
+    # private directory, True).
+    try:
+        os.makedirs(d, 0o755, exist_ok=True)
+        p = os.path.realpath(d)
+        first = True
+        while True:
+            st = os.lstat(p)
+            others = st.st_mode & 0o022
+            if st.st_uid not in (0, os.geteuid()) or (others and (first or not st.st_mode & stat.S_ISVTX)):
+                raise PermissionError(p)
+            if p == "/":
+                return d, False
+            p, first = os.path.dirname(p), False
+    except OSError:
+        # An unprivileged harness (a template whose user is not root), or a
+        # directory others may write to.
+        work = tempfile.mkdtemp(prefix=".evalbox-batch-")
+        os.chmod(work, 0o755)
+        return work, True
 
 
 def main():
     req = json.loads(sys.stdin.buffer.read())
+    load_libc()
     nondumpable()
-    nonce, path = req["nonce"], req["path"]
-    keep = ancestors() | live_pids()
+    nonce, user = req["nonce"], req["user"]
     out = sys.stdout
 
     def emit(line):
@@ -168,8 +493,24 @@ def main():
         out.write(json.dumps(line) + "\n")
         out.flush()
 
-    for prog in req["programs"]:
+    keep = ancestors() | live_pids()
+    writable = req.get("writable")
+    if req.get("scan"):
+        writable = scan(user, user)
+        emit({"scan": writable})
+    writable = writable or {}
+    # In a sandbox of its own, the harness also restores the directories
+    # every sandbox lets anyone write to and the System V IPC objects (on a
+    # host, in tests, these are the host's).
+    sandboxed = req.get("sandboxed")
+    dirs = sorted(set(writable.get("dirs") or []) | ({d for d in STANDARD_WRITABLE} if sandboxed else set()))
+    work, made = program_dir(req.get("dir") or "/.evalbox")
+    snap = Snapshot(dirs, writable.get("files") or [], sandboxed)
+    cwd = req.get("cwd") or None
+    env = user_env(user) if user > 0 else dict(os.environ)
+    for k, prog in enumerate(req["programs"]):
         emit({"i": prog["id"], "start": True})
+        path = os.path.join(work, req["file"])
         try:
             os.unlink(path)
         except FileNotFoundError:
@@ -177,9 +518,17 @@ def main():
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(prog["source"])
-        res = run_one(["python3", path], req["timeout"], req["stdout_cap"], req["stderr_cap"], keep, req["user"])
+        res, clean = run_one(["python3", path], cwd, env, req["timeout"], req["stdout_cap"], req["stderr_cap"], keep, user)
         res["i"] = prog["id"]
         emit(res)
+        problems = [] if clean else ["a process of the program survived"]
+        problems += snap.restore(user)
+        if problems:
+            sys.stderr.write("evalbox batch harness: cannot undo what program %s did: %s\n" % (prog["id"], "; ".join(problems[:5])))
+            sys.exit(3)
+    os.unlink(path) if req["programs"] else None
+    if made:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 main()

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -55,7 +57,7 @@ func runHarness(t *testing.T, in HarnessInput, timeout time.Duration) ([]Harness
 	defer cancel()
 	argv := HarnessArgv()
 	cmd := exec.CommandContext(ctx, "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", `python3 -I -c "$1"; exit $?`, "sh", argv[3])
-	cmd.Dir = in.Path[:strings.LastIndexByte(in.Path, '/')]
+	cmd.Dir = in.Dir
 	cmd.Stdin = bytes.NewReader(b)
 	var lines []HarnessLine
 	var stderr bytes.Buffer
@@ -98,7 +100,7 @@ func TestHarnessVerdicts(t *testing.T) {
 	for _, body := range []string{daemon, gone} {
 		items = append(items, item{one, Program(one, Sample{TaskID: "t", Completion: &body}, testPassCode)})
 	}
-	in := HarnessInput{Nonce: "0123456789abcdef", Timeout: 3, Path: filepath.Join(t.TempDir(), "program.py"), StdoutCap: HarnessStdoutCap, StderrCap: HarnessStderrCap}
+	in := HarnessInput{Nonce: "0123456789abcdef", Timeout: 3, Dir: t.TempDir(), File: "program.py", StdoutCap: HarnessStdoutCap, StderrCap: HarnessStderrCap}
 	for i, it := range items {
 		in.Programs = append(in.Programs, HarnessProgram{ID: 100 + i, Source: it.prog})
 	}
@@ -141,7 +143,7 @@ func TestHarnessVerdicts(t *testing.T) {
 func TestHarnessKilled(t *testing.T) {
 	one := Problem{TaskID: "t", Prompt: "def f():\n", EntryPoint: "f", Test: "def check(c):\n    assert c() == 1\n"}
 	ok, kill := "    return 1\n", "    import os\n    os.kill(os.getppid(), 9)\n"
-	in := HarnessInput{Nonce: "n", Timeout: 2, Path: filepath.Join(t.TempDir(), "program.py"), StderrCap: HarnessStderrCap}
+	in := HarnessInput{Nonce: "n", Timeout: 2, Dir: t.TempDir(), File: "program.py", StderrCap: HarnessStderrCap}
 	for i, body := range []string{ok, kill, ok} {
 		in.Programs = append(in.Programs, HarnessProgram{ID: i, Source: Program(one, Sample{TaskID: "t", Completion: &body}, testPassCode)})
 	}
@@ -156,5 +158,85 @@ func TestHarnessKilled(t *testing.T) {
 	}
 	if strings.Join(got, " ") != "start exited start" || lines[1].ExitCode != testPassCode || lines[2].ID != 1 {
 		t.Fatalf("lines %v (%+v); stderr %s", got, lines, stderr)
+	}
+}
+
+// TestHarnessUndoesPlanting: a program run as another user plants a module
+// and files in a directory every user may write to and leaves a daemon
+// behind; before the next program runs, the daemon is dead and the
+// directory as it was. A change the harness cannot undo (a file the slice
+// started with, replaced) ends the slice after the program's own result.
+func TestHarnessUndoesPlanting(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("runs programs as another user: needs root")
+	}
+	// Not t.TempDir: its parent is not searchable by other users.
+	root, err := os.MkdirTemp("", "evalbox-harness-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	shared := filepath.Join(root, "shared")
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(shared, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(shared, 0o777); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(shared, "keep.txt"), []byte("template file\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	one := Problem{TaskID: "t", Prompt: "def f():\n", EntryPoint: "f", Test: "def check(c):\n    assert c() == 1\n"}
+	plant := fmt.Sprintf(`    import os, subprocess
+    open(%[1]q + "/typing.py", "w").write("import os; os._exit(0)\\n")
+    os.makedirs(%[1]q + "/pkg/sub")
+    open(%[1]q + "/pkg/sub/x", "w").write("x")
+    os.chmod(%[1]q + "/pkg/sub", 0o000)
+    os.mkfifo(%[1]q + "/fifo")
+    os.symlink("/etc/passwd", %[1]q + "/link")
+    subprocess.Popen(["sh", "-c", "setsid sleep 100 & exec sleep 100"], start_new_session=True)
+    return 1
+`, shared)
+	check := fmt.Sprintf(`    import os
+    left = sorted(os.listdir(%[1]q))
+    assert left == ["keep.txt"], left
+    mine = os.getuid()
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) != os.getpid() and os.stat("/proc/" + p).st_uid == mine:
+            st = open("/proc/%%s/stat" %% p).read()
+            assert st[st.rindex(")") + 2] == "Z", "survivor " + st
+    return 1
+`, shared)
+	replace := fmt.Sprintf("    import os\n    os.rename(%[1]q + '/keep.txt', %[1]q + '/gone')\n    open(%[1]q + '/keep.txt', 'w').write('forged')\n    return 1\n", shared)
+	prog := filepath.Join(root, "prog")
+	if err := os.Mkdir(prog, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	in := HarnessInput{Nonce: "n", Timeout: 5, Dir: prog, File: "program.py", User: 65534, StderrCap: HarnessStderrCap,
+		Writable: &HarnessScan{Dirs: []string{shared}}}
+	for i, body := range []string{plant, check, plant, check, replace, check} {
+		in.Programs = append(in.Programs, HarnessProgram{ID: i, Source: Program(one, Sample{TaskID: "t", Completion: &body}, testPassCode)})
+	}
+	lines, stderr := runHarness(t, in, time.Minute)
+	var got []string
+	for _, l := range lines {
+		if l.Start {
+			continue
+		}
+		r := l.Run()
+		r.PassCode = testPassCode
+		v := one.Judge(r)
+		got = append(got, string(v.Status))
+		if v.Status != Passed {
+			t.Errorf("program %d: %+v (stderr %q)", l.ID, v, l.Stderr)
+		}
+	}
+	// The slice stops after the replacing program: what it did cannot be
+	// undone, so the last program never ran in this sandbox.
+	if len(got) != 5 || !strings.Contains(stderr, "cannot undo what program 4 did") {
+		t.Fatalf("verdicts %v; stderr %s", got, stderr)
 	}
 }

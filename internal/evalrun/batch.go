@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"path"
 	"strconv"
 	"time"
 
@@ -269,23 +270,6 @@ type sliceResult struct {
 func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResult, error) {
 	run := w.run
 	out := sliceResult{done: make(map[int]bool, len(ids)), running: -1}
-	in := eval.HarnessInput{Nonce: rand.Text(), Timeout: run.Timeout, Path: programPath, User: sampleUID, StderrCap: eval.HarnessStderrCap}
-	want := make(map[int]bool, len(ids))
-	codes := make(map[int]int, len(ids))
-	for _, i := range ids {
-		codes[i] = eval.NewPassCode()
-		p, prog := w.program(i, codes[i])
-		if p.IO != nil {
-			in.StdoutCap = min(eval.HarnessStdoutCap, batchOutput/2/len(ids))
-		}
-		in.Programs = append(in.Programs, eval.HarnessProgram{ID: i, Source: prog})
-		want[i] = true
-	}
-	payload, err := json.Marshal(in)
-	if err != nil {
-		return out, err
-	}
-	stdin := string(payload)
 	sec := sliceSeconds(len(ids), run.Timeout)
 	// The harness's lines are read as they come; what a slice holds of
 	// them is bounded (eval.HarnessReaderMemory) and leased from the
@@ -310,8 +294,45 @@ func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResul
 			s.log.Warn("eval batch: delete sandbox", "sandbox", sb.ID, "err", err)
 		}
 	}()
+	in := eval.HarnessInput{Nonce: rand.Text(), Timeout: run.Timeout, Dir: path.Dir(programPath), File: path.Base(programPath), User: sampleUID,
+		StderrCap: eval.HarnessStderrCap, Sandboxed: true}
+	key := scanKey{digest: sb.TemplateDigest, runtime: sb.Runtime}
+	switch v, ok := s.scans.Load(key); {
+	case s.hostHarness:
+		in.Sandboxed, in.Dir = false, "/tmp/.evalbox"
+	case ok && sb.TemplateDigest != "":
+		in.Writable = v.(*eval.HarnessScan)
+	default:
+		in.Scan = true
+	}
+	want := make(map[int]bool, len(ids))
+	codes := make(map[int]int, len(ids))
+	for _, i := range ids {
+		codes[i] = eval.NewPassCode()
+		p, prog := w.program(i, codes[i])
+		if p.IO != nil {
+			in.StdoutCap = min(eval.HarnessStdoutCap, batchOutput/2/len(ids))
+		}
+		in.Programs = append(in.Programs, eval.HarnessProgram{ID: i, Source: prog})
+		want[i] = true
+	}
+	payload, err := json.Marshal(in)
+	if err != nil {
+		return out, err
+	}
+	stdin := string(payload)
+	started := false
 	env := store.TrialEnv{SandboxID: sb.ID, TemplateDigest: sb.TemplateDigest, Runtime: sb.Runtime, RuntimeVersion: sb.RuntimeVersion}
 	lines := &eval.HarnessReader{Nonce: in.Nonce, Line: func(l eval.HarnessLine) {
+		if l.Scan != nil {
+			// Only the harness's own scan, before any sample ran, is
+			// what the template offers.
+			if in.Scan && !started && sb.TemplateDigest != "" {
+				s.scans.Store(key, l.Scan)
+			}
+			return
+		}
+		started = true
 		if !want[l.ID] || out.done[l.ID] || out.fatal != nil {
 			return
 		}
@@ -338,7 +359,9 @@ func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResul
 	}}
 	stderr := tail{keep: 512}
 	res, err := s.sb.Exec(ctx, run.TeamID, sb.ID, client.ExecRequest{
-		Argv: eval.HarnessArgv(), Stdin: &stdin, Timeout: sec, MaxOutputBytes: batchOutput,
+		// As root whatever the template's user: the harness runs each
+		// sample as sampleUser and undoes what it did, as root can.
+		Argv: eval.HarnessArgv(), Stdin: &stdin, Timeout: sec, MaxOutputBytes: batchOutput, User: "0",
 	}, lines, &stderr)
 	if err != nil {
 		return out, fmt.Errorf("exec: %w", err)

@@ -52,7 +52,11 @@ const (
 	MaxTimeout     = 600.0
 	DefaultTimeout = 3.0
 	defaultTmpl    = "python"
-	programPath    = "/tmp/program.py"
+	// programPath is where a trial's program is written and run from, in
+	// both modes: a directory only root may write to, so that the
+	// program's own directory (the first entry of its sys.path) holds no
+	// module a sample could have planted.
+	programPath = "/.evalbox/program.py"
 	// sampleUser runs the samples: not root, so that a sample cannot
 	// kill its sandbox's agent (gVisor lets root signal its init) and
 	// turn its own failure into an infra error.
@@ -104,7 +108,20 @@ type Service struct {
 
 	mu      sync.Mutex
 	running map[string]*liveRun
+
+	// scans holds, per template digest and runtime, what the batch
+	// harness found a sample may write to in such a sandbox (it restores
+	// those places after every sample); each is scanned once, by the first
+	// slice that runs there, before any sample ran in it.
+	scans sync.Map // scanKey → *eval.HarnessScan
+	// hostHarness is set by tests whose "sandboxes" are host processes:
+	// the harness then neither scans nor restores the host's writable
+	// places, and makes its directories below /tmp (the fake sandbox's).
+	hostHarness bool
 }
+
+// scanKey names a sandbox filesystem as a batch slice sees it.
+type scanKey struct{ digest, runtime string }
 
 // New returns the service. Call Recover once at start and Close at the end.
 // output bounds the command output its trials hold (nil: no bound).

@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,9 +90,15 @@ func (h *hostSandboxes) Exec(ctx context.Context, teamID, id string, req client.
 	if harness && h.failHarness.Add(-1) >= 0 || h.failAll.Load() {
 		return client.ExecResult{}, &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "sandbox " + id + " died"}
 	}
-	argv, user := req.Argv, req.User
+	argv, user := slices.Clone(req.Argv), req.User
 	if harness {
 		user = h.harnessUser
+	}
+	// Files land in the sandbox's directory (mounted at /tmp) by name.
+	for i, a := range argv {
+		if strings.HasPrefix(a, "/.evalbox/") {
+			argv[i] = "/tmp/" + path.Base(a)
+		}
 	}
 	if user != "" {
 		argv = append([]string{"setpriv", "--reuid", user, "--regid", user, "--clear-groups"}, argv...)
@@ -155,6 +163,7 @@ func newHostService(t *testing.T) (*Service, *store.Store, *hostSandboxes, strin
 	h := &hostSandboxes{dirs: map[string]string{}}
 	s := New(st, h, nil, nil)
 	s.trials.Backoff = time.Millisecond
+	s.hostHarness = true
 	t.Cleanup(func() {
 		s.Close()
 		if len(h.dirs) != 0 {
