@@ -120,7 +120,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.DataDir == "" {
 		return errors.New("server: data dir is required")
 	}
+	// The data dir holds the database, the admin key and every team's
+	// templates and logs: the owner's alone, also when it existed before.
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
 	exeDir := ""

@@ -21,6 +21,8 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"runtime"
 	"strings"
 	"time"
@@ -48,11 +50,32 @@ type Store struct {
 	r *sql.DB // readers: query_only connections
 }
 
-// Open opens (creating if needed) the database file at path and applies
-// any pending schema migrations.
+// private creates the database file (and makes it and the WAL files of an
+// existing one) readable and writable by the owner only.
+func private(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("store: %w", err)
+		}
+	}
+	return nil
+}
+
+// Open opens (creating if needed, owner-only) the database file at path and
+// applies any pending schema migrations.
 func Open(ctx context.Context, path string) (*Store, error) {
 	if path == "" || strings.ContainsAny(path, "?#") {
 		return nil, fmt.Errorf("store: invalid database path %q", path)
+	}
+	// The database holds key hashes and every team's data: owner only.
+	// SQLite gives its -wal and -shm files the database file's mode.
+	if err := private(path); err != nil {
+		return nil, err
 	}
 	base := fmt.Sprintf("%s?_busy_timeout=%d&_foreign_keys=1", path, busyTimeoutMS)
 	w, err := sql.Open("sqlite", base+"&_journal_mode=WAL&_synchronous=NORMAL&_txlock=immediate")

@@ -205,3 +205,46 @@ func readCgroupFile(t *testing.T, controller, id string, files ...string) string
 	t.Fatalf("no cgroup of %s for %s", controller, id)
 	return ""
 }
+
+// TestDataDirPrivate: the data dir (database, admin key, templates, logs)
+// is its owner's alone, even when it existed with a wider mode: the dir
+// 0700, the database and its WAL files and the admin key 0600.
+func TestDataDirPrivate(t *testing.T) {
+	dir, err := os.MkdirTemp("", "evalbox-e2e-datadir-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s, err := startServer(serverOptions{dataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.stop()
+	c, _, _ := newTeam(t, s, client.Limits{MaxSandboxes: 2, MaxConcurrentExec: 2})
+	for _, rt := range runtimes {
+		sb, err := c.CreateSandbox(ctxT(t, time.Minute), client.CreateSandboxRequest{Template: "base", Runtime: rt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := c.Exec(ctxT(t, time.Minute), sb.ID, client.ExecRequest{Cmd: "echo ok"}); err != nil || r.Stdout != "ok\n" {
+			t.Fatalf("%s sandbox with a private data dir: %+v %v", rt, r, err)
+		}
+		if err := c.DeleteSandbox(ctxT(t, time.Minute), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string]os.FileMode{".": 0o700, "evalbox.db": 0o600, "evalbox.db-wal": 0o600, "evalbox.db-shm": 0o600, "admin.key": 0o600}
+	for name, mode := range want {
+		st, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if st.Mode().Perm() != mode {
+			t.Errorf("%s has mode %v, want %v", name, st.Mode().Perm(), mode)
+		}
+	}
+}
