@@ -5,6 +5,9 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -181,4 +184,80 @@ func hostTunables(t *testing.T) string {
 		fmt.Fprintf(&b, "%s=%q ", p, strings.TrimSpace(string(v)))
 	}
 	return b.String()
+}
+
+// TestNoHostPaths: a sandbox learns no host path from its mount table (the
+// server's data dir, the templates dir, the agent binary's path, the host's
+// root device), and cannot read the kernel's heap and address-space layout
+// (/proc/slabinfo, /proc/vmallocinfo), on either runtime.
+func TestNoHostPaths(t *testing.T) {
+	c := defaultTeam(t)
+	hostRoot := ""
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, l := range strings.Split(string(mi), "\n") {
+			pre, post, ok := strings.Cut(l, " - ")
+			pf, sf := strings.Fields(pre), strings.Fields(post)
+			if ok && len(pf) >= 5 && pf[4] == "/" && len(sf) >= 2 && strings.HasPrefix(sf[1], "/dev/") {
+				hostRoot = sf[1]
+			}
+		}
+	}
+	for _, rt := range runtimes {
+		sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt})
+		r := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: "cat /proc/self/mountinfo /proc/mounts"})
+		for _, p := range []string{srv.dataDir, templatesDir, binDir, hostRoot} {
+			if p != "" && strings.Contains(r.Stdout, p) {
+				t.Errorf("%s: the mount table shows the host path %s:\n%s", rt, p, r.Stdout)
+			}
+		}
+		for _, f := range []string{"/proc/slabinfo", "/proc/vmallocinfo"} {
+			for _, user := range []string{"root", "nobody"} {
+				r := mustExec(t, c, sb.ID, client.ExecRequest{User: user, Cmd: "head -c 100 " + f + " 2>/dev/null | wc -c"})
+				if strings.TrimSpace(r.Stdout) != "0" {
+					t.Errorf("%s as %s: %s readable", rt, user, f)
+				}
+			}
+		}
+	}
+}
+
+// TestSandboxUserLimits: a namespaces sandbox's root is not host root: when
+// it takes all the inotify instances a user may have (128 by default), host
+// root and another sandbox still have theirs (before: sandbox root was host
+// root, which then got EMFILE).
+func TestSandboxUserLimits(t *testing.T) {
+	c := defaultTeam(t)
+	a := mustCreate(t, c, client.CreateSandboxRequest{Template: "python", Runtime: client.RuntimeNamespaces})
+	b := mustCreate(t, c, client.CreateSandboxRequest{Template: "python", Runtime: client.RuntimeNamespaces})
+	hold := `import os, sys, time
+fds = []
+try:
+    while len(fds) < 100000:
+        fds.append(os.inotify_init() if hasattr(os, "inotify_init") else __import__("ctypes").CDLL(None).inotify_init())
+        if fds[-1] < 0:
+            fds.pop()
+            break
+except OSError:
+    pass
+print(len(fds), flush=True)
+sys.stdout.close()
+time.sleep(60)
+`
+	p, err := c.StartProcess(ctxT(t, time.Minute), a.ID, client.ExecRequest{Argv: []string{"python3", "-c", hold}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	held := mustExec(t, c, a.ID, client.ExecRequest{Cmd: "ls -l /proc/[0-9]*/fd 2>/dev/null | grep -c anon_inode:inotify"})
+	t.Logf("sandbox a holds %s inotify instances", strings.TrimSpace(held.Stdout))
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatalf("host root cannot make an inotify instance while a sandbox holds its all: %v", err)
+	}
+	unix.Close(fd)
+	r := mustExec(t, c, b.ID, client.ExecRequest{Argv: []string{"python3", "-c", "import ctypes; libc = ctypes.CDLL(None); print(sum(1 for _ in range(16) if libc.inotify_init() >= 0))"}})
+	if strings.TrimSpace(r.Stdout) != "16" {
+		t.Fatalf("another sandbox after the first took its allowance: %+v", r)
+	}
+	_ = c.KillProcess(ctxT(t, time.Minute), a.ID, p.ID)
 }
