@@ -19,9 +19,10 @@ import (
 type extractOptions struct {
 	// layer: the archive is a copy-on-write layer in overlayfs format
 	// (runsc tar rootfs-upper): ownership, modes, the xattrs of allowedXattr
-	// and whiteouts (0/0 character devices) are kept. Otherwise (a build
-	// context or an image upload, from a user) everything is owned by
-	// root, devices are refused and xattrs dropped.
+	// and whiteouts (0/0 character devices) are kept; other devices are
+	// dropped. Otherwise (a build context, from a user) everything is owned
+	// by root, devices are refused and xattrs dropped. Either way files
+	// lose their set-user-ID and set-group-ID bits (entryMode).
 	layer bool
 	// maxBytes bounds the total size of the regular files (0 = no bound).
 	maxBytes int64
@@ -37,18 +38,33 @@ const paxXattr = "SCHILY.xattr."
 const opaqueXattr = "trusted.overlay.opaque"
 
 // allowedXattr reports whether a layer may carry the xattr k (with value
-// v). The other trusted.overlay.* attributes (redirects, metacopy) would let
-// a build step steer the host's overlayfs, so they are dropped.
+// v): the opaque marker of a directory, and user.* attributes. The other
+// trusted.overlay.* attributes (redirects, metacopy) and user.overlay.*
+// would let a build step steer the host's overlayfs; security.capability
+// would give a program file capabilities, and system.* (ACLs) grant access
+// the modes do not show: all dropped.
 func allowedXattr(k, v string, dir bool) bool {
 	switch {
 	case k == opaqueXattr:
 		return dir && v == "y"
-	case k == "security.capability":
-		return true
+	case strings.HasPrefix(k, "user.overlay."):
+		return false
 	case strings.HasPrefix(k, "user."):
 		return true
 	}
 	return false
+}
+
+// entryMode is the permission bits kept of a member: set-user-ID and
+// set-group-ID are cleared on anything but a directory (whose set-group-ID
+// only passes its group on to new files), so that neither a build step nor
+// a build context can plant a set-id program in a template.
+func entryMode(hdr *tar.Header) uint32 {
+	m := uint32(hdr.Mode) & 0o7777
+	if hdr.Typeflag != tar.TypeDir {
+		m &^= unix.S_ISUID | unix.S_ISGID
+	}
+	return m
 }
 
 // cleanName turns an archive member name into a clean relative path ("."
@@ -215,7 +231,7 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 	if x.o.layer {
 		uid, gid = hdr.Uid, hdr.Gid
 	}
-	mode := uint32(hdr.Mode) & 0o7777
+	mode := entryMode(hdr)
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
@@ -336,7 +352,7 @@ func (x *extractor) applyDir(dm dirMeta) error {
 	}
 	defer unix.Close(fd)
 	uid, gid := 0, 0
-	mode := uint32(dm.hdr.Mode) & 0o7777
+	mode := entryMode(dm.hdr)
 	if x.o.layer {
 		uid, gid = dm.hdr.Uid, dm.hdr.Gid
 	} else if mode&0o700 != 0o700 {

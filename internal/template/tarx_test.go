@@ -62,6 +62,10 @@ func tarOf(t testing.TB, entries ...entry) []byte {
 	return buf.Bytes()
 }
 
+// capSysAdmin is a security.capability value (VFS_CAP_REVISION_2) granting
+// CAP_SYS_ADMIN, effective.
+var capSysAdmin = string([]byte{0x01, 0x00, 0x00, 0x02, 0x00, 0x00, 0x20, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})
+
 func TestExtractLayer(t *testing.T) {
 	needRoot(t)
 	dir := t.TempDir()
@@ -69,7 +73,11 @@ func TestExtractLayer(t *testing.T) {
 		entry{name: "./", typ: tar.TypeDir, mode: 0o755},
 		entry{name: "./etc/", typ: tar.TypeDir, mode: 0o755},
 		entry{name: "./etc/a", body: "alpha", mode: 0o4750, uid: 12, gid: 34,
-			pax: map[string]string{"SCHILY.xattr.user.k": "v", "SCHILY.xattr.trusted.overlay.redirect": "/x"}},
+			pax: map[string]string{"SCHILY.xattr.user.k": "v", "SCHILY.xattr.trusted.overlay.redirect": "/x",
+				"SCHILY.xattr.security.capability": capSysAdmin, "SCHILY.xattr.trusted.other": "x",
+				"SCHILY.xattr.user.overlay.redirect": "/x"}},
+		entry{name: "./etc/g", body: "g", mode: 0o2755, gid: 34},
+		entry{name: "./srv/", typ: tar.TypeDir, mode: 0o2775, gid: 34},
 		entry{name: "./etc/b", typ: tar.TypeLink, link: "./etc/a"},
 		entry{name: "./etc/gone", typ: tar.TypeChar, mode: 0},
 		entry{name: "./etc/sda", typ: tar.TypeBlock, major: 8},
@@ -87,15 +95,24 @@ func TestExtractLayer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Mode&0o7777 != 0o4750 || a.Uid != 12 || a.Gid != 34 || a.Nlink != 2 {
+	if a.Mode&0o7777 != 0o750 || a.Uid != 12 || a.Gid != 34 || a.Nlink != 2 {
 		t.Errorf("etc/a: mode %o uid %d gid %d nlink %d", a.Mode&0o7777, a.Uid, a.Gid, a.Nlink)
 	}
 	buf := make([]byte, 16)
 	if n, err := unix.Lgetxattr(filepath.Join(dir, "etc/a"), "user.k", buf); err != nil || string(buf[:n]) != "v" {
 		t.Errorf("user.k: %q %v", buf[:n], err)
 	}
-	if _, err := unix.Lgetxattr(filepath.Join(dir, "etc/a"), "trusted.overlay.redirect", buf); err == nil {
-		t.Error("trusted.overlay.redirect was kept")
+	for _, x := range []string{"trusted.overlay.redirect", "security.capability", "trusted.other", "user.overlay.redirect"} {
+		if _, err := unix.Lgetxattr(filepath.Join(dir, "etc/a"), x, nil); err != unix.ENODATA {
+			t.Errorf("%s was kept (err %v)", x, err)
+		}
+	}
+	// Set-id bits: dropped from files, kept on directories.
+	if st, err := lstat(filepath.Join(dir, "etc/g")); err != nil || st.Mode&0o7777 != 0o755 {
+		t.Errorf("etc/g: mode %o, want 755 (%v)", st.Mode&0o7777, err)
+	}
+	if st, err := lstat(filepath.Join(dir, "srv")); err != nil || st.Mode&0o7777 != 0o2775 {
+		t.Errorf("srv: mode %o, want 2775 (%v)", st.Mode&0o7777, err)
 	}
 	if st, err := lstat(filepath.Join(dir, "etc/gone")); err != nil || !isWhiteout(st) {
 		t.Errorf("etc/gone is not a whiteout: %v", err)
@@ -145,13 +162,14 @@ func TestExtractContextRefuses(t *testing.T) {
 	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
 		t.Errorf("a context wrote outside its directory: %v", entries)
 	}
-	// Ownership is not taken from the archive; the size is bounded.
+	// Ownership and set-id bits are not taken from the archive; the size is
+	// bounded.
 	dir := t.TempDir()
-	if err := ExtractContext(bytes.NewReader(tarOf(t, entry{name: "f", body: "abc", uid: 1000, gid: 1000})), dir, 0); err != nil {
+	if err := ExtractContext(bytes.NewReader(tarOf(t, entry{name: "f", body: "abc", uid: 1000, gid: 1000, mode: 0o6755})), dir, 0); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := lstat(filepath.Join(dir, "f")); st.Uid != 0 || st.Gid != 0 {
-		t.Errorf("context file owned by %d:%d", st.Uid, st.Gid)
+	if st, _ := lstat(filepath.Join(dir, "f")); st.Uid != 0 || st.Gid != 0 || st.Mode&0o7777 != 0o755 {
+		t.Errorf("context file owned by %d:%d, mode %o", st.Uid, st.Gid, st.Mode&0o7777)
 	}
 	err := ExtractContext(bytes.NewReader(tarOf(t, entry{name: "big", body: strings.Repeat("x", 100)})), t.TempDir(), 10)
 	var ce *ContextError

@@ -525,8 +525,8 @@ func unpack(ctx context.Context, cancel context.CancelFunc, img v1.Image, local 
 		return Config{}, "", &os.LinkError{Op: "rename", Old: tmp, New: dst, Err: err}
 	}
 	done = true
-	if a.skippedDevices > 0 {
-		slog.Warn("oci import: device nodes not created (not permitted)", "dst", dst, "count", a.skippedDevices)
+	if a.droppedDevices > 0 {
+		slog.Debug("oci import: device nodes dropped", "dst", dst, "count", a.droppedDevices)
 	}
 	slog.Debug("oci import", "dst", dst, "layers", len(layers), "duration", time.Since(start))
 	c := cf.Config
