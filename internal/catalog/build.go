@@ -394,9 +394,9 @@ func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, a
 	}, cleanup)
 }
 
-// saveArchive stores an uploaded image archive in work and returns what
-// to import: the archive itself (docker-archive), or the directory it was
-// unpacked into (an OCI layout).
+// saveArchive stores an uploaded image archive in work and returns its
+// path. The archive (a docker-archive or an OCI layout) is never
+// unpacked: the importer reads its members in place.
 func (s *Service) saveArchive(archive io.Reader, work string) (string, error) {
 	p := filepath.Join(work, "image.tar")
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -413,31 +413,19 @@ func (s *Service) saveArchive(archive io.Reader, work string) (string, error) {
 	if n > s.cfg.MaxImportBytes {
 		return "", errorf(client.CodePayloadTooLarge, "the image archive is over the maximum of %d bytes", s.cfg.MaxImportBytes)
 	}
-	kind, err := archiveKind(p)
-	if err != nil {
+	if _, err := archiveKind(p); err != nil {
 		return "", errorf(client.CodeBadRequest, "image archive: %v", err)
 	}
-	if kind == "docker" {
-		return p, nil
-	}
-	dir := filepath.Join(work, "layout")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return "", err
-	}
-	f, err = os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	if err := template.ExtractContext(f, dir, 0); err != nil {
-		return "", errorf(client.CodeBadRequest, "image archive: %v", err)
-	}
-	_ = os.Remove(p)
-	return dir, nil
+	return p, nil
 }
 
+// maxArchiveMembers bounds the members of an image archive (as the
+// importer does).
+const maxArchiveMembers = 100_000
+
 // archiveKind tells a docker-archive (manifest.json) from an OCI layout
-// (oci-layout) by the tar members at its root.
+// (oci-layout) by the tar members at its root. Sparse members (which no
+// image archive has) are refused.
 func archiveKind(p string) (string, error) {
 	f, err := os.Open(p)
 	if err != nil {
@@ -446,13 +434,19 @@ func archiveKind(p string) (string, error) {
 	defer f.Close()
 	tr := tar.NewReader(f)
 	kind := ""
-	for {
+	for n := 0; ; n++ {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
 			return "", fmt.Errorf("not a valid tar archive (%v)", err)
+		}
+		if n >= maxArchiveMembers {
+			return "", fmt.Errorf("more than %d members: not an image archive", maxArchiveMembers)
+		}
+		if template.IsSparse(hdr) {
+			return "", fmt.Errorf("%s is a sparse file: not an image archive", hdr.Name)
 		}
 		switch path.Clean(hdr.Name) {
 		case "oci-layout":

@@ -396,3 +396,18 @@ func describeTarError(err error) string {
 
 // octal formats a mode for messages.
 func octal(m uint32) string { return "0" + strconv.FormatUint(uint64(m), 8) }
+
+// IsSparse reports whether a tar entry is a sparse file, in the old GNU
+// format or GNU's PAX formats: its data is a fraction of its size, so a
+// few bytes of archive may stand for terabytes of zeros.
+func IsSparse(hdr *tar.Header) bool {
+	if hdr.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
+}

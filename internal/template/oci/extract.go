@@ -40,14 +40,16 @@ type applier struct {
 	// droppedDevices counts the character and block devices of the image,
 	// which are never created.
 	droppedDevices int
+	budget         *budget
 }
 
-func newApplier(dir string) (*applier, error) {
+func newApplier(dir string, b *budget) (*applier, error) {
 	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &fs.PathError{Op: "open", Path: dir, Err: err}
 	}
 	return &applier{
+		budget:   b,
 		root:     fd,
 		buf:      make([]byte, 256<<10),
 		layer:    map[string]struct{}{},
@@ -75,7 +77,13 @@ func (a *applier) apply(ctx context.Context, r io.Reader) error {
 		if err != nil {
 			return fmt.Errorf("reading tar: %w", err)
 		}
+		if err := a.budget.entry(); err != nil {
+			return err
+		}
 		if err := a.entry(hdr, tr); err != nil {
+			if errors.Is(err, ErrTooLarge) {
+				return err
+			}
 			return fmt.Errorf("entry %q: %w", hdr.Name, err)
 		}
 	}
@@ -130,7 +138,14 @@ func (a *applier) entry(hdr *tar.Header, r io.Reader) error {
 		}
 		return a.whiteout(dir, strings.TrimPrefix(base, whiteoutPrefix))
 	}
-	a.mark(name)
+	if isSparse(hdr) {
+		// Its holes would be written out as zeros: a few bytes of layer
+		// could fill the disk.
+		return invalid("a sparse file (not supported)")
+	}
+	if err := a.mark(name); err != nil {
+		return err
+	}
 	if hdr.Typeflag != tar.TypeDir {
 		if name == "." {
 			return invalid("the root must be a directory")
@@ -145,7 +160,10 @@ func (a *applier) entry(hdr *tar.Header, r io.Reader) error {
 	defer unix.Close(pfd)
 
 	switch hdr.Typeflag {
-	case tar.TypeReg, tar.TypeCont, tar.TypeGNUSparse: // the reader expands sparse files
+	case tar.TypeReg, tar.TypeCont:
+		if err := a.budget.file(hdr.Size); err != nil {
+			return err
+		}
 		return a.file(pfd, base, hdr, r)
 	case tar.TypeDir:
 		return a.dir(pfd, name, base, hdr)
@@ -170,14 +188,18 @@ func (a *applier) entry(hdr *tar.Header, r io.Reader) error {
 }
 
 // mark records that the current layer wrote name (and so its parents).
-func (a *applier) mark(name string) {
+func (a *applier) mark(name string) error {
 	for name != "." {
 		if _, ok := a.layer[name]; ok {
-			return
+			return nil
+		}
+		if err := a.budget.keep(name); err != nil {
+			return err
 		}
 		a.layer[name] = struct{}{}
 		name = path.Dir(name)
 	}
+	return nil
 }
 
 // replace runs mk and, if the name is taken, removes what is there (a whole
@@ -235,6 +257,11 @@ func (a *applier) dir(pfd int, name, base string, hdr *tar.Header) error {
 	}
 	if err := a.meta(pfd, base, hdr); err != nil {
 		return err
+	}
+	if _, ok := a.dirTimes[name]; !ok {
+		if err := a.budget.keep(name); err != nil {
+			return err
+		}
 	}
 	a.dirTimes[name] = times(hdr)
 	return nil
