@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -203,7 +204,7 @@ func (s *Service) run(b client.TemplateBuild, a *activeBuild, work job) {
 		case errors.As(err, &se):
 			fail(s.storeless(se.Error()), se.Step)
 		default:
-			if !errors.Is(err, errUser) {
+			if !errors.Is(err, errUser) && !errors.Is(err, errContext) {
 				s.log.Error("template build", "build", b.ID, "err", err)
 			}
 			fail(s.storeless(err.Error()), 0)
@@ -239,8 +240,13 @@ func stepOf(err error) int {
 	return 0
 }
 
-// errUser marks import errors caused by the image, not the server.
-var errUser = errors.New("importing the image")
+// errUser and errContext mark errors caused by the user's input (an
+// image, a build context), not the server: they are not logged as the
+// server's.
+var (
+	errUser    = errors.New("importing the image")
+	errContext = errors.New("build context")
+)
 
 // Build starts a build of spec as the team's template name, with the
 // build context read from contextTar (nil: none). It checks everything it
@@ -289,38 +295,88 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 			s.log.Error("remove build context", "dir", work, "err", err)
 		}
 	}
-	ctxDir := ""
+	lim := template.ContextLimits{MaxBytes: s.cfg.MaxContextBytes}
+	// The context is kept as the client sent it, checked as it streams in,
+	// and unpacked only once the build has its slots: what builds waiting
+	// in the queue hold is their archives.
+	ctxTar := ""
 	if contextTar != nil {
-		ctxDir = filepath.Join(work, "context")
-		if err := os.Mkdir(ctxDir, 0o700); err != nil {
-			cleanup()
-			s.abandon(a)
-			return client.TemplateBuild{}, err
-		}
-		if err := template.ExtractContext(contextTar, ctxDir, s.cfg.MaxContextBytes); err != nil {
+		ctxTar = filepath.Join(work, "context.tar")
+		if err := saveContext(contextTar, ctxTar, spec, lim); err != nil {
 			cleanup()
 			s.abandon(a)
 			var ce *template.ContextError
-			if errors.As(err, &ce) && ce.TooLarge {
+			var spe *template.SpecError
+			switch {
+			case errors.As(err, &ce) && ce.TooLarge:
 				return client.TemplateBuild{}, errorf(client.CodePayloadTooLarge, "%s", ce.Msg)
-			}
-			if errors.As(err, &ce) {
+			case errors.As(err, &ce):
 				return client.TemplateBuild{}, errorf(client.CodeBadRequest, "%s", ce.Msg)
+			case errors.As(err, &spe):
+				return client.TemplateBuild{}, errorf(client.CodeBadRequest, "%s", spe.Msg)
 			}
 			return client.TemplateBuild{}, err
 		}
-	}
-	if err := template.CheckContext(spec, ctxDir); err != nil {
+	} else if err := template.CheckContext(spec, ""); err != nil {
 		cleanup()
 		s.abandon(a)
 		return client.TemplateBuild{}, errorf(client.CodeBadRequest, "%v", err)
 	}
 	return s.start(ctx, b, a, func(ctx context.Context, a *activeBuild, b *client.TemplateBuild) (*template.Template, error) {
+		ctxDir := ""
+		if ctxTar != "" {
+			ctxDir = filepath.Join(work, "context")
+			if err := unpackContext(ctxTar, ctxDir, spec, lim); err != nil {
+				return nil, err
+			}
+		}
 		res, err := s.builder.Build(ctx, template.BuildRequest{ID: b.ID, Name: name, Spec: spec, From: from,
 			ContextDir: ctxDir, Network: network, Log: a})
 		b.CachedSteps, b.BuiltSteps = res.Cached, res.Built
 		return res.Template, err
 	}, cleanup)
+}
+
+// saveContext writes the build context read from r to the file p while
+// checking it (template.ScanContext).
+func saveContext(r io.Reader, p string, spec client.TemplateSpec, lim template.ContextLimits) error {
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	err = template.ScanContext(r, f, spec, lim)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// unpackContext unpacks the saved build context p into dir (made) and
+// checks the copy sources of spec in it; p is removed.
+func unpackContext(p, dir string, spec client.TemplateSpec, lim template.ContextLimits) error {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	err = template.ExtractContext(f, dir, lim)
+	f.Close()
+	var ce *template.ContextError
+	if errors.As(err, &ce) {
+		return fmt.Errorf("%w: %s", errContext, strings.TrimPrefix(ce.Msg, "build context: "))
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil {
+		return err
+	}
+	if err := template.CheckContext(spec, dir); err != nil {
+		return fmt.Errorf("%w: %v", errContext, err)
+	}
+	return nil
 }
 
 func isNotFound(err error) bool {

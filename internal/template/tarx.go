@@ -24,11 +24,37 @@ type extractOptions struct {
 	// by root, devices are refused and xattrs dropped. Either way files
 	// lose their set-user-ID and set-group-ID bits (entryMode).
 	layer bool
-	// maxBytes bounds the total size of the regular files (0 = no bound).
-	maxBytes int64
+	// maxBytes bounds the total size of the regular files (0 =
+	// defaultMaxBytes); maxEntries the members (0 = defaultMaxEntries).
+	maxBytes   int64
+	maxEntries int
+	// charge, if set, is told the size of each regular file before it is
+	// written; its error stops the extraction (a storage quota).
+	charge func(n int64) error
 }
 
-// errTooLarge is returned when an archive's files pass maxBytes.
+// Defaults of extractOptions, and the bound of the metadata an extraction
+// keeps in memory (directories made and their metadata, applied last):
+// about what 1,000,000 directories take, far above any real tree's.
+const (
+	defaultMaxBytes   = 64 << 30
+	defaultMaxEntries = 1_000_000
+)
+
+var maxMetaBytes int64 = 128 << 20
+
+func (o extractOptions) withDefaults() extractOptions {
+	if o.maxBytes <= 0 {
+		o.maxBytes = defaultMaxBytes
+	}
+	if o.maxEntries <= 0 {
+		o.maxEntries = defaultMaxEntries
+	}
+	return o
+}
+
+// errTooLarge is returned when an archive passes maxBytes or maxEntries,
+// or keeps too much metadata in memory.
 var errTooLarge = errors.New("archive is larger than the maximum")
 
 // paxXattr is the prefix of PAX records that carry extended attributes.
@@ -103,7 +129,7 @@ func extractTar(r io.Reader, dir string, o extractOptions) (int64, error) {
 		return 0, fmt.Errorf("open %s: %w", dir, err)
 	}
 	defer unix.Close(root)
-	x := &extractor{root: root, dir: dir, o: o, dirs: map[string]bool{".": true}}
+	x := &extractor{root: root, dir: dir, o: o.withDefaults(), dirs: map[string]bool{".": true}}
 	defer x.closeParents()
 	tr := tar.NewReader(r)
 	for {
@@ -113,6 +139,9 @@ func extractTar(r io.Reader, dir string, o extractOptions) (int64, error) {
 		}
 		if err != nil {
 			return x.total, fmt.Errorf("reading the archive: %w", err)
+		}
+		if x.entries++; x.entries > x.o.maxEntries {
+			return x.total, fmt.Errorf("%w: more than %d members", errTooLarge, x.o.maxEntries)
 		}
 		if err := x.entry(hdr, tr); err != nil {
 			return x.total, err
@@ -129,12 +158,14 @@ func extractTar(r io.Reader, dir string, o extractOptions) (int64, error) {
 }
 
 type extractor struct {
-	root  int
-	dir   string
-	o     extractOptions
-	total int64
-	dirs  map[string]bool // directories made (or the root)
-	metas []dirMeta
+	root    int
+	dir     string
+	o       extractOptions
+	total   int64
+	entries int
+	meta    int64           // bytes of dirs and metas, bounded by maxMetaBytes
+	dirs    map[string]bool // directories made (or the root)
+	metas   []dirMeta
 	// parent caches the last opened parent directory.
 	parentRel string
 	parentFD  int
@@ -185,7 +216,40 @@ func (x *extractor) mkdirs(rel string) error {
 	if err := unix.Mkdirat(pfd, path.Base(rel), 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("%s: mkdir: %w", rel, err)
 	}
-	x.dirs[rel] = true
+	return x.addDir(rel)
+}
+
+// addDir records the directory rel as made.
+func (x *extractor) addDir(rel string) error {
+	if !x.dirs[rel] {
+		if err := x.keep(int64(len(rel)) + 48); err != nil {
+			return err
+		}
+		x.dirs[rel] = true
+	}
+	return nil
+}
+
+// keep counts n bytes of metadata held until the end.
+func (x *extractor) keep(n int64) error {
+	if x.meta += n; x.meta > maxMetaBytes {
+		return fmt.Errorf("%w: too many directories, or too much of their metadata, to keep (over %d bytes)", errTooLarge, maxMetaBytes)
+	}
+	return nil
+}
+
+// addMeta records a directory's metadata, applied at the end.
+func (x *extractor) addMeta(dm dirMeta) error {
+	n := int64(len(dm.rel)) + 256
+	for k, v := range dm.xattrs {
+		n += int64(len(k) + len(v))
+	}
+	if err := x.keep(n); err != nil {
+		return err
+	}
+	// Only what applyDir uses of the header is kept.
+	dm.hdr = &tar.Header{Typeflag: dm.hdr.Typeflag, Mode: dm.hdr.Mode, Uid: dm.hdr.Uid, Gid: dm.hdr.Gid, ModTime: dm.hdr.ModTime}
+	x.metas = append(x.metas, dm)
 	return nil
 }
 
@@ -208,16 +272,12 @@ func (x *extractor) xattrsOf(hdr *tar.Header) map[string]string {
 }
 
 func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
-	rel, err := cleanName(hdr.Name)
+	rel, err := checkMember(hdr, x.o.layer)
 	if err != nil {
 		return err
 	}
 	if rel == "." {
-		if hdr.Typeflag != tar.TypeDir {
-			return fmt.Errorf("the archive's root is not a directory")
-		}
-		x.metas = append(x.metas, dirMeta{rel: ".", hdr: hdr, xattrs: x.xattrsOf(hdr)})
-		return nil
+		return x.addMeta(dirMeta{rel: ".", hdr: hdr, xattrs: x.xattrsOf(hdr)})
 	}
 	parent, base := path.Dir(rel), path.Base(rel)
 	if err := x.mkdirs(parent); err != nil {
@@ -243,12 +303,18 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 				return fmt.Errorf("%s: exists and is not a directory", rel)
 			}
 		}
-		x.dirs[rel] = true
-		x.metas = append(x.metas, dirMeta{rel: rel, hdr: hdr, xattrs: x.xattrsOf(hdr)})
-		return nil
+		if err := x.addDir(rel); err != nil {
+			return err
+		}
+		return x.addMeta(dirMeta{rel: rel, hdr: hdr, xattrs: x.xattrsOf(hdr)})
 	case tar.TypeReg:
-		if x.o.maxBytes > 0 && x.total+hdr.Size > x.o.maxBytes {
+		if x.total+hdr.Size > x.o.maxBytes {
 			return errTooLarge
+		}
+		if x.o.charge != nil {
+			if err := x.o.charge(hdr.Size); err != nil {
+				return err
+			}
 		}
 		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
@@ -271,10 +337,7 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		}
 		return nil
 	case tar.TypeLink:
-		target, err := cleanName(hdr.Linkname)
-		if err != nil || target == "." {
-			return fmt.Errorf("%s: bad hard link target %q", rel, hdr.Linkname)
-		}
+		target, _ := cleanName(hdr.Linkname) // checkMember checked it
 		tfd, err := unix.Openat2(x.root, path.Dir(target), &unix.OpenHow{
 			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
 			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
@@ -295,9 +358,6 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		}
 		return nil
 	case tar.TypeSymlink:
-		if strings.ContainsRune(hdr.Linkname, 0) || hdr.Linkname == "" {
-			return fmt.Errorf("%s: bad symlink target", rel)
-		}
 		if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
 			return fmt.Errorf("%s: symlink: %w", rel, err)
 		}
@@ -308,9 +368,6 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		_ = unix.UtimesNanoAt(pfd, base, ts, unix.AT_SYMLINK_NOFOLLOW)
 		return nil
 	case tar.TypeChar, tar.TypeBlock:
-		if !x.o.layer {
-			return fmt.Errorf("%s: device files are not allowed", rel)
-		}
 		if hdr.Typeflag != tar.TypeChar || hdr.Devmajor != 0 || hdr.Devminor != 0 {
 			// Only whiteouts: a build step must not plant device nodes.
 			return nil
@@ -327,11 +384,46 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 			return fmt.Errorf("%s: chown: %w", rel, err)
 		}
 		return nil
-	case tar.TypeXGlobalHeader:
-		return nil
-	default:
-		return fmt.Errorf("%s: unsupported archive member type %q", rel, string(hdr.Typeflag))
 	}
+	return nil // tar.TypeXGlobalHeader
+}
+
+// checkMember checks what can be checked of a member from its header
+// alone — what extractTar refuses whatever came before it — and returns
+// its clean name: no absolute name, no "..", no NUL, no sparse file, only
+// the types extractTar makes (devices only in a layer, where it keeps the
+// whiteouts), link targets that are names of the archive.
+func checkMember(hdr *tar.Header, layer bool) (string, error) {
+	rel, err := cleanName(hdr.Name)
+	if err != nil {
+		return "", err
+	}
+	if IsSparse(hdr) {
+		// Its holes would be written out as zeros: a few bytes of archive
+		// could fill the disk.
+		return "", fmt.Errorf("%s: a sparse file (not supported)", rel)
+	}
+	if rel == "." && hdr.Typeflag != tar.TypeDir {
+		return "", fmt.Errorf("the archive's root is not a directory")
+	}
+	switch hdr.Typeflag {
+	case tar.TypeDir, tar.TypeReg, tar.TypeFifo, tar.TypeXGlobalHeader:
+	case tar.TypeLink:
+		if target, err := cleanName(hdr.Linkname); err != nil || target == "." {
+			return "", fmt.Errorf("%s: bad hard link target %q", rel, hdr.Linkname)
+		}
+	case tar.TypeSymlink:
+		if strings.ContainsRune(hdr.Linkname, 0) || hdr.Linkname == "" {
+			return "", fmt.Errorf("%s: bad symlink target", rel)
+		}
+	case tar.TypeChar, tar.TypeBlock:
+		if !layer {
+			return "", fmt.Errorf("%s: device files are not allowed", rel)
+		}
+	default:
+		return "", fmt.Errorf("%s: unsupported archive member type %q", rel, string(hdr.Typeflag))
+	}
+	return rel, nil
 }
 
 // applyDir sets a directory's ownership, mode, xattrs and mtime.

@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/evalbox/evalbox/internal/template/tarbomb"
+	"github.com/evalbox/evalbox/pkg/client"
 )
 
 func needRoot(t testing.TB) {
@@ -153,7 +158,7 @@ func TestExtractContextRefuses(t *testing.T) {
 	}
 	for name, archive := range cases {
 		dir := t.TempDir()
-		err := ExtractContext(bytes.NewReader(archive), dir, 0)
+		err := ExtractContext(bytes.NewReader(archive), dir, ContextLimits{})
 		var ce *ContextError
 		if !errors.As(err, &ce) {
 			t.Errorf("%s: %v, want a ContextError", name, err)
@@ -165,15 +170,135 @@ func TestExtractContextRefuses(t *testing.T) {
 	// Ownership and set-id bits are not taken from the archive; the size is
 	// bounded.
 	dir := t.TempDir()
-	if err := ExtractContext(bytes.NewReader(tarOf(t, entry{name: "f", body: "abc", uid: 1000, gid: 1000, mode: 0o6755})), dir, 0); err != nil {
+	if err := ExtractContext(bytes.NewReader(tarOf(t, entry{name: "f", body: "abc", uid: 1000, gid: 1000, mode: 0o6755})), dir, ContextLimits{}); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := lstat(filepath.Join(dir, "f")); st.Uid != 0 || st.Gid != 0 || st.Mode&0o7777 != 0o755 {
 		t.Errorf("context file owned by %d:%d, mode %o", st.Uid, st.Gid, st.Mode&0o7777)
 	}
-	err := ExtractContext(bytes.NewReader(tarOf(t, entry{name: "big", body: strings.Repeat("x", 100)})), t.TempDir(), 10)
+	err := ExtractContext(bytes.NewReader(tarOf(t, entry{name: "big", body: strings.Repeat("x", 100)})), t.TempDir(), ContextLimits{MaxBytes: 10})
 	var ce *ContextError
 	if !errors.As(err, &ce) || !ce.TooLarge {
 		t.Errorf("oversize context: %v", err)
 	}
 }
+
+// TestArchiveBombs: a sparse member that claims gigabytes in a few KiB is
+// refused before anything is written, whether a build context or a
+// layer; so are archives past their bounds of members and of metadata.
+func TestArchiveBombs(t *testing.T) {
+	needRoot(t)
+	for name, bomb := range map[string][]byte{
+		"pax": tarbomb.SparsePAX("bomb", 2<<30),
+		"gnu": tarbomb.SparseGNU("bomb", 2<<30),
+	} {
+		dir := t.TempDir()
+		err := ExtractContext(bytes.NewReader(bomb), dir, ContextLimits{})
+		var ce *ContextError
+		if !errors.As(err, &ce) || !strings.Contains(ce.Msg, "sparse file") {
+			t.Errorf("%s context: %v", name, err)
+		}
+		if err := ScanContext(bytes.NewReader(bomb), io.Discard, client.TemplateSpec{}, ContextLimits{}); !errors.As(err, &ce) || !strings.Contains(ce.Msg, "sparse file") {
+			t.Errorf("%s context scan: %v", name, err)
+		}
+		if _, err := extractTar(bytes.NewReader(bomb), dir, extractOptions{layer: true}); err == nil || !strings.Contains(err.Error(), "sparse file") {
+			t.Errorf("%s layer: %v", name, err)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+			t.Errorf("%s: written: %v", name, entries)
+		}
+	}
+	var many []entry
+	for i := range 20 {
+		many = append(many, entry{name: fmt.Sprintf("d%d/", i), typ: tar.TypeDir, mode: 0o755})
+	}
+	archive := tarOf(t, many...)
+	if _, err := extractTar(bytes.NewReader(archive), t.TempDir(), extractOptions{layer: true, maxEntries: 10}); !errors.Is(err, errTooLarge) {
+		t.Errorf("entries: %v", err)
+	}
+	err := ExtractContext(bytes.NewReader(archive), t.TempDir(), ContextLimits{MaxEntries: 10})
+	var ce *ContextError
+	if !errors.As(err, &ce) || !ce.TooLarge || !strings.Contains(ce.Msg, "more than 10 members") {
+		t.Errorf("context entries: %v", err)
+	}
+	deep := tarOf(t, entry{name: strings.Repeat("a/", 2000) + "f", body: "x"})
+	old := maxMetaBytes
+	maxMetaBytes = 64 << 10
+	defer func() { maxMetaBytes = old }()
+	if _, err := extractTar(bytes.NewReader(deep), t.TempDir(), extractOptions{layer: true}); !errors.Is(err, errTooLarge) {
+		t.Errorf("deep: %v", err)
+	}
+	// A charge sees every file before it is written, and stops the rest.
+	errQuota := errors.New("quota")
+	var charged int64
+	err = ExtractContext(bytes.NewReader(tarOf(t, entry{name: "a", body: "12345"}, entry{name: "b", body: "678"})), t.TempDir(),
+		ContextLimits{Charge: func(n int64) error {
+			if charged+n > 6 {
+				return errQuota
+			}
+			charged += n
+			return nil
+		}})
+	if !errors.Is(err, errQuota) || charged != 5 {
+		t.Errorf("charge: %v, %d charged", err, charged)
+	}
+}
+
+func TestScanContext(t *testing.T) {
+	spec := func(srcs ...string) client.TemplateSpec {
+		var s client.TemplateSpec
+		for _, src := range srcs {
+			s.Steps = append(s.Steps, client.TemplateStep{Copy: &client.CopyStep{Src: src, Dst: "/x"}})
+		}
+		return s
+	}
+	good := tarOf(t,
+		entry{name: "data/", typ: tar.TypeDir, mode: 0o755},
+		entry{name: "data/a", body: "alpha"},
+		entry{name: "data/l", typ: tar.TypeSymlink, link: "a"},
+		entry{name: "implicit/dir/f", body: "x"},
+		entry{name: "out", typ: tar.TypeSymlink, link: "../../etc/passwd"},
+	)
+	// The copy is the archive, byte for byte.
+	var copied bytes.Buffer
+	if err := ScanContext(bytes.NewReader(good), &copied, spec("data", "data/a", "implicit/dir", "."+"/implicit"), ContextLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(copied.Bytes(), good) {
+		t.Errorf("copied %d bytes of %d", copied.Len(), len(good))
+	}
+	for _, tc := range []struct {
+		name    string
+		archive []byte
+		spec    client.TemplateSpec
+		lim     ContextLimits
+		msg     string
+	}{
+		{"missing source", good, spec("nope"), ContextLimits{}, "step 1: copy nope: not found in the build context"},
+		{"symlink out", good, spec("."), ContextLimits{}, "out is a symlink to ../../etc/passwd, outside the build context"},
+		{"through a symlink", tarOf(t, entry{name: "l", typ: tar.TypeSymlink, link: "data"}, entry{name: "data/f", body: "x"}),
+			spec("data", "l/f"), ContextLimits{}, "step 2: copy l/f: l is a symlink"},
+		{"absolute symlink", tarOf(t, entry{name: "d/abs", typ: tar.TypeSymlink, link: "/etc/shadow"}), spec("d"), ContextLimits{},
+			"d/abs is a symlink to the absolute path /etc/shadow"},
+		{"source outside", good, spec("../x"), ContextLimits{}, "is outside the build context"},
+		{"dot-dot member", tarOf(t, entry{name: "a/../../x", body: "x"}), spec(), ContextLimits{}, "leaves the archive's root"},
+		{"device", tarOf(t, entry{name: "null", typ: tar.TypeChar, major: 1, minor: 3}), spec(), ContextLimits{}, "device files are not allowed"},
+		{"not a tar", []byte(strings.Repeat("x", 1024)), spec(), ContextLimits{}, "not a valid tar archive"},
+		{"too large", good, spec(), ContextLimits{MaxBytes: 3}, "over the maximum of 3 bytes"},
+		{"too many", good, spec(), ContextLimits{MaxEntries: 2}, "more than 2 members"},
+	} {
+		err := ScanContext(bytes.NewReader(tc.archive), io.Discard, tc.spec, tc.lim)
+		if err == nil || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.msg)
+		}
+	}
+	// The writer's error is returned as it is.
+	errFull := errors.New("full")
+	if err := ScanContext(bytes.NewReader(good), failingWriter{errFull}, spec(), ContextLimits{}); !errors.Is(err, errFull) {
+		t.Errorf("writer error: %v", err)
+	}
+}
+
+type failingWriter struct{ err error }
+
+func (w failingWriter) Write([]byte) (int, error) { return 0, w.err }

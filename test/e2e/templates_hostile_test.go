@@ -3,6 +3,7 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"os"
@@ -97,10 +98,11 @@ func TestTemplateImportReadsInPlace(t *testing.T) {
 	}
 }
 
-// TestTemplateImportSparseBomb uploads archives of a few KiB holding a
-// sparse member that claims 2 GiB: refused at once (400), nothing written
-// (an OCI layout used to be unpacked, writing the 2 GiB of zeros).
-func TestTemplateImportSparseBomb(t *testing.T) {
+// TestTemplateSparseBombs uploads archives of a few KiB holding a sparse
+// member that claims 2 GiB, as image archives and as build contexts:
+// refused at once (400), nothing written (an OCI layout or a context used
+// to be unpacked, writing the 2 GiB of zeros).
+func TestTemplateSparseBombs(t *testing.T) {
 	t.Parallel()
 	_, _, key := newTeam(t, srv, client.Limits{MaxSandboxes: 2, MaxConcurrentExec: 2})
 	layout := tarMembers(t, map[string]string{"oci-layout": `{"imageLayoutVersion":"1.0.0"}`, "index.json": `{"schemaVersion":2,"manifests":[]}`},
@@ -117,6 +119,15 @@ func TestTemplateImportSparseBomb(t *testing.T) {
 			t.Errorf("%s: %d %s", name, status, body)
 		}
 	}
+	for name, bomb := range map[string][]byte{
+		"pax": tarbomb.SparsePAX("data/bomb", 2<<30),
+		"gnu": tarbomb.SparseGNU("data/bomb", 2<<30),
+	} {
+		status, body := postBuild(t, key, `{"name":"bomb","spec":{"from":"base","steps":[{"copy":{"src":"data","dst":"/data"}}]}}`, bomb)
+		if status != 400 || !strings.Contains(body, "sparse file") {
+			t.Errorf("context %s: %d %s", name, status, body)
+		}
+	}
 	// Nothing big was written (other tests' work may be there, small).
 	filepath.WalkDir(filepath.Join(srv.dataDir, "images", "tmp"), func(p string, d os.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {
@@ -126,4 +137,94 @@ func TestTemplateImportSparseBomb(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestTemplateContextUnpackedInSlot: a queued build holds its context as
+// the archive it was sent as; it is unpacked only once the build has its
+// slots (contexts used to be unpacked at once, outside the slots, so that
+// any number of queued builds held unpacked contexts).
+func TestTemplateContextUnpackedInSlot(t *testing.T) {
+	t.Parallel()
+	s, err := startServer(serverOptions{args: []string{"--max-builds", "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.stop(); err != nil {
+			t.Errorf("stop server: %v", err)
+		}
+	})
+	ctx := ctxT(t, 3*time.Minute)
+	c := s.admin
+	first, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "slow", Spec: client.TemplateSpec{From: "base", Network: client.NetworkNone,
+		Steps: []client.TemplateStep{{Run: "sleep 4; echo > /slow"}}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "queued", Spec: client.TemplateSpec{From: "base",
+		Steps: []client.TemplateStep{{Copy: &client.CopyStep{Src: "data", Dst: "/data"}}}}},
+		tarOf(t, map[string]string{"data/a.txt": "alpha\n", "data/b.txt": "beta\n"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, _ := filepath.Glob(filepath.Join(s.dataDir, "images", "tmp", queued.ID+"-context-*"))
+	if len(work) != 1 {
+		t.Fatalf("work dirs of the queued build: %v", work)
+	}
+	if b, err := c.GetBuild(ctx, "queued", queued.ID); err != nil || b.State != client.BuildStateQueued {
+		t.Fatalf("the second build is not queued: %+v %v", b, err)
+	}
+	entries, _ := os.ReadDir(work[0])
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if len(names) != 1 || names[0] != "context.tar" {
+		t.Errorf("a queued build holds %v, want only its context.tar", names)
+	}
+	var log strings.Builder
+	end, err := c.FollowBuild(ctx, "queued", queued.ID, &log)
+	if err != nil || end.State != client.BuildStateSucceeded {
+		t.Fatalf("queued build: %+v %v\n%s", end, err, log.String())
+	}
+	if end1, err := c.GetBuild(ctx, "slow", first.ID); err != nil || end1.State != client.BuildStateSucceeded ||
+		end.StartedAt.Before(*end1.FinishedAt) {
+		t.Errorf("builds overlapped or failed: %+v %v", end1, err)
+	}
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "queued", Runtime: client.RuntimeNamespaces})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = c.DeleteSandbox(context.Background(), sb.ID)
+		assertGone(t, s, sb.ID)
+	}()
+	if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "cat /data/a.txt /data/b.txt"}); err != nil || res.Stdout != "alpha\nbeta\n" {
+		t.Errorf("copied context: %+v %v", res, err)
+	}
+	// A context that fails to unpack only in its slot fails the build (a
+	// hard link to a symlink pointing out of the context, which the scan
+	// of the headers does not resolve), and leaves nothing.
+	bad := tarMembers(t, nil,
+		&tar.Header{Name: "s", Typeflag: tar.TypeSymlink, Linkname: "/etc/shadow"},
+		&tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "d/h", Typeflag: tar.TypeLink, Linkname: "s"})
+	b, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "bad", Spec: client.TemplateSpec{From: "base",
+		Steps: []client.TemplateStep{{Copy: &client.CopyStep{Src: "d", Dst: "/d"}}}}}, bytes.NewReader(bad))
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err = c.FollowBuild(ctx, "bad", b.ID, nil)
+	if err != nil || end.State != client.BuildStateFailed || !strings.Contains(end.Error, "outside the build context") {
+		t.Errorf("bad context: %+v %v", end, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		left, _ := filepath.Glob(filepath.Join(s.dataDir, "images", "tmp", b.ID+"*"))
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("left: %v", left)
+		}
+	}
 }
