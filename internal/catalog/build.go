@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template"
@@ -24,6 +25,9 @@ import (
 type activeBuild struct {
 	id, teamID, name string
 	max              int64
+	// res holds the team's storage for the build's uploads and files,
+	// until the template is stored (Persist) or the build ends.
+	res *quota.Reservation
 
 	mu        sync.Mutex
 	f         *os.File
@@ -211,8 +215,19 @@ func (s *Service) run(b client.TemplateBuild, a *activeBuild, work job) {
 		}
 		return
 	}
-	old, err := s.store.PutTemplate(context.WithoutCancel(ctx), store.TemplateRow{TeamID: a.teamID, Name: a.name,
-		Digest: t.Digest, Source: t.Source, BuildID: b.ID})
+	var old string
+	err = s.persist(context.WithoutCancel(ctx), a, t, func() error {
+		var err error
+		old, err = s.store.PutTemplate(context.WithoutCancel(ctx), store.TemplateRow{TeamID: a.teamID, Name: a.name,
+			Digest: t.Digest, Source: t.Source, BuildID: b.ID})
+		return err
+	})
+	var qe *quota.StorageError
+	if errors.As(err, &qe) {
+		fail(storageError(err).Error(), 0)
+		s.collect(context.WithoutCancel(ctx), t.Digest)
+		return
+	}
 	if err != nil {
 		s.log.Error("record template", "build", b.ID, "err", err)
 		fail("internal error (the server log has the detail)", 0)
@@ -230,6 +245,24 @@ func (s *Service) run(b client.TemplateBuild, a *activeBuild, work job) {
 	}
 	s.log.Info("template built", "build", b.ID, "team", a.teamID, "template", a.name, "digest", t.Digest,
 		"cached_steps", b.CachedSteps, "built_steps", b.BuiltSteps, "duration", done.Sub(*b.StartedAt).Round(time.Millisecond))
+}
+
+// persist records the template t of build a with write, counting it
+// against the team's storage in place of what the build held: the bytes
+// it adds to the built-ins, nothing when the team names its digest
+// already.
+func (s *Service) persist(ctx context.Context, a *activeBuild, t *template.Template, write func() error) error {
+	charge := template.StorageBytes(t)
+	rows, err := s.store.ListTemplates(ctx, a.teamID)
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		if r.Digest == t.Digest {
+			charge = 0
+		}
+	}
+	return a.res.Persist(charge, write)
 }
 
 func stepOf(err error) int {
@@ -278,13 +311,22 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 		}
 		return client.TemplateBuild{}, err
 	}
-	b, a, err := s.begin(teamID, name, client.BuildKindBuild, len(spec.Steps))
+	// A team at its storage limit is refused before anything is kept.
+	res, err := s.reserve(ctx, teamID, 0)
 	if err != nil {
 		release()
 		return client.TemplateBuild{}, err
 	}
+	b, a, err := s.begin(teamID, name, client.BuildKindBuild, len(spec.Steps))
+	if err != nil {
+		res.Release()
+		release()
+		return client.TemplateBuild{}, err
+	}
+	a.res = res
 	work, err := s.reg.NewWorkDir(b.ID + "-context-")
 	if err != nil {
+		res.Release()
 		release()
 		s.abandon(a)
 		return client.TemplateBuild{}, err
@@ -294,20 +336,24 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 		if err := os.RemoveAll(work); err != nil {
 			s.log.Error("remove build context", "dir", work, "err", err)
 		}
+		res.Release()
 	}
-	lim := template.ContextLimits{MaxBytes: s.cfg.MaxContextBytes}
+	lim := template.ContextLimits{MaxBytes: s.cfg.MaxContextBytes, Charge: res.Grow}
 	// The context is kept as the client sent it, checked as it streams in,
 	// and unpacked only once the build has its slots: what builds waiting
 	// in the queue hold is their archives.
 	ctxTar := ""
 	if contextTar != nil {
 		ctxTar = filepath.Join(work, "context.tar")
-		if err := saveContext(contextTar, ctxTar, spec, lim); err != nil {
+		if err := saveContext(contextTar, ctxTar, spec, lim, res); err != nil {
 			cleanup()
 			s.abandon(a)
 			var ce *template.ContextError
 			var spe *template.SpecError
+			var qe *quota.StorageError
 			switch {
+			case errors.As(err, &qe):
+				return client.TemplateBuild{}, storageError(err)
 			case errors.As(err, &ce) && ce.TooLarge:
 				return client.TemplateBuild{}, errorf(client.CodePayloadTooLarge, "%s", ce.Msg)
 			case errors.As(err, &ce):
@@ -326,25 +372,46 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 		ctxDir := ""
 		if ctxTar != "" {
 			ctxDir = filepath.Join(work, "context")
-			if err := unpackContext(ctxTar, ctxDir, spec, lim); err != nil {
+			if err := unpackContext(ctxTar, ctxDir, spec, lim, res); err != nil {
 				return nil, err
 			}
 		}
-		res, err := s.builder.Build(ctx, template.BuildRequest{ID: b.ID, Name: name, Spec: spec, From: from,
-			ContextDir: ctxDir, Network: network, Log: a})
-		b.CachedSteps, b.BuiltSteps = res.Cached, res.Built
-		return res.Template, err
+		out, err := s.builder.Build(ctx, template.BuildRequest{ID: b.ID, Name: name, Spec: spec, From: from,
+			ContextDir: ctxDir, Network: network, Log: a, Charge: res.Grow})
+		b.CachedSteps, b.BuiltSteps = out.Cached, out.Built
+		return out.Template, err
 	}, cleanup)
 }
 
+// quotaWriter writes to w what the team's storage can hold, holding it in
+// res (beyond the first prepaid bytes, held already).
+type quotaWriter struct {
+	w       io.Writer
+	res     *quota.Reservation
+	prepaid int64
+}
+
+func (q *quotaWriter) Write(p []byte) (int, error) {
+	n := int64(len(p))
+	if q.prepaid >= n {
+		q.prepaid -= n
+	} else {
+		if err := q.res.Grow(n - q.prepaid); err != nil {
+			return 0, err
+		}
+		q.prepaid = 0
+	}
+	return q.w.Write(p)
+}
+
 // saveContext writes the build context read from r to the file p while
-// checking it (template.ScanContext).
-func saveContext(r io.Reader, p string, spec client.TemplateSpec, lim template.ContextLimits) error {
+// checking it (template.ScanContext), holding its bytes in res.
+func saveContext(r io.Reader, p string, spec client.TemplateSpec, lim template.ContextLimits, res *quota.Reservation) error {
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
-	err = template.ScanContext(r, f, spec, lim)
+	err = template.ScanContext(r, &quotaWriter{w: f, res: res}, spec, lim)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -352,8 +419,10 @@ func saveContext(r io.Reader, p string, spec client.TemplateSpec, lim template.C
 }
 
 // unpackContext unpacks the saved build context p into dir (made) and
-// checks the copy sources of spec in it; p is removed.
-func unpackContext(p, dir string, spec client.TemplateSpec, lim template.ContextLimits) error {
+// checks the copy sources of spec in it; p is removed, and what it held of
+// res given back (the unpacked files are held in its place, through
+// lim.Charge).
+func unpackContext(p, dir string, spec client.TemplateSpec, lim template.ContextLimits, res *quota.Reservation) error {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
 	}
@@ -362,17 +431,24 @@ func unpackContext(p, dir string, spec client.TemplateSpec, lim template.Context
 		return err
 	}
 	err = template.ExtractContext(f, dir, lim)
+	fi, serr := f.Stat()
 	f.Close()
 	var ce *template.ContextError
-	if errors.As(err, &ce) {
+	var qe *quota.StorageError
+	switch {
+	case errors.As(err, &ce):
 		return fmt.Errorf("%w: %s", errContext, strings.TrimPrefix(ce.Msg, "build context: "))
-	}
-	if err != nil {
+	case errors.As(err, &qe):
+		return fmt.Errorf("%w: %s", errContext, storageError(err).Error())
+	case err != nil:
 		return err
+	case serr != nil:
+		return serr
 	}
 	if err := os.Remove(p); err != nil {
 		return err
 	}
+	res.Shrink(fi.Size())
 	if err := template.CheckContext(spec, dir); err != nil {
 		return fmt.Errorf("%w: %v", errContext, err)
 	}
@@ -388,7 +464,7 @@ func isNotFound(err error) bool {
 // archive (a docker-archive tarball, or an OCI image layout as a tar
 // archive; ref picks one image of several), or, with archive nil, from
 // the registry reference image.
-func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, archive io.Reader) (client.TemplateBuild, error) {
+func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, archive io.Reader, size int64) (client.TemplateBuild, error) {
 	if err := checkName(name); err != nil {
 		return client.TemplateBuild{}, err
 	}
@@ -398,12 +474,27 @@ func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, a
 	if (archive == nil) == (image == "") {
 		return client.TemplateBuild{}, errorf(client.CodeBadRequest, "give either an image archive (the body) or a registry reference (image), not both")
 	}
-	b, a, err := s.begin(teamID, name, client.BuildKindImport, 0)
+	if archive == nil || size < 0 {
+		size = 0
+	}
+	if size > s.cfg.MaxImportBytes {
+		return client.TemplateBuild{}, errorf(client.CodePayloadTooLarge, "the image archive is over the maximum of %d bytes", s.cfg.MaxImportBytes)
+	}
+	// The upload's announced size is held before any of it is read: past
+	// the team's storage limit, nothing is kept.
+	res, err := s.reserve(ctx, teamID, size)
 	if err != nil {
 		return client.TemplateBuild{}, err
 	}
+	b, a, err := s.begin(teamID, name, client.BuildKindImport, 0)
+	if err != nil {
+		res.Release()
+		return client.TemplateBuild{}, err
+	}
+	a.res = res
 	work, err := s.reg.NewWorkDir(b.ID + "-import-")
 	if err != nil {
+		res.Release()
 		s.abandon(a)
 		return client.TemplateBuild{}, err
 	}
@@ -411,10 +502,11 @@ func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, a
 		if err := os.RemoveAll(work); err != nil {
 			s.log.Error("remove import", "dir", work, "err", err)
 		}
+		res.Release()
 	}
 	src := ""
 	if archive != nil {
-		if src, err = s.saveArchive(archive, work); err != nil {
+		if src, err = s.saveArchive(archive, work, res, size); err != nil {
 			cleanup()
 			s.abandon(a)
 			return client.TemplateBuild{}, err
@@ -434,14 +526,17 @@ func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, a
 		var err error
 		if image != "" {
 			a.logf("pulling %s", image)
-			cfg, digest, err = s.oci.ImportRemote(ctx, image, filepath.Join(tdir, "rootfs"))
+			cfg, digest, err = s.oci.ImportRemote(ctx, image, filepath.Join(tdir, "rootfs"), res.Grow)
 		} else {
 			a.logf("importing the uploaded image%s", map[bool]string{true: " " + ref, false: ""}[ref != ""])
-			cfg, digest, err = s.oci.Import(ctx, src, ref, filepath.Join(tdir, "rootfs"))
+			cfg, digest, err = s.oci.Import(ctx, src, ref, filepath.Join(tdir, "rootfs"), res.Grow)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			if errors.As(err, new(*quota.StorageError)) {
+				return nil, fmt.Errorf("%w: %s", errUser, storageError(err).Error())
 			}
 			return nil, fmt.Errorf("%w: %s", errUser, s.storeless(err.Error()))
 		}
@@ -450,18 +545,22 @@ func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, a
 	}, cleanup)
 }
 
-// saveArchive stores an uploaded image archive in work and returns its
+// saveArchive stores an uploaded image archive in work, holding its
+// bytes in res (the first prepaid of them held already), and returns its
 // path. The archive (a docker-archive or an OCI layout) is never
 // unpacked: the importer reads its members in place.
-func (s *Service) saveArchive(archive io.Reader, work string) (string, error) {
+func (s *Service) saveArchive(archive io.Reader, work string, res *quota.Reservation, prepaid int64) (string, error) {
 	p := filepath.Join(work, "image.tar")
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return "", err
 	}
-	n, err := io.Copy(f, io.LimitReader(archive, s.cfg.MaxImportBytes+1))
+	n, err := io.Copy(&quotaWriter{w: f, res: res, prepaid: prepaid}, io.LimitReader(archive, s.cfg.MaxImportBytes+1))
 	if cerr := f.Close(); err == nil {
 		err = cerr
+	}
+	if errors.As(err, new(*quota.StorageError)) {
+		return "", storageError(err)
 	}
 	if err != nil {
 		return "", err

@@ -34,6 +34,9 @@ type ServeConfig struct {
 	MaxConcurrentExecs int
 	// MaxFileBytes is the largest file upload (413 past it).
 	MaxFileBytes int64
+	// MaxStorageMB is a team's default storage limit (templates, uploads
+	// being processed, eval inputs; 0 = none).
+	MaxStorageMB int
 	// Pool lists the warm pools to keep filled.
 	Pool []PoolSpec
 	// Runtimes lists the runtimes to enable (empty = all available).
@@ -86,6 +89,7 @@ const (
 	DefaultMaxSandboxes   = 20
 	DefaultMaxExecs       = 64
 	DefaultMaxFileBytes   = 1 << 30
+	DefaultMaxStorageMB   = 20 << 10
 	DefaultMaxBuilds      = 2
 	DefaultBuildTimeout   = 30 * time.Minute
 	DefaultExecWait       = 10 * time.Minute
@@ -154,6 +158,9 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			if cfg.MaxSandboxes <= 0 || cfg.MaxConcurrentExecs <= 0 || cfg.MaxFileBytes <= 0 {
 				return usagef(cmd, "--max-sandboxes, --max-execs and --max-file-bytes must be positive")
 			}
+			if cfg.MaxStorageMB < 0 || cfg.MaxStorageMB > 1<<30 {
+				return usagef(cmd, "--max-storage-mb must be between 0 (no limit) and %d", 1<<30)
+			}
 			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: cfg.LogLevel}))
 			if ServeFunc == nil {
 				return errors.New("this evalbox binary was built without a server (cli.ServeFunc is not set)")
@@ -177,6 +184,7 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "a team's default limit of running sandboxes")
 	f.IntVar(&cfg.MaxConcurrentExecs, "max-execs", DefaultMaxExecs, "a team's default limit of concurrent commands")
 	f.Var(&maxFileBytes, "max-file-bytes", "largest file upload (bytes, or 512MiB, 2G)")
+	f.IntVar(&cfg.MaxStorageMB, "max-storage-mb", DefaultMaxStorageMB, "a team's default storage limit in MiB: its templates, uploads being processed and eval inputs (0 = none)")
 	f.StringVar(&pool, "pool", "", `warm pools, e.g. "base:gvisor=4,python:namespaces=2"`)
 	f.StringSliceVar(&cfg.Runtimes, "runtimes", nil, "runtimes to enable, e.g. gvisor,namespaces (default: all)")
 	f.StringVar(&cfg.Mirror, "mirror", os.Getenv("EVALBOX_DEBIAN_MIRROR"), "Debian mirror for the built-in templates (default: the host's apt sources; env EVALBOX_DEBIAN_MIRROR)")

@@ -115,6 +115,10 @@ type BuildRequest struct {
 	Network string
 	// Log receives the build log.
 	Log io.Writer
+	// Charge, if set, is told the size of each file a run step's layer
+	// holds before it is written; its error fails the step (a storage
+	// quota).
+	Charge func(n int64) error
 }
 
 // BuildResult is what a build did.
@@ -296,7 +300,11 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 	if err != nil {
 		return res, fmt.Errorf("template: %w", err)
 	}
-	logf("flattened in %s: %s", time.Since(start).Round(time.Millisecond), humanSize(size))
+	own, err := b.reg.storageBytes(rootfs)
+	if err != nil {
+		return res, err
+	}
+	logf("flattened in %s: %s (%s of its own)", time.Since(start).Round(time.Millisecond), humanSize(size), humanSize(own))
 	if spec.ReadyCmd != "" {
 		logf("ready_cmd %s", oneLine(spec.ReadyCmd))
 		r, err := b.run.RunBuildStep(ctx, RunStep{ID: sandboxID(req.ID, 0), RootFS: rootfs, Shell: spec.ReadyCmd,
@@ -308,7 +316,7 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 			return res, &StepError{Kind: "ready_cmd", ExitCode: r.ExitCode, Status: r.Status, Tail: r.StderrTail}
 		}
 	}
-	t := &Template{Name: req.Name, Digest: digest, SizeBytes: size, BuiltAt: time.Now().UTC(), Defaults: defaults,
+	t := &Template{Name: req.Name, Digest: digest, SizeBytes: size, StorageBytes: own, BuiltAt: time.Now().UTC(), Defaults: defaults,
 		Source: SourceBuild, From: from.Digest, Layers: layerDigests}
 	if err := writeTemplateJSON(tdir, t); err != nil {
 		return res, err
@@ -374,7 +382,7 @@ func (b *Builder) step(ctx context.Context, req BuildRequest, n int, st client.T
 	if err != nil {
 		return &StepError{Step: n, Kind: kind, Err: fmt.Errorf("the step's changes: %w", err)}
 	}
-	_, err = extractTar(f, layerDir, extractOptions{layer: true})
+	_, err = extractTar(f, layerDir, extractOptions{layer: true, charge: req.Charge})
 	f.Close()
 	_ = os.Remove(upper)
 	if err != nil {

@@ -70,7 +70,11 @@ func (r *Registry) AddImport(dir, name, from, manifestDigest string, cfg ImageCo
 	if err != nil {
 		return nil, fmt.Errorf("template: %w", err)
 	}
-	t := &Template{Name: name, Digest: digest, SizeBytes: size, BuiltAt: time.Now().UTC(), Defaults: d,
+	own, err := r.storageBytes(rootfs)
+	if err != nil {
+		return nil, err
+	}
+	t := &Template{Name: name, Digest: digest, SizeBytes: size, StorageBytes: own, BuiltAt: time.Now().UTC(), Defaults: d,
 		Source: SourceImport, From: strings.TrimSpace(from + " " + manifestDigest),
 		Cmd: append(append([]string(nil), cfg.Entrypoint...), cfg.Cmd...)}
 	if err := writeTemplateJSON(dir, t); err != nil {
