@@ -35,10 +35,11 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		Limits: client.Limits{MaxSandboxes: c.MaxSandboxes, MaxConcurrentExec: c.MaxConcurrentExecs, MaxStorageMB: c.MaxStorageMB},
 		Service: sandbox.Config{DefaultTimeout: c.DefaultTimeout, MaxTimeout: c.MaxTimeout, MaxFileBytes: c.MaxFileBytes,
 			ExecWait: execWait(c.ExecWait)},
-		Catalog:      catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
-		OutputMemory: int64(c.OutputMemoryMB) << 20,
-		HTTP:         server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
-		Logger:       c.Logger,
+		Catalog:       catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
+		OutputMemory:  int64(c.OutputMemoryMB) << 20,
+		HTTP:          server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
+		RegistryAllow: c.RegistryAllow,
+		Logger:        c.Logger,
 	})
 }
 

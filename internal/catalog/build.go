@@ -474,6 +474,11 @@ func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, a
 	if (archive == nil) == (image == "") {
 		return client.TemplateBuild{}, errorf(client.CodeBadRequest, "give either an image archive (the body) or a registry reference (image), not both")
 	}
+	if image != "" {
+		if err := s.oci.CheckRemote(image); err != nil {
+			return client.TemplateBuild{}, errorf(client.CodeBadRequest, "image %s: %s", image, strings.TrimPrefix(err.Error(), "oci: "))
+		}
+	}
 	if archive == nil || size < 0 {
 		size = 0
 	}

@@ -52,6 +52,10 @@ type Importer interface {
 	Import(ctx context.Context, src, ref, dst string, charge func(int64) error) (template.ImageConfig, string, error)
 	// ImportRemote pulls ref from its registry.
 	ImportRemote(ctx context.Context, ref, dst string, charge func(int64) error) (template.ImageConfig, string, error)
+	// CheckRemote refuses, before anything is fetched, a reference the
+	// server may not pull (not an allowed registry, or a non-public
+	// address); its error says why.
+	CheckRemote(ref string) error
 }
 
 // Config configures the catalog.

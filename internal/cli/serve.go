@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/evalbox/evalbox/internal/template/oci"
 )
 
 // ServeConfig is what `evalbox serve` passes to ServeFunc.
@@ -62,6 +64,9 @@ type ServeConfig struct {
 	// time (hidden flags; tests shorten them).
 	ReadHeaderTimeout time.Duration
 	IdleTimeout       time.Duration
+	// RegistryAllow, when set, lists the only registries template imports
+	// pull from (HOST or HOST:PORT, which may be private or loopback).
+	RegistryAllow []string
 	// LogLevel is the minimum level logged; Logger logs to stderr at it.
 	LogLevel slog.Level
 	Logger   *slog.Logger
@@ -149,6 +154,9 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			if cfg.MaxBuilds <= 0 || cfg.BuildTimeout <= 0 {
 				return usagef(cmd, "--max-builds and --build-timeout must be positive")
 			}
+			if _, err := oci.ParseAllowList(cfg.RegistryAllow); err != nil {
+				return usagef(cmd, "--registry-allow: %v", strings.TrimPrefix(err.Error(), "oci: "))
+			}
 			if cfg.BuildNetwork != "outbound" && cfg.BuildNetwork != "none" {
 				return usagef(cmd, "--build-network %q: want outbound or none", cfg.BuildNetwork)
 			}
@@ -192,6 +200,7 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.Var(&buildTimeout, "build-timeout", "longest template build (seconds or a duration)")
 	f.Var(&execWait, "exec-wait", "how long a command queues for a team's exec slot before 429 rate_limited (0 = answer at once)")
 	f.StringVar(&cfg.BuildNetwork, "build-network", "outbound", "network of template build steps: outbound (specs may opt out) or none")
+	f.StringSliceVar(&cfg.RegistryAllow, "registry-allow", nil, "the only registries image imports pull from, HOST[:PORT],... (they may be private or loopback; default: any registry on a public address)")
 	f.StringVar(&logLevel, "log-level", defaultLogLevelString, "debug, info, warn or error")
 	f.IntVar(&cfg.OutputMemoryMB, "output-memory-mb", DefaultOutputMemoryMB,
 		"memory for command output held for buffered (JSON) answers and eval runs, server-wide, in MiB; past it a request gets 429 output_budget_exhausted (streamed answers need none)")

@@ -69,8 +69,12 @@ type Config struct {
 	// for buffered answers and eval runs at any one time (0: 1 GiB).
 	OutputMemory int64
 	// HTTP bounds the connections of the API's HTTP server.
-	HTTP   HTTPConfig
-	Logger *slog.Logger
+	HTTP HTTPConfig
+	// RegistryAllow, when set, lists the only registries imports pull from
+	// (HOST or HOST:PORT; they may be on private or loopback addresses).
+	// Empty: registries on public addresses only.
+	RegistryAllow []string
+	Logger        *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
 	Ready func(addr string)
@@ -258,7 +262,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return int64(mb) << 20, nil
 	})
 	cat.Storage = storage
-	tmpls, err := catalog.New(cat, st, templates, n, ociImporter{}, log)
+	allow, err := oci.ParseAllowList(cfg.RegistryAllow)
+	if err != nil {
+		return fmt.Errorf("server: --registry-allow: %w", err)
+	}
+	tmpls, err := catalog.New(cat, st, templates, n, ociImporter{&oci.Importer{AllowRegistries: allow}}, log)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
@@ -362,14 +370,16 @@ func instanceID(dataDir string) string {
 }
 
 // ociImporter imports images with internal/template/oci.
-type ociImporter struct{}
+type ociImporter struct{ im *oci.Importer }
 
-func (ociImporter) Import(ctx context.Context, src, ref, dst string, charge func(int64) error) (template.ImageConfig, string, error) {
-	c, d, err := (&oci.Importer{}).Import(ctx, src, ref, dst, charge)
+func (o ociImporter) Import(ctx context.Context, src, ref, dst string, charge func(int64) error) (template.ImageConfig, string, error) {
+	c, d, err := o.im.Import(ctx, src, ref, dst, charge)
 	return template.ImageConfig(c), d, err
 }
 
-func (ociImporter) ImportRemote(ctx context.Context, ref, dst string, charge func(int64) error) (template.ImageConfig, string, error) {
-	c, d, err := (&oci.Importer{}).ImportRemote(ctx, ref, dst, charge)
+func (o ociImporter) ImportRemote(ctx context.Context, ref, dst string, charge func(int64) error) (template.ImageConfig, string, error) {
+	c, d, err := o.im.ImportRemote(ctx, ref, dst, charge)
 	return template.ImageConfig(c), d, err
 }
+
+func (o ociImporter) CheckRemote(ref string) error { return o.im.CheckRemote(ref) }

@@ -33,7 +33,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
 )
@@ -93,9 +92,13 @@ func (l Limits) withDefaults() Limits {
 type Charge func(n int64) error
 
 // Importer imports images within its limits. The zero value uses the
-// default limits.
+// default limits and pulls from registries on public addresses only.
 type Importer struct {
 	Limits Limits
+	// AllowRegistries, when set, are the only registries ImportRemote
+	// pulls from; they may be on loopback or private addresses (see
+	// remote.go). Empty: any registry on a public address.
+	AllowRegistries AllowList
 }
 
 // Annotations naming an image in an OCI layout's index.json.
@@ -163,15 +166,22 @@ func ImportRemote(ctx context.Context, ref, dst string) (Config, string, error) 
 // "registry.example:5000/py:3.12"), using the default keychain; it is for
 // hosts that reach a registry. Registries on localhost, loopback and private
 // (RFC 1918) addresses are spoken to over plain HTTP, others over HTTPS.
+// Only registries on public addresses are pulled from, and every
+// connection of the pull is checked (remote.go), unless
+// im.AllowRegistries allows the registry; errors never show what a
+// registry answered (remoteError).
 func (im *Importer) ImportRemote(ctx context.Context, ref, dst string, charge Charge) (Config, string, error) {
 	cfg, digest, err := im.importRemote(ctx, ref, dst, charge)
 	if err != nil {
-		return Config{}, "", fmt.Errorf("oci: %s: %w", ref, cancelled(ctx, err))
+		return Config{}, "", fmt.Errorf("oci: %s: %w", ref, cancelled(ctx, remoteError(err)))
 	}
 	return cfg, digest, nil
 }
 
 func (im *Importer) importRemote(ctx context.Context, ref, dst string, charge Charge) (Config, string, error) {
+	if err := im.CheckRemote(ref); err != nil {
+		return Config{}, "", err
+	}
 	r, err := name.ParseReference(ref)
 	if err != nil {
 		return Config{}, "", fmt.Errorf("%w: %w", ErrUnknownRef, err)
@@ -181,12 +191,9 @@ func (im *Importer) importRemote(ctx context.Context, ref, dst string, charge Ch
 	img, err := remote.Image(r,
 		remote.WithContext(ctx),
 		remote.WithAuthFromKeychain(authn.DefaultKeychain),
-		remote.WithPlatform(hostPlatform()))
+		remote.WithPlatform(hostPlatform()),
+		remote.WithTransport(im.transport()))
 	if err != nil {
-		var terr *transport.Error
-		if errors.As(err, &terr) && terr.StatusCode == 404 {
-			return Config{}, "", fmt.Errorf("%w: %w", ErrUnknownRef, err)
-		}
 		return Config{}, "", err
 	}
 	// The config is read whole: bound it by its descriptor first (the
@@ -659,10 +666,18 @@ func (b *budget) file(n int64) error {
 		return fmt.Errorf("%w: its layers are over the maximum of %d bytes, uncompressed", ErrTooLarge, b.lim.MaxBytes)
 	}
 	if b.charge != nil {
-		return b.charge(n)
+		if err := b.charge(n); err != nil {
+			return &chargeError{err}
+		}
 	}
 	return nil
 }
+
+// chargeError is a Charge's error, passed on as it is.
+type chargeError struct{ err error }
+
+func (e *chargeError) Error() string { return e.err.Error() }
+func (e *chargeError) Unwrap() error { return e.err }
 
 func (b *budget) keep(p string) error {
 	b.paths += pathCost(p)

@@ -389,7 +389,9 @@ func TestImportRemote(t *testing.T) {
 	}
 	dstParent := t.TempDir()
 	dst := filepath.Join(dstParent, "rootfs")
-	cfg, digest, err := ImportRemote(context.Background(), ref.String(), dst)
+	// A registry on loopback: only when the operator allows it.
+	im := &Importer{AllowRegistries: AllowList{host}}
+	cfg, digest, err := im.ImportRemote(context.Background(), ref.String(), dst, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +401,7 @@ func TestImportRemote(t *testing.T) {
 	checkConfig(t, cfg)
 	checkFixture(t, dst)
 
-	_, _, err = ImportRemote(context.Background(), host+"/evalbox/fixture:nope", filepath.Join(dstParent, "other"))
+	_, _, err = im.ImportRemote(context.Background(), host+"/evalbox/fixture:nope", filepath.Join(dstParent, "other"), nil)
 	if !errors.Is(err, ErrUnknownRef) {
 		t.Errorf("unknown tag: %v", err)
 	}
