@@ -376,7 +376,7 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 				return nil, err
 			}
 		}
-		out, err := s.builder.Build(ctx, template.BuildRequest{ID: b.ID, Name: name, Spec: spec, From: from,
+		out, err := s.builder.Build(ctx, template.BuildRequest{ID: b.ID, TeamID: teamID, Name: name, Spec: spec, From: from,
 			ContextDir: ctxDir, Network: network, Log: a, Charge: res.Grow})
 		b.CachedSteps, b.BuiltSteps = out.Cached, out.Built
 		return out.Template, err

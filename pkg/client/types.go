@@ -292,7 +292,7 @@ type KeyList struct {
 type Template struct {
 	Name string `json:"name"`
 	// Digest identifies the template exactly: built-ins by their build
-	// spec and mirror, built templates by their spec, base and build
+	// spec and mirror, built templates by their team, spec, base and build
 	// context, imports by the image's manifest digest. The same inputs
 	// give the same digest.
 	Digest    string `json:"digest"`

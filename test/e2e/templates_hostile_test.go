@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -226,5 +228,55 @@ func TestTemplateContextUnpackedInSlot(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("left: %v", left)
 		}
+	}
+}
+
+// rawTeam creates a team on the shared server with the JSON of the first
+// API version (no storage limit) and returns a client with a key of it.
+func rawTeam(t *testing.T, prefix string) *client.Client {
+	t.Helper()
+	name := fmt.Sprintf("%s-%d-%d", prefix, time.Now().UnixNano()%1e6, teamSeq.Add(1))
+	status, body := rawDo(t, "POST", srv.url+"/v1/teams", srv.adminKey, `{"name":"`+name+`","limits":{"max_sandboxes":4,"max_concurrent_execs":4}}`)
+	var team client.Team
+	if status != 201 || json.Unmarshal([]byte(body), &team) != nil {
+		t.Fatalf("create team: %d %s", status, body)
+	}
+	key, err := srv.admin.CreateKey(ctxT(t, time.Minute), client.CreateKeyRequest{Name: "k", TeamID: team.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client.New(srv.url, key.Key)
+}
+
+// TestTemplateLayerCachePerTeam: two teams building the same spec get
+// their own layers and digests (no "CACHED" of the other's build: it used
+// to tell a team what another built, and hand it the other's files), a
+// team's rebuild is cached, and a step run without network does not reuse
+// the layer of the same step run with it.
+func TestTemplateLayerCachePerTeam(t *testing.T) {
+	t.Parallel()
+	a, b := rawTeam(t, "cache-a"), rawTeam(t, "cache-b")
+	marker := fmt.Sprintf("/when-%d", time.Now().UnixNano())
+	spec := client.TemplateSpec{From: "base", Network: client.NetworkNone, Steps: []client.TemplateStep{{Run: "date +%s%N > " + marker}}}
+	ba, log := buildAndWait(t, a, "same", spec, nil)
+	deleteTemplateAtEnd(t, a, "same")
+	if ba.State != client.BuildStateSucceeded || ba.BuiltSteps != 1 {
+		t.Fatalf("team a: %+v\n%s", ba, log)
+	}
+	bb, log := buildAndWait(t, b, "same", spec, nil)
+	deleteTemplateAtEnd(t, b, "same")
+	if bb.State != client.BuildStateSucceeded || bb.CachedSteps != 0 || bb.BuiltSteps != 1 || strings.Contains(log, "CACHED") ||
+		bb.Digest == ba.Digest {
+		t.Errorf("team b got team a's layer: %+v\n%s", bb, log)
+	}
+	again, log := buildAndWait(t, a, "same", spec, nil)
+	if again.CachedSteps != 1 || again.Digest != ba.Digest || !strings.Contains(log, "#1 CACHED") {
+		t.Errorf("team a's rebuild: %+v\n%s", again, log)
+	}
+	// The same step with outbound network: a layer of its own.
+	spec.Network = client.NetworkOutbound
+	withNet, log := buildAndWait(t, a, "same", spec, nil)
+	if withNet.State != client.BuildStateSucceeded || withNet.CachedSteps != 0 || withNet.Digest == ba.Digest {
+		t.Errorf("with network: %+v\n%s", withNet, log)
 	}
 }
