@@ -32,13 +32,14 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		DataDir: c.DataDir, Listen: c.Listen, Runsc: c.RunscPath, Agent: c.AgentPath,
 		TemplatesDir: c.TemplatesDir, Mirror: c.Mirror,
 		Builtins: []string{"base", "python"}, Runtimes: c.Runtimes, Pools: pools,
-		Limits: client.Limits{MaxSandboxes: c.MaxSandboxes, MaxConcurrentExec: c.MaxConcurrentExecs},
+		Limits: client.Limits{MaxSandboxes: c.MaxSandboxes, MaxConcurrentExec: c.MaxConcurrentExecs, MaxStorageMB: c.MaxStorageMB},
 		Service: sandbox.Config{DefaultTimeout: c.DefaultTimeout, MaxTimeout: c.MaxTimeout, MaxFileBytes: c.MaxFileBytes,
 			ExecWait: execWait(c.ExecWait)},
-		Catalog:      catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
-		OutputMemory: int64(c.OutputMemoryMB) << 20,
-		HTTP:         server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
-		Logger:       c.Logger,
+		Catalog:       catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
+		OutputMemory:  int64(c.OutputMemoryMB) << 20,
+		HTTP:          server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
+		RegistryAllow: c.RegistryAllow,
+		Logger:        c.Logger,
 	})
 }
 

@@ -28,6 +28,9 @@ func validLimits(l client.Limits) error {
 	if l.MaxConcurrentExec < 0 || l.MaxConcurrentExec > 100000 {
 		return errorf(client.CodeBadRequest, "max_concurrent_execs must be between 0 and 100000")
 	}
+	if l.MaxStorageMB < 0 || l.MaxStorageMB > 1<<30 {
+		return errorf(client.CodeBadRequest, "max_storage_mb must be between 0 and %d", 1<<30)
+	}
 	return nil
 }
 
@@ -52,6 +55,9 @@ func (s *Server) createTeam(w http.ResponseWriter, r *http.Request, p auth.Princ
 			return
 		}
 		limits = *req.Limits
+		if limits.MaxStorageMB == 0 {
+			limits.MaxStorageMB = s.defaults.MaxStorageMB
+		}
 	}
 	t, err := s.store.CreateTeam(r.Context(), client.Team{Name: req.Name, Limits: limits})
 	if err != nil {
@@ -87,6 +93,14 @@ func (s *Server) getTeam(w http.ResponseWriter, r *http.Request, p auth.Principa
 	if err != nil {
 		writeError(w, storeErr(err, "team "+id))
 		return
+	}
+	if s.storage != nil {
+		used, limit, err := s.storage.Usage(r.Context(), id)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		t.Usage = &client.TeamUsage{StorageBytes: used, MaxStorageBytes: max(limit, 0)}
 	}
 	writeJSON(w, http.StatusOK, t)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/evalbox/evalbox/internal/evalrun"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/outbuf"
+	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/trial"
@@ -61,6 +62,7 @@ type Server struct {
 	templates *catalog.Service
 	trials    *trial.Runner
 	evals     *evalrun.Service
+	storage   *quota.Storage
 	runtimes  []string
 	defaults  client.Limits
 	log       *slog.Logger
@@ -76,8 +78,11 @@ type Config struct {
 	Auth      Authenticator
 	Templates *catalog.Service
 	Evals     *evalrun.Service
-	Runtimes  []string
-	Pools     Pools
+	// Storage reports a team's storage (GET /v1/teams/{id} usage); nil:
+	// not reported.
+	Storage  *quota.Storage
+	Runtimes []string
+	Pools    Pools
 	// DefaultLimits are given to teams created without limits.
 	DefaultLimits client.Limits
 	// OutputBudget bounds the memory of command output held for buffered
@@ -89,7 +94,7 @@ type Config struct {
 // New returns the API handler.
 func New(cfg Config) *Server {
 	s := &Server{pools: cfg.Pools, svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
-		evals: cfg.Evals, runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux(),
+		evals: cfg.Evals, storage: cfg.Storage, runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux(),
 		outputBudget: cfg.OutputBudget}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -128,6 +133,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("POST /v1/evals", a(s.createEval))
 	s.mux.HandleFunc("GET /v1/evals", a(s.listEvals))
 	s.mux.HandleFunc("GET /v1/evals/{id}", a(s.getEval))
+	s.mux.HandleFunc("DELETE /v1/evals/{id}", a(s.deleteEval))
 	s.mux.HandleFunc("GET /v1/evals/{id}/results", a(s.evalResults))
 	s.mux.HandleFunc("GET /v1/evals/{id}/events", a(s.evalEvents))
 	s.mux.HandleFunc("POST /v1/evals/{id}/cancel", a(s.cancelEval))
@@ -232,6 +238,9 @@ var statusOf = map[string]int{
 	client.CodeNoSpace:           http.StatusInsufficientStorage,
 
 	client.CodeOutputBudgetExhausted: http.StatusTooManyRequests,
+	// A team's limit, not the host's disk: the request is what is too
+	// large for it.
+	client.CodeStorageQuotaExceeded: http.StatusRequestEntityTooLarge,
 }
 
 // errorDetail maps err to its status, body and Retry-After seconds. Unknown

@@ -36,6 +36,14 @@ func (s *Server) getEval(w http.ResponseWriter, r *http.Request, p auth.Principa
 	writeJSON(w, http.StatusOK, run)
 }
 
+func (s *Server) deleteEval(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if err := s.evals.Delete(r.Context(), p.TeamID, r.PathValue("id")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
 func (s *Server) listEvals(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	runs, err := s.evals.List(r.Context(), p.TeamID)
 	if err != nil {

@@ -137,7 +137,7 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 		writeError(w, errorf(client.CodeBadRequest, "give either an image archive (the body) or image=, not both"))
 		return
 	}
-	b, err := s.templates.Import(r.Context(), p.TeamID, q.Get("name"), q.Get("ref"), q.Get("image"), archive)
+	b, err := s.templates.Import(r.Context(), p.TeamID, q.Get("name"), q.Get("ref"), q.Get("image"), archive, r.ContentLength)
 	if err != nil {
 		writeError(w, err)
 		return

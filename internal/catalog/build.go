@@ -9,9 +9,11 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template"
@@ -23,6 +25,9 @@ import (
 type activeBuild struct {
 	id, teamID, name string
 	max              int64
+	// res holds the team's storage for the build's uploads and files,
+	// until the template is stored (Persist) or the build ends.
+	res *quota.Reservation
 
 	mu        sync.Mutex
 	f         *os.File
@@ -203,15 +208,26 @@ func (s *Service) run(b client.TemplateBuild, a *activeBuild, work job) {
 		case errors.As(err, &se):
 			fail(s.storeless(se.Error()), se.Step)
 		default:
-			if !errors.Is(err, errUser) {
+			if !errors.Is(err, errUser) && !errors.Is(err, errContext) {
 				s.log.Error("template build", "build", b.ID, "err", err)
 			}
 			fail(s.storeless(err.Error()), 0)
 		}
 		return
 	}
-	old, err := s.store.PutTemplate(context.WithoutCancel(ctx), store.TemplateRow{TeamID: a.teamID, Name: a.name,
-		Digest: t.Digest, Source: t.Source, BuildID: b.ID})
+	var old string
+	err = s.persist(context.WithoutCancel(ctx), a, t, func() error {
+		var err error
+		old, err = s.store.PutTemplate(context.WithoutCancel(ctx), store.TemplateRow{TeamID: a.teamID, Name: a.name,
+			Digest: t.Digest, Source: t.Source, BuildID: b.ID})
+		return err
+	})
+	var qe *quota.StorageError
+	if errors.As(err, &qe) {
+		fail(storageError(err).Error(), 0)
+		s.collect(context.WithoutCancel(ctx), t.Digest)
+		return
+	}
 	if err != nil {
 		s.log.Error("record template", "build", b.ID, "err", err)
 		fail("internal error (the server log has the detail)", 0)
@@ -231,6 +247,24 @@ func (s *Service) run(b client.TemplateBuild, a *activeBuild, work job) {
 		"cached_steps", b.CachedSteps, "built_steps", b.BuiltSteps, "duration", done.Sub(*b.StartedAt).Round(time.Millisecond))
 }
 
+// persist records the template t of build a with write, counting it
+// against the team's storage in place of what the build held: the bytes
+// it adds to the built-ins, nothing when the team names its digest
+// already.
+func (s *Service) persist(ctx context.Context, a *activeBuild, t *template.Template, write func() error) error {
+	charge := template.StorageBytes(t)
+	rows, err := s.store.ListTemplates(ctx, a.teamID)
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		if r.Digest == t.Digest {
+			charge = 0
+		}
+	}
+	return a.res.Persist(charge, write)
+}
+
 func stepOf(err error) int {
 	var se *template.StepError
 	if errors.As(err, &se) {
@@ -239,8 +273,13 @@ func stepOf(err error) int {
 	return 0
 }
 
-// errUser marks import errors caused by the image, not the server.
-var errUser = errors.New("importing the image")
+// errUser and errContext mark errors caused by the user's input (an
+// image, a build context), not the server: they are not logged as the
+// server's.
+var (
+	errUser    = errors.New("importing the image")
+	errContext = errors.New("build context")
+)
 
 // Build starts a build of spec as the team's template name, with the
 // build context read from contextTar (nil: none). It checks everything it
@@ -272,13 +311,22 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 		}
 		return client.TemplateBuild{}, err
 	}
-	b, a, err := s.begin(teamID, name, client.BuildKindBuild, len(spec.Steps))
+	// A team at its storage limit is refused before anything is kept.
+	res, err := s.reserve(ctx, teamID, 0)
 	if err != nil {
 		release()
 		return client.TemplateBuild{}, err
 	}
+	b, a, err := s.begin(teamID, name, client.BuildKindBuild, len(spec.Steps))
+	if err != nil {
+		res.Release()
+		release()
+		return client.TemplateBuild{}, err
+	}
+	a.res = res
 	work, err := s.reg.NewWorkDir(b.ID + "-context-")
 	if err != nil {
+		res.Release()
 		release()
 		s.abandon(a)
 		return client.TemplateBuild{}, err
@@ -288,39 +336,123 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 		if err := os.RemoveAll(work); err != nil {
 			s.log.Error("remove build context", "dir", work, "err", err)
 		}
+		res.Release()
 	}
-	ctxDir := ""
+	lim := template.ContextLimits{MaxBytes: s.cfg.MaxContextBytes, Charge: res.Grow}
+	// The context is kept as the client sent it, checked as it streams in,
+	// and unpacked only once the build has its slots: what builds waiting
+	// in the queue hold is their archives.
+	ctxTar := ""
 	if contextTar != nil {
-		ctxDir = filepath.Join(work, "context")
-		if err := os.Mkdir(ctxDir, 0o700); err != nil {
-			cleanup()
-			s.abandon(a)
-			return client.TemplateBuild{}, err
-		}
-		if err := template.ExtractContext(contextTar, ctxDir, s.cfg.MaxContextBytes); err != nil {
+		ctxTar = filepath.Join(work, "context.tar")
+		if err := saveContext(contextTar, ctxTar, spec, lim, res); err != nil {
 			cleanup()
 			s.abandon(a)
 			var ce *template.ContextError
-			if errors.As(err, &ce) && ce.TooLarge {
+			var spe *template.SpecError
+			var qe *quota.StorageError
+			switch {
+			case errors.As(err, &qe):
+				return client.TemplateBuild{}, storageError(err)
+			case errors.As(err, &ce) && ce.TooLarge:
 				return client.TemplateBuild{}, errorf(client.CodePayloadTooLarge, "%s", ce.Msg)
-			}
-			if errors.As(err, &ce) {
+			case errors.As(err, &ce):
 				return client.TemplateBuild{}, errorf(client.CodeBadRequest, "%s", ce.Msg)
+			case errors.As(err, &spe):
+				return client.TemplateBuild{}, errorf(client.CodeBadRequest, "%s", spe.Msg)
 			}
 			return client.TemplateBuild{}, err
 		}
-	}
-	if err := template.CheckContext(spec, ctxDir); err != nil {
+	} else if err := template.CheckContext(spec, ""); err != nil {
 		cleanup()
 		s.abandon(a)
 		return client.TemplateBuild{}, errorf(client.CodeBadRequest, "%v", err)
 	}
 	return s.start(ctx, b, a, func(ctx context.Context, a *activeBuild, b *client.TemplateBuild) (*template.Template, error) {
-		res, err := s.builder.Build(ctx, template.BuildRequest{ID: b.ID, Name: name, Spec: spec, From: from,
-			ContextDir: ctxDir, Network: network, Log: a})
-		b.CachedSteps, b.BuiltSteps = res.Cached, res.Built
-		return res.Template, err
+		ctxDir := ""
+		if ctxTar != "" {
+			ctxDir = filepath.Join(work, "context")
+			if err := unpackContext(ctxTar, ctxDir, spec, lim, res); err != nil {
+				return nil, err
+			}
+		}
+		out, err := s.builder.Build(ctx, template.BuildRequest{ID: b.ID, TeamID: teamID, Name: name, Spec: spec, From: from,
+			ContextDir: ctxDir, Network: network, Log: a, Charge: res.Grow})
+		b.CachedSteps, b.BuiltSteps = out.Cached, out.Built
+		return out.Template, err
 	}, cleanup)
+}
+
+// quotaWriter writes to w what the team's storage can hold, holding it in
+// res (beyond the first prepaid bytes, held already).
+type quotaWriter struct {
+	w       io.Writer
+	res     *quota.Reservation
+	prepaid int64
+}
+
+func (q *quotaWriter) Write(p []byte) (int, error) {
+	n := int64(len(p))
+	if q.prepaid >= n {
+		q.prepaid -= n
+	} else {
+		if err := q.res.Grow(n - q.prepaid); err != nil {
+			return 0, err
+		}
+		q.prepaid = 0
+	}
+	return q.w.Write(p)
+}
+
+// saveContext writes the build context read from r to the file p while
+// checking it (template.ScanContext), holding its bytes in res.
+func saveContext(r io.Reader, p string, spec client.TemplateSpec, lim template.ContextLimits, res *quota.Reservation) error {
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	err = template.ScanContext(r, &quotaWriter{w: f, res: res}, spec, lim)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// unpackContext unpacks the saved build context p into dir (made) and
+// checks the copy sources of spec in it; p is removed, and what it held of
+// res given back (the unpacked files are held in its place, through
+// lim.Charge).
+func unpackContext(p, dir string, spec client.TemplateSpec, lim template.ContextLimits, res *quota.Reservation) error {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	err = template.ExtractContext(f, dir, lim)
+	fi, serr := f.Stat()
+	f.Close()
+	var ce *template.ContextError
+	var qe *quota.StorageError
+	switch {
+	case errors.As(err, &ce):
+		return fmt.Errorf("%w: %s", errContext, strings.TrimPrefix(ce.Msg, "build context: "))
+	case errors.As(err, &qe):
+		return fmt.Errorf("%w: %s", errContext, storageError(err).Error())
+	case err != nil:
+		return err
+	case serr != nil:
+		return serr
+	}
+	if err := os.Remove(p); err != nil {
+		return err
+	}
+	res.Shrink(fi.Size())
+	if err := template.CheckContext(spec, dir); err != nil {
+		return fmt.Errorf("%w: %v", errContext, err)
+	}
+	return nil
 }
 
 func isNotFound(err error) bool {
@@ -332,7 +464,7 @@ func isNotFound(err error) bool {
 // archive (a docker-archive tarball, or an OCI image layout as a tar
 // archive; ref picks one image of several), or, with archive nil, from
 // the registry reference image.
-func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, archive io.Reader) (client.TemplateBuild, error) {
+func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, archive io.Reader, size int64) (client.TemplateBuild, error) {
 	if err := checkName(name); err != nil {
 		return client.TemplateBuild{}, err
 	}
@@ -342,12 +474,32 @@ func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, a
 	if (archive == nil) == (image == "") {
 		return client.TemplateBuild{}, errorf(client.CodeBadRequest, "give either an image archive (the body) or a registry reference (image), not both")
 	}
-	b, a, err := s.begin(teamID, name, client.BuildKindImport, 0)
+	if image != "" {
+		if err := s.oci.CheckRemote(image); err != nil {
+			return client.TemplateBuild{}, errorf(client.CodeBadRequest, "image %s: %s", image, strings.TrimPrefix(err.Error(), "oci: "))
+		}
+	}
+	if archive == nil || size < 0 {
+		size = 0
+	}
+	if size > s.cfg.MaxImportBytes {
+		return client.TemplateBuild{}, errorf(client.CodePayloadTooLarge, "the image archive is over the maximum of %d bytes", s.cfg.MaxImportBytes)
+	}
+	// The upload's announced size is held before any of it is read: past
+	// the team's storage limit, nothing is kept.
+	res, err := s.reserve(ctx, teamID, size)
 	if err != nil {
 		return client.TemplateBuild{}, err
 	}
+	b, a, err := s.begin(teamID, name, client.BuildKindImport, 0)
+	if err != nil {
+		res.Release()
+		return client.TemplateBuild{}, err
+	}
+	a.res = res
 	work, err := s.reg.NewWorkDir(b.ID + "-import-")
 	if err != nil {
+		res.Release()
 		s.abandon(a)
 		return client.TemplateBuild{}, err
 	}
@@ -355,10 +507,11 @@ func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, a
 		if err := os.RemoveAll(work); err != nil {
 			s.log.Error("remove import", "dir", work, "err", err)
 		}
+		res.Release()
 	}
 	src := ""
 	if archive != nil {
-		if src, err = s.saveArchive(archive, work); err != nil {
+		if src, err = s.saveArchive(archive, work, res, size); err != nil {
 			cleanup()
 			s.abandon(a)
 			return client.TemplateBuild{}, err
@@ -378,14 +531,17 @@ func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, a
 		var err error
 		if image != "" {
 			a.logf("pulling %s", image)
-			cfg, digest, err = s.oci.ImportRemote(ctx, image, filepath.Join(tdir, "rootfs"))
+			cfg, digest, err = s.oci.ImportRemote(ctx, image, filepath.Join(tdir, "rootfs"), res.Grow)
 		} else {
 			a.logf("importing the uploaded image%s", map[bool]string{true: " " + ref, false: ""}[ref != ""])
-			cfg, digest, err = s.oci.Import(ctx, src, ref, filepath.Join(tdir, "rootfs"))
+			cfg, digest, err = s.oci.Import(ctx, src, ref, filepath.Join(tdir, "rootfs"), res.Grow)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			if errors.As(err, new(*quota.StorageError)) {
+				return nil, fmt.Errorf("%w: %s", errUser, storageError(err).Error())
 			}
 			return nil, fmt.Errorf("%w: %s", errUser, s.storeless(err.Error()))
 		}
@@ -394,18 +550,22 @@ func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, a
 	}, cleanup)
 }
 
-// saveArchive stores an uploaded image archive in work and returns what
-// to import: the archive itself (docker-archive), or the directory it was
-// unpacked into (an OCI layout).
-func (s *Service) saveArchive(archive io.Reader, work string) (string, error) {
+// saveArchive stores an uploaded image archive in work, holding its
+// bytes in res (the first prepaid of them held already), and returns its
+// path. The archive (a docker-archive or an OCI layout) is never
+// unpacked: the importer reads its members in place.
+func (s *Service) saveArchive(archive io.Reader, work string, res *quota.Reservation, prepaid int64) (string, error) {
 	p := filepath.Join(work, "image.tar")
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return "", err
 	}
-	n, err := io.Copy(f, io.LimitReader(archive, s.cfg.MaxImportBytes+1))
+	n, err := io.Copy(&quotaWriter{w: f, res: res, prepaid: prepaid}, io.LimitReader(archive, s.cfg.MaxImportBytes+1))
 	if cerr := f.Close(); err == nil {
 		err = cerr
+	}
+	if errors.As(err, new(*quota.StorageError)) {
+		return "", storageError(err)
 	}
 	if err != nil {
 		return "", err
@@ -413,31 +573,19 @@ func (s *Service) saveArchive(archive io.Reader, work string) (string, error) {
 	if n > s.cfg.MaxImportBytes {
 		return "", errorf(client.CodePayloadTooLarge, "the image archive is over the maximum of %d bytes", s.cfg.MaxImportBytes)
 	}
-	kind, err := archiveKind(p)
-	if err != nil {
+	if _, err := archiveKind(p); err != nil {
 		return "", errorf(client.CodeBadRequest, "image archive: %v", err)
 	}
-	if kind == "docker" {
-		return p, nil
-	}
-	dir := filepath.Join(work, "layout")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return "", err
-	}
-	f, err = os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	if err := template.ExtractContext(f, dir, 0); err != nil {
-		return "", errorf(client.CodeBadRequest, "image archive: %v", err)
-	}
-	_ = os.Remove(p)
-	return dir, nil
+	return p, nil
 }
 
+// maxArchiveMembers bounds the members of an image archive (as the
+// importer does).
+const maxArchiveMembers = 100_000
+
 // archiveKind tells a docker-archive (manifest.json) from an OCI layout
-// (oci-layout) by the tar members at its root.
+// (oci-layout) by the tar members at its root. Sparse members (which no
+// image archive has) are refused.
 func archiveKind(p string) (string, error) {
 	f, err := os.Open(p)
 	if err != nil {
@@ -446,13 +594,19 @@ func archiveKind(p string) (string, error) {
 	defer f.Close()
 	tr := tar.NewReader(f)
 	kind := ""
-	for {
+	for n := 0; ; n++ {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
 			return "", fmt.Errorf("not a valid tar archive (%v)", err)
+		}
+		if n >= maxArchiveMembers {
+			return "", fmt.Errorf("more than %d members: not an image archive", maxArchiveMembers)
+		}
+		if template.IsSparse(hdr) {
+			return "", fmt.Errorf("%s is a sparse file: not an image archive", hdr.Name)
 		}
 		switch path.Clean(hdr.Name) {
 		case "oci-layout":

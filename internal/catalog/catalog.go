@@ -45,11 +45,17 @@ type Store interface {
 
 // Importer turns an OCI image into a root filesystem (internal/template/oci).
 type Importer interface {
-	// Import reads a docker-archive tarball or an OCI layout directory at
-	// src; ref picks an image when it holds several.
-	Import(ctx context.Context, src, ref, dst string) (template.ImageConfig, string, error)
+	// Import reads a docker-archive tarball, an OCI layout as a tar, or an
+	// OCI layout directory at src; ref picks an image when it holds several.
+	// charge is told the size of each file before it is written; its error
+	// stops the import, wrapped.
+	Import(ctx context.Context, src, ref, dst string, charge func(int64) error) (template.ImageConfig, string, error)
 	// ImportRemote pulls ref from its registry.
-	ImportRemote(ctx context.Context, ref, dst string) (template.ImageConfig, string, error)
+	ImportRemote(ctx context.Context, ref, dst string, charge func(int64) error) (template.ImageConfig, string, error)
+	// CheckRemote refuses, before anything is fetched, a reference the
+	// server may not pull (not an allowed registry, or a non-public
+	// address); its error says why.
+	CheckRemote(ref string) error
 }
 
 // Config configures the catalog.
@@ -76,6 +82,12 @@ type Config struct {
 	// LogDir holds the build logs; MaxLogBytes bounds one.
 	LogDir      string
 	MaxLogBytes int64
+	// Storage accounts for what teams store (nil: no limit): an upload or
+	// a build context holds its bytes while it is processed, an import or
+	// a build the files it writes, and a template, once stored, the bytes
+	// it adds to the built-ins (template.StorageBytes), once per digest per
+	// team. StoredBytes is the source of the templates' part.
+	Storage *quota.Storage
 }
 
 func (c *Config) setDefaults() {
@@ -108,6 +120,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxLogBytes == 0 {
 		c.MaxLogBytes = 16 << 20
+	}
+	if c.Storage == nil {
+		c.Storage = quota.NewStorage(func(context.Context, string) (int64, error) { return 0, nil })
 	}
 }
 
@@ -303,6 +318,48 @@ func (s *Service) collect(ctx context.Context, digest string) {
 	s.log.Info("removed unused template", "digest", digest)
 }
 
+// StoredBytes is what a team's templates count against its storage limit:
+// template.StorageBytes of each digest its names point at, once.
+func (s *Service) StoredBytes(ctx context.Context, teamID string) (int64, error) {
+	rows, err := s.store.ListTemplates(ctx, teamID)
+	if err != nil {
+		return 0, fmt.Errorf("catalog: %w", err)
+	}
+	seen := map[string]bool{}
+	var n int64
+	for _, r := range rows {
+		if seen[r.Digest] {
+			continue
+		}
+		seen[r.Digest] = true
+		t, err := s.reg.Get(r.Digest)
+		if err != nil {
+			// Its files are gone (they count nothing).
+			continue
+		}
+		n += template.StorageBytes(t)
+	}
+	return n, nil
+}
+
+// reserve holds n bytes of the team's storage for a request.
+func (s *Service) reserve(ctx context.Context, teamID string, n int64) (*quota.Reservation, error) {
+	res, err := s.cfg.Storage.Reserve(ctx, teamID, n)
+	if err != nil {
+		return nil, storageError(err)
+	}
+	return res, nil
+}
+
+// storageError maps a storage quota error to its API error.
+func storageError(err error) error {
+	var se *quota.StorageError
+	if errors.As(err, &se) {
+		return errorf(client.CodeStorageQuotaExceeded, "%v (templates, uploads and build contexts being processed, eval inputs); delete templates or eval runs, or ask an admin to raise the team's max_storage_mb", se)
+	}
+	return err
+}
+
 // apiTemplate is the wire form of a template under a name.
 func apiTemplate(name string, t *template.Template, buildID string) client.Template {
 	src := t.Source
@@ -310,7 +367,7 @@ func apiTemplate(name string, t *template.Template, buildID string) client.Templ
 		src = template.SourceBuiltin
 	}
 	return client.Template{
-		Name: name, Digest: t.Digest, SizeBytes: t.SizeBytes, BuiltAt: t.BuiltAt,
+		Name: name, Digest: t.Digest, SizeBytes: t.SizeBytes, StorageBytes: template.StorageBytes(t), BuiltAt: t.BuiltAt,
 		CPU: t.Defaults.CPU, MemoryMB: t.Defaults.MemoryMB, DiskMB: t.Defaults.DiskMB,
 		Workdir: t.Defaults.Workdir, User: t.Defaults.User, Source: src, Env: t.Defaults.Env,
 		ReadyCmd: t.Defaults.ReadyCmd, From: t.From, Layers: t.Layers, Cmd: t.Cmd, BuildID: buildID,

@@ -101,8 +101,8 @@ func newTeamsCmd(a *app) *cobra.Command {
 	})
 
 	var (
-		maxSandboxes, maxExecs int
-		asJSON                 bool
+		maxSandboxes, maxExecs, maxStorage int
+		asJSON                             bool
 	)
 	printTeam := func(cmd *cobra.Command, t *client.Team) error {
 		if asJSON {
@@ -112,14 +112,14 @@ func newTeamsCmd(a *app) *cobra.Command {
 		return err
 	}
 	create := &cobra.Command{
-		Use:   "create NAME [--max-sandboxes N] [--max-execs N]",
+		Use:   "create NAME [--max-sandboxes N] [--max-execs N] [--max-storage-mb N]",
 		Short: "Create a team and print its id",
 		Long:  "Create a team and print its id. Limits left out take the server's defaults.",
 		Args:  args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			req := client.CreateTeamRequest{Name: argv[0]}
-			if maxSandboxes > 0 || maxExecs > 0 {
-				req.Limits = &client.Limits{MaxSandboxes: maxSandboxes, MaxConcurrentExec: maxExecs}
+			if maxSandboxes > 0 || maxExecs > 0 || maxStorage > 0 {
+				req.Limits = &client.Limits{MaxSandboxes: maxSandboxes, MaxConcurrentExec: maxExecs, MaxStorageMB: maxStorage}
 			}
 			t, err := a.client().CreateTeam(cmd.Context(), req)
 			if err != nil {
@@ -129,13 +129,13 @@ func newTeamsCmd(a *app) *cobra.Command {
 		},
 	}
 	update := &cobra.Command{
-		Use:   "update TEAM_ID [--max-sandboxes N] [--max-execs N]",
+		Use:   "update TEAM_ID [--max-sandboxes N] [--max-execs N] [--max-storage-mb N]",
 		Short: "Change a team's limits",
 		Args:  args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			fl := cmd.Flags()
-			if !fl.Changed("max-sandboxes") && !fl.Changed("max-execs") {
-				return usagef(cmd, "give --max-sandboxes and/or --max-execs")
+			if !fl.Changed("max-sandboxes") && !fl.Changed("max-execs") && !fl.Changed("max-storage-mb") {
+				return usagef(cmd, "give --max-sandboxes, --max-execs and/or --max-storage-mb")
 			}
 			c := a.client()
 			t, err := c.GetTeam(cmd.Context(), argv[0])
@@ -149,6 +149,9 @@ func newTeamsCmd(a *app) *cobra.Command {
 			if fl.Changed("max-execs") {
 				lim.MaxConcurrentExec = maxExecs
 			}
+			if fl.Changed("max-storage-mb") {
+				lim.MaxStorageMB = maxStorage
+			}
 			if t, err = c.UpdateTeam(cmd.Context(), argv[0], client.UpdateTeamRequest{Limits: lim}); err != nil {
 				return err
 			}
@@ -158,6 +161,7 @@ func newTeamsCmd(a *app) *cobra.Command {
 	for _, c := range []*cobra.Command{create, update} {
 		c.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "limit of running sandboxes")
 		c.Flags().IntVar(&maxExecs, "max-execs", 0, "limit of concurrent commands")
+		c.Flags().IntVar(&maxStorage, "max-storage-mb", 0, "storage limit in MiB: templates, uploads being processed, eval inputs (0 = the server's default)")
 		c.Flags().BoolVar(&asJSON, "json", false, "print the team as JSON")
 	}
 
@@ -203,9 +207,27 @@ func newTeamsCmd(a *app) *cobra.Command {
 }
 
 func teamTable(cmd *cobra.Command, teams []client.Team) error {
-	t := newTable(out(cmd), "ID", "NAME", "MAX_SANDBOXES", "MAX_EXECS", "CREATED")
+	cols := []string{"ID", "NAME", "MAX_SANDBOXES", "MAX_EXECS", "MAX_STORAGE_MB", "CREATED"}
+	withUsage := len(teams) == 1 && teams[0].Usage != nil
+	if withUsage {
+		cols = append(cols, "STORAGE")
+	}
+	t := newTable(out(cmd), cols...)
 	for _, tm := range teams {
-		t.row(tm.ID, tm.Name, strconv.Itoa(tm.Limits.MaxSandboxes), strconv.Itoa(tm.Limits.MaxConcurrentExec), timeCell(tm.CreatedAt))
+		storage := "default"
+		if tm.Limits.MaxStorageMB > 0 {
+			storage = strconv.Itoa(tm.Limits.MaxStorageMB)
+		}
+		row := []string{tm.ID, tm.Name, strconv.Itoa(tm.Limits.MaxSandboxes), strconv.Itoa(tm.Limits.MaxConcurrentExec), storage, timeCell(tm.CreatedAt)}
+		if withUsage {
+			u := tm.Usage
+			used := humanBytes(u.StorageBytes)
+			if u.MaxStorageBytes > 0 {
+				used += " of " + humanBytes(u.MaxStorageBytes)
+			}
+			row = append(row, used)
+		}
+		t.row(row...)
 	}
 	return t.flush()
 }

@@ -397,10 +397,14 @@ key-2  old ci  team-1  ebx_1111  false  2026-03-01T12:00:00Z  2026-03-01T13:00:0
 	if f.teams["team-2"].Limits != (client.Limits{MaxSandboxes: 8, MaxConcurrentExec: 32}) {
 		t.Errorf("update kept other limit? %+v", f.teams["team-2"].Limits)
 	}
+	f.run(t, "", "teams", "update", "team-2", "--max-storage-mb", "2048").ok(t)
+	if f.teams["team-2"].Limits != (client.Limits{MaxSandboxes: 8, MaxConcurrentExec: 32, MaxStorageMB: 2048}) {
+		t.Errorf("update of the storage limit: %+v", f.teams["team-2"].Limits)
+	}
 	r = f.run(t, "", "teams", "ls").ok(t)
-	want = `ID      NAME   MAX_SANDBOXES  MAX_EXECS  CREATED
-team-2  evals  8              32         2026-03-01T12:00:00Z
-team-3  rl     100            64         2026-03-01T12:00:00Z
+	want = `ID      NAME   MAX_SANDBOXES  MAX_EXECS  MAX_STORAGE_MB  CREATED
+team-2  evals  8              32         2048            2026-03-01T12:00:00Z
+team-3  rl     100            64         default         2026-03-01T12:00:00Z
 `
 	if r.stdout != want {
 		t.Errorf("teams ls:\n%s\nwant:\n%s", r.stdout, want)
@@ -438,14 +442,16 @@ func TestServe(t *testing.T) {
 		"--templates-dir", "/tmp/tmpl", "--default-timeout", "600", "--max-timeout", "2h", "--max-sandboxes", "10", "--max-execs", "20",
 		"--max-file-bytes", "512MiB", "--pool", "base:gvisor=4, python:namespaces=2,node=1", "--log-level", "debug",
 		"--max-builds", "3", "--build-timeout", "10m", "--build-network", "none", "--exec-wait", "30",
-		"--output-memory-mb", "256", "--http-read-header-timeout", "3", "--http-idle-timeout", "1m").ok(t)
+		"--output-memory-mb", "256", "--http-read-header-timeout", "3", "--http-idle-timeout", "1m", "--max-storage-mb", "512",
+		"--registry-allow", "registry.internal:5000,ghcr.io").ok(t)
 	want := ServeConfig{
 		DataDir: "/tmp/ebx", Listen: "127.0.0.1:0", RunscPath: "/bin/runsc", AgentPath: "/bin/agent", TemplatesDir: "/tmp/tmpl",
 		DefaultTimeout: 10 * time.Minute, MaxTimeout: 2 * time.Hour, MaxSandboxes: 10, MaxConcurrentExecs: 20, MaxFileBytes: 512 << 20,
 		Pool:      []PoolSpec{{"base", "gvisor", 4}, {"python", "namespaces", 2}, {"node", "", 1}},
 		MaxBuilds: 3, BuildTimeout: 10 * time.Minute, BuildNetwork: "none", ExecWait: 30 * time.Second,
-		OutputMemoryMB: 256, ReadHeaderTimeout: 3 * time.Second, IdleTimeout: time.Minute,
-		LogLevel: -4, Logger: got.Logger,
+		OutputMemoryMB: 256, ReadHeaderTimeout: 3 * time.Second, IdleTimeout: time.Minute, MaxStorageMB: 512,
+		RegistryAllow: []string{"registry.internal:5000", "ghcr.io"},
+		LogLevel:      -4, Logger: got.Logger,
 	}
 	if got.Logger == nil || !got.Logger.Enabled(context.Background(), -4) {
 		t.Error("no debug logger")
@@ -459,7 +465,8 @@ func TestServe(t *testing.T) {
 	runCLI(t, "", "serve").ok(t)
 	if got.DataDir != DefaultDataDir || got.Listen != DefaultListen || got.DefaultTimeout != DefaultTimeout ||
 		got.MaxTimeout != DefaultMaxTimeout || got.MaxFileBytes != DefaultMaxFileBytes || got.Pool != nil || got.LogLevel != 0 ||
-		got.OutputMemoryMB != DefaultOutputMemoryMB || got.ReadHeaderTimeout != DefaultReadHeader || got.IdleTimeout != DefaultIdleTimeout {
+		got.OutputMemoryMB != DefaultOutputMemoryMB || got.ReadHeaderTimeout != DefaultReadHeader || got.IdleTimeout != DefaultIdleTimeout ||
+		got.MaxStorageMB != DefaultMaxStorageMB || got.RegistryAllow != nil {
 		t.Errorf("defaults %+v", got)
 	}
 
@@ -473,6 +480,7 @@ func TestServe(t *testing.T) {
 		{"--log-level", "loud"}, {"--default-timeout", "soon"}, {"--max-file-bytes", "lots"},
 		{"--output-memory-mb", "8"}, {"--http-idle-timeout", "0"},
 		{"--default-timeout", "2h", "--max-timeout", "1h"}, {"--max-sandboxes", "0"}, {"extra-arg"},
+		{"--registry-allow", "https://ghcr.io"}, {"--registry-allow", "ghcr.io/x"}, {"--max-storage-mb", "-1"},
 	} {
 		if r := runCLI(t, "", append([]string{"serve"}, a...)...); r.code != 2 {
 			t.Errorf("serve %v: exit %d %q", a, r.code, r.stderr)

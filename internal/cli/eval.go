@@ -14,7 +14,7 @@ func newEvalCmd(a *app) *cobra.Command {
 		Use:   "eval",
 		Short: "Score code samples (HumanEval format) with pass@k, each in its own sandbox",
 	})
-	cmd.AddCommand(newEvalRunCmd(a), newEvalWatchCmd(a), newEvalShowCmd(a), newEvalListCmd(a), newEvalCancelCmd(a))
+	cmd.AddCommand(newEvalRunCmd(a), newEvalWatchCmd(a), newEvalShowCmd(a), newEvalListCmd(a), newEvalCancelCmd(a), newEvalRmCmd(a))
 	return cmd
 }
 

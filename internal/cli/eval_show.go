@@ -337,6 +337,21 @@ func newEvalListCmd(a *app) *cobra.Command {
 	return cmd
 }
 
+func newEvalRmCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm ID",
+		Aliases: []string{"delete"},
+		Short:   "Delete an eval run that has ended (its input, results and summary)",
+		Long: `Delete an eval run that has ended: its input, results and summary are gone,
+and what its input counted against the team's storage limit is freed. A
+running run is refused: 'evalbox eval cancel ID' first.`,
+		Args: args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			return a.client().DeleteEval(cmd.Context(), argv[0])
+		},
+	}
+}
+
 func newEvalCancelCmd(a *app) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{

@@ -84,6 +84,16 @@ func newFakeEvals(t *testing.T) *fakeEvals {
 		}
 	}))
 	mux.HandleFunc("GET /v1/evals/{id}/events", f.withRun(f.events))
+	mux.HandleFunc("DELETE /v1/evals/{id}", f.withRun(func(w http.ResponseWriter, r *http.Request, fr *fakeRun) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if fr.run.State == client.EvalStateRunning {
+			replyErr(w, 409, client.CodeConflict, "eval run "+fr.run.ID+" is running; cancel it first")
+			return
+		}
+		f.runs = slices.DeleteFunc(f.runs, func(x *fakeRun) bool { return x == fr })
+		w.WriteHeader(http.StatusNoContent)
+	}))
 	mux.HandleFunc("POST /v1/evals/{id}/cancel", f.withRun(func(w http.ResponseWriter, r *http.Request, fr *fakeRun) {
 		f.mu.Lock()
 		if fr.run.State == client.EvalStateRunning {
@@ -575,6 +585,13 @@ ev_1  succeeded  6/6   0.5000  namespaces  2026-03-01T12:00:00Z
 	if r.code != ExitError || r.stdout != "cancelled after 1/6 trials: passed 0  failed 1  timed_out 0  infra_error 0\n" ||
 		r.stderr != "evalbox: eval run ev_2 was cancelled\n" {
 		t.Errorf("watch cancelled: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	// An ended run can be deleted; then it is gone.
+	if r := f.run(t, "eval", "rm", "ev_2").ok(t); r.stdout != "" {
+		t.Errorf("rm: %q", r.stdout)
+	}
+	if r := f.run(t, "eval", "rm", "ev_2"); r.code != ExitError || r.stderr != "evalbox: not_found: eval run ev_2 not found\n" {
+		t.Errorf("rm again: %d %q", r.code, r.stderr)
 	}
 }
 

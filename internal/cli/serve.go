@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/evalbox/evalbox/internal/template/oci"
 )
 
 // ServeConfig is what `evalbox serve` passes to ServeFunc.
@@ -34,6 +36,9 @@ type ServeConfig struct {
 	MaxConcurrentExecs int
 	// MaxFileBytes is the largest file upload (413 past it).
 	MaxFileBytes int64
+	// MaxStorageMB is a team's default storage limit (templates, uploads
+	// being processed, eval inputs; 0 = none).
+	MaxStorageMB int
 	// Pool lists the warm pools to keep filled.
 	Pool []PoolSpec
 	// Runtimes lists the runtimes to enable (empty = all available).
@@ -59,6 +64,9 @@ type ServeConfig struct {
 	// time (hidden flags; tests shorten them).
 	ReadHeaderTimeout time.Duration
 	IdleTimeout       time.Duration
+	// RegistryAllow, when set, lists the only registries template imports
+	// pull from (HOST or HOST:PORT, which may be private or loopback).
+	RegistryAllow []string
 	// LogLevel is the minimum level logged; Logger logs to stderr at it.
 	LogLevel slog.Level
 	Logger   *slog.Logger
@@ -86,6 +94,7 @@ const (
 	DefaultMaxSandboxes   = 20
 	DefaultMaxExecs       = 64
 	DefaultMaxFileBytes   = 1 << 30
+	DefaultMaxStorageMB   = 20 << 10
 	DefaultMaxBuilds      = 2
 	DefaultBuildTimeout   = 30 * time.Minute
 	DefaultExecWait       = 10 * time.Minute
@@ -145,6 +154,9 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			if cfg.MaxBuilds <= 0 || cfg.BuildTimeout <= 0 {
 				return usagef(cmd, "--max-builds and --build-timeout must be positive")
 			}
+			if _, err := oci.ParseAllowList(cfg.RegistryAllow); err != nil {
+				return usagef(cmd, "--registry-allow: %v", strings.TrimPrefix(err.Error(), "oci: "))
+			}
 			if cfg.BuildNetwork != "outbound" && cfg.BuildNetwork != "none" {
 				return usagef(cmd, "--build-network %q: want outbound or none", cfg.BuildNetwork)
 			}
@@ -153,6 +165,9 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			}
 			if cfg.MaxSandboxes <= 0 || cfg.MaxConcurrentExecs <= 0 || cfg.MaxFileBytes <= 0 {
 				return usagef(cmd, "--max-sandboxes, --max-execs and --max-file-bytes must be positive")
+			}
+			if cfg.MaxStorageMB < 0 || cfg.MaxStorageMB > 1<<30 {
+				return usagef(cmd, "--max-storage-mb must be between 0 (no limit) and %d", 1<<30)
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: cfg.LogLevel}))
 			if ServeFunc == nil {
@@ -177,6 +192,7 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "a team's default limit of running sandboxes")
 	f.IntVar(&cfg.MaxConcurrentExecs, "max-execs", DefaultMaxExecs, "a team's default limit of concurrent commands")
 	f.Var(&maxFileBytes, "max-file-bytes", "largest file upload (bytes, or 512MiB, 2G)")
+	f.IntVar(&cfg.MaxStorageMB, "max-storage-mb", DefaultMaxStorageMB, "a team's default storage limit in MiB: its templates, uploads being processed and eval inputs (0 = none)")
 	f.StringVar(&pool, "pool", "", `warm pools, e.g. "base:gvisor=4,python:namespaces=2"`)
 	f.StringSliceVar(&cfg.Runtimes, "runtimes", nil, "runtimes to enable, e.g. gvisor,namespaces (default: all)")
 	f.StringVar(&cfg.Mirror, "mirror", os.Getenv("EVALBOX_DEBIAN_MIRROR"), "Debian mirror for the built-in templates (default: the host's apt sources; env EVALBOX_DEBIAN_MIRROR)")
@@ -184,6 +200,7 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.Var(&buildTimeout, "build-timeout", "longest template build (seconds or a duration)")
 	f.Var(&execWait, "exec-wait", "how long a command queues for a team's exec slot before 429 rate_limited (0 = answer at once)")
 	f.StringVar(&cfg.BuildNetwork, "build-network", "outbound", "network of template build steps: outbound (specs may opt out) or none")
+	f.StringSliceVar(&cfg.RegistryAllow, "registry-allow", nil, "the only registries image imports pull from, HOST[:PORT],... (they may be private or loopback; default: any registry on a public address)")
 	f.StringVar(&logLevel, "log-level", defaultLogLevelString, "debug, info, warn or error")
 	f.IntVar(&cfg.OutputMemoryMB, "output-memory-mb", DefaultOutputMemoryMB,
 		"memory for command output held for buffered (JSON) answers and eval runs, server-wide, in MiB; past it a request gets 429 output_budget_exhausted (streamed answers need none)")

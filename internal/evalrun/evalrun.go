@@ -40,6 +40,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/eval"
 	"github.com/evalbox/evalbox/internal/outbuf"
+	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/trial"
@@ -76,6 +77,13 @@ type Store interface {
 	EvalCounts(ctx context.Context, teamID, runID string) (map[string]int, error)
 	EvalEnv(ctx context.Context, teamID, runID string) (store.TrialEnv, error)
 	EvalTimes(ctx context.Context, teamID, runID string, fn func(store.TrialTimes) error) error
+	DeleteEval(ctx context.Context, teamID, id string) error
+}
+
+// Storage accounts for what teams store (internal/quota): a run's input
+// counts against its team's storage until the run is deleted.
+type Storage interface {
+	Reserve(ctx context.Context, teamID string, n int64) (*quota.Reservation, error)
 }
 
 // Sandboxes is the sandbox service: trials run in its sandboxes, and a
@@ -87,10 +95,11 @@ type Sandboxes interface {
 
 // Service runs eval runs.
 type Service struct {
-	st     Store
-	sb     Sandboxes
-	trials *trial.Runner
-	log    *slog.Logger
+	st      Store
+	sb      Sandboxes
+	storage Storage // nil: no limit
+	trials  *trial.Runner
+	log     *slog.Logger
 	// output is the server's budget for held command output: each trial
 	// and slice leases what it may hold before it starts.
 	output *outbuf.Budget
@@ -124,13 +133,14 @@ type Service struct {
 type scanKey struct{ digest, runtime string }
 
 // New returns the service. Call Recover once at start and Close at the end.
-// output bounds the command output its trials hold (nil: no bound).
-func New(st Store, sb Sandboxes, output *outbuf.Budget, log *slog.Logger) *Service {
+// output bounds the command output its trials hold (nil: no bound);
+// storage (nil: none) bounds what a team's runs store.
+func New(st Store, sb Sandboxes, output *outbuf.Budget, storage Storage, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Service{st: st, sb: sb, trials: trial.New(sb, log), log: log, output: output, ctx: ctx, stop: stop,
+	return &Service{st: st, sb: sb, storage: storage, trials: trial.New(sb, log), log: log, output: output, ctx: ctx, stop: stop,
 		draining: make(chan struct{}), progressEvery: progressEvery, running: map[string]*liveRun{}}
 }
 
@@ -225,11 +235,30 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateEv
 	for _, s := range req.Samples {
 		tasks[s.TaskID] = true
 	}
-	run, err := s.st.InsertEval(ctx, store.EvalRow{Input: in, Run: client.EvalRun{
-		TeamID: teamID, State: client.EvalStateRunning, K: req.K, Timeout: req.Timeout, Template: req.Template,
-		Runtime: req.Runtime, Concurrency: req.Concurrency, Seed: req.Seed, Tasks: len(tasks), Samples: len(req.Samples),
-		Mode: req.Mode, Slice: req.Slice,
-	}})
+	var run client.EvalRun
+	insert := func() error {
+		var err error
+		run, err = s.st.InsertEval(ctx, store.EvalRow{Input: in, Run: client.EvalRun{
+			TeamID: teamID, State: client.EvalStateRunning, K: req.K, Timeout: req.Timeout, Template: req.Template,
+			Runtime: req.Runtime, Concurrency: req.Concurrency, Seed: req.Seed, Tasks: len(tasks), Samples: len(req.Samples),
+			Mode: req.Mode, Slice: req.Slice,
+		}})
+		return err
+	}
+	if s.storage == nil {
+		err = insert()
+	} else {
+		// The input is stored only if the team's storage can hold it.
+		var res *quota.Reservation
+		if res, err = s.storage.Reserve(ctx, teamID, int64(len(in))); err == nil {
+			err = res.Persist(int64(len(in)), insert)
+		}
+	}
+	var qe *quota.StorageError
+	if errors.As(err, &qe) {
+		return client.EvalRun{}, &sandbox.Error{Code: client.CodeStorageQuotaExceeded,
+			Message: fmt.Sprintf("the run's input is %d bytes: %v (templates, uploads and build contexts being processed, eval inputs); delete eval runs (DELETE /v1/evals/{id}) or templates, or ask an admin to raise the team's max_storage_mb", len(in), qe)}
+	}
 	if err != nil {
 		return client.EvalRun{}, err
 	}
@@ -279,6 +308,7 @@ func (s *Service) start(run client.EvalRun) {
 			s.mu.Unlock()
 			live.stop()
 			cancel()
+			close(live.done)
 		}()
 		s.run(ctx, run, live)
 	})
@@ -343,6 +373,43 @@ func (s *Service) Results(ctx context.Context, teamID, id string, fn func(client
 		return err
 	}
 	return s.st.EvalTrials(ctx, teamID, id, fn)
+}
+
+// Delete removes a team's run that has ended, with its input and results.
+// A running run is a conflict; a cancelled one whose worker is still
+// stopping is waited for (a little).
+func (s *Service) Delete(ctx context.Context, teamID, id string) error {
+	run, err := s.getRun(ctx, teamID, id)
+	if err != nil {
+		return err
+	}
+	if run.State == client.EvalStateRunning {
+		return &sandbox.Error{Code: client.CodeConflict, Message: fmt.Sprintf("eval run %s is running; cancel it first", id)}
+	}
+	s.mu.Lock()
+	live := s.running[id]
+	s.mu.Unlock()
+	if live != nil {
+		// Cancelled: its worker is stopping its trials.
+		select {
+		case <-live.done:
+		case <-time.After(30 * time.Second):
+			return &sandbox.Error{Code: client.CodeConflict, Message: fmt.Sprintf("eval run %s is still stopping; try again", id)}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	err = s.st.DeleteEval(ctx, teamID, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return &sandbox.Error{Code: client.CodeNotFound, Message: fmt.Sprintf("eval run %s not found", id)}
+	case errors.Is(err, store.ErrConflict):
+		return &sandbox.Error{Code: client.CodeConflict, Message: fmt.Sprintf("eval run %s is running; cancel it first", id)}
+	case err != nil:
+		return err
+	}
+	s.log.Info("eval run deleted", "run", id, "team", teamID)
+	return nil
 }
 
 // Cancel stops a team's running run; its finished results stay.

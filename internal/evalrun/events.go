@@ -35,6 +35,7 @@ var errDraining = &sandbox.Error{Code: client.CodeUnavailable,
 type liveRun struct {
 	cancel  context.CancelFunc
 	retries atomic.Int64
+	done    chan struct{} // closed once the run's worker ended
 
 	mu   sync.Mutex
 	subs map[*follower]struct{} // nil once the run stopped
@@ -48,7 +49,7 @@ type follower struct {
 }
 
 func newLiveRun(cancel context.CancelFunc) *liveRun {
-	return &liveRun{cancel: cancel, subs: map[*follower]struct{}{}}
+	return &liveRun{cancel: cancel, subs: map[*follower]struct{}{}, done: make(chan struct{})}
 }
 
 // subscribe adds a follower; after stop, its channel is closed at once.

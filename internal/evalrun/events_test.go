@@ -33,7 +33,7 @@ func newEventService(t *testing.T, n int) (s *Service, team string, run client.E
 	if err != nil {
 		t.Fatal(err)
 	}
-	s = New(st, nil, nil, nil)
+	s = New(st, nil, nil, nil, nil)
 	t.Cleanup(s.Close)
 	s.progressEvery = 5 * time.Millisecond
 	run, err = st.InsertEval(ctx, store.EvalRow{Input: []byte("{}"), Run: client.EvalRun{TeamID: tm.ID, State: client.EvalStateRunning,

@@ -23,6 +23,7 @@ import (
 	"github.com/evalbox/evalbox/internal/evalrun"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/outbuf"
+	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/gvisor"
 	"github.com/evalbox/evalbox/internal/runtime/namespaces"
@@ -56,6 +57,8 @@ type Config struct {
 	// default shape.
 	Pools []PoolSpec
 	// Team defaults (for the admin team and teams created without limits).
+	// Limits.MaxStorageMB is also the limit of teams whose own is 0; 0
+	// here: none.
 	Limits  client.Limits
 	Service sandbox.Config
 	// Catalog configures template builds and imports.
@@ -66,8 +69,12 @@ type Config struct {
 	// for buffered answers and eval runs at any one time (0: 1 GiB).
 	OutputMemory int64
 	// HTTP bounds the connections of the API's HTTP server.
-	HTTP   HTTPConfig
-	Logger *slog.Logger
+	HTTP HTTPConfig
+	// RegistryAllow, when set, lists the only registries imports pull from
+	// (HOST or HOST:PORT; they may be on private or loopback addresses).
+	// Empty: registries on public addresses only.
+	RegistryAllow []string
+	Logger        *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
 	Ready func(addr string)
@@ -241,10 +248,30 @@ func Run(ctx context.Context, cfg Config) error {
 	if cat.MaxCPU == 0 {
 		cat.MaxCPU, cat.MaxMemoryMB, cat.MaxDiskMB = cfg.Service.MaxCPU, cfg.Service.MaxMemoryMB, cfg.Service.MaxDiskMB
 	}
-	tmpls, err := catalog.New(cat, st, templates, n, ociImporter{}, log)
+	// What a team stores (templates, uploads being processed, eval inputs)
+	// is bounded by its max_storage_mb, or the server's default.
+	storage := quota.NewStorage(func(ctx context.Context, teamID string) (int64, error) {
+		t, err := st.GetTeam(ctx, teamID)
+		if err != nil {
+			return 0, err
+		}
+		mb := t.Limits.MaxStorageMB
+		if mb == 0 {
+			mb = cfg.Limits.MaxStorageMB
+		}
+		return int64(mb) << 20, nil
+	})
+	cat.Storage = storage
+	allow, err := oci.ParseAllowList(cfg.RegistryAllow)
+	if err != nil {
+		return fmt.Errorf("server: --registry-allow: %w", err)
+	}
+	tmpls, err := catalog.New(cat, st, templates, n, ociImporter{&oci.Importer{AllowRegistries: allow}}, log)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
+	storage.AddSource(tmpls.StoredBytes)
+	storage.AddSource(st.EvalInputBytes)
 	// Stops builds (their sandboxes go with the node, closed before).
 	defer tmpls.Close()
 	svc := sandbox.New(cfg.Service, st, n, tmpls, log)
@@ -258,7 +285,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.OutputMemory = DefaultOutputMemory
 	}
 	outputBudget := outbuf.NewBudget(cfg.OutputMemory)
-	evals := evalrun.New(st, svc, outputBudget, log)
+	evals := evalrun.New(st, svc, outputBudget, storage, log)
 	defer evals.Close()
 	if err := evals.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -272,7 +299,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	handler := api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
-		Templates: tmpls, Evals: evals, Runtimes: n.Runtimes(), Pools: n, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log})
+		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: n.Runtimes(), Pools: n, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -343,14 +370,16 @@ func instanceID(dataDir string) string {
 }
 
 // ociImporter imports images with internal/template/oci.
-type ociImporter struct{}
+type ociImporter struct{ im *oci.Importer }
 
-func (ociImporter) Import(ctx context.Context, src, ref, dst string) (template.ImageConfig, string, error) {
-	c, d, err := oci.Import(ctx, src, ref, dst)
+func (o ociImporter) Import(ctx context.Context, src, ref, dst string, charge func(int64) error) (template.ImageConfig, string, error) {
+	c, d, err := o.im.Import(ctx, src, ref, dst, charge)
 	return template.ImageConfig(c), d, err
 }
 
-func (ociImporter) ImportRemote(ctx context.Context, ref, dst string) (template.ImageConfig, string, error) {
-	c, d, err := oci.ImportRemote(ctx, ref, dst)
+func (o ociImporter) ImportRemote(ctx context.Context, ref, dst string, charge func(int64) error) (template.ImageConfig, string, error) {
+	c, d, err := o.im.ImportRemote(ctx, ref, dst, charge)
 	return template.ImageConfig(c), d, err
 }
+
+func (o ociImporter) CheckRemote(ref string) error { return o.im.CheckRemote(ref) }

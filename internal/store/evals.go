@@ -251,3 +251,40 @@ func (s *Store) EvalCounts(ctx context.Context, teamID, runID string) (map[strin
 	}
 	return out, rows.Err()
 }
+
+// DeleteEval removes a team's eval run that is no longer running, with
+// its trials. A running run is ErrConflict, an unknown one ErrNotFound.
+func (s *Store) DeleteEval(ctx context.Context, teamID, id string) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		var state string
+		err := tx.QueryRowContext(ctx, `SELECT state FROM eval_runs WHERE id = ? AND team_id = ?`, id, teamID).Scan(&state)
+		if errors.Is(err, sql.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("store: delete eval %s: %w", id, err)
+		}
+		if state == client.EvalStateRunning {
+			return ErrConflict
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM eval_trials WHERE run_id = ? AND team_id = ?`, id, teamID); err != nil {
+			return fmt.Errorf("store: delete eval %s: %w", id, err)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM eval_runs WHERE id = ? AND team_id = ?`, id, teamID); err != nil {
+			return fmt.Errorf("store: delete eval %s: %w", id, err)
+		}
+		return nil
+	})
+}
+
+// EvalInputBytes returns the bytes of the inputs of a team's eval runs:
+// what they count against its storage limit.
+func (s *Store) EvalInputBytes(ctx context.Context, teamID string) (int64, error) {
+	var n int64
+	// length() of a BLOB reads the record's header, not the blob.
+	err := s.r.QueryRowContext(ctx, `SELECT COALESCE(SUM(length(input)), 0) FROM eval_runs WHERE team_id = ?`, teamID).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("store: eval input bytes of %s: %w", teamID, err)
+	}
+	return n, nil
+}

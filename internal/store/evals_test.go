@@ -80,4 +80,34 @@ func TestEvals(t *testing.T) {
 	if l, err := s.ListEvals(ctx, b.ID); err != nil || len(l) != 0 {
 		t.Fatalf("team b lists %v, %v", l, err)
 	}
+
+	// Its input counts for its team; deleted, it counts no more.
+	if n, err := s.EvalInputBytes(ctx, a.ID); err != nil || n != int64(len(`{"problems":[]}`)) {
+		t.Fatalf("EvalInputBytes = %d, %v", n, err)
+	}
+	if n, err := s.EvalInputBytes(ctx, b.ID); err != nil || n != 0 {
+		t.Fatalf("team b's EvalInputBytes = %d, %v", n, err)
+	}
+	if err := s.DeleteEval(ctx, b.ID, run.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("another team's DeleteEval: %v", err)
+	}
+	live, err := s.InsertEval(ctx, EvalRow{Input: []byte(`{}`), Run: client.EvalRun{TeamID: a.ID, State: client.EvalStateRunning, K: []int{1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteEval(ctx, a.ID, live.ID); !errors.Is(err, ErrConflict) {
+		t.Fatalf("DeleteEval of a running run: %v", err)
+	}
+	if err := s.DeleteEval(ctx, a.ID, run.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetEval(ctx, a.ID, run.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetEval after delete: %v", err)
+	}
+	if counts, err := s.EvalCounts(ctx, a.ID, run.ID); err != nil || len(counts) != 0 {
+		t.Fatalf("trials after delete: %v, %v", counts, err)
+	}
+	if n, err := s.EvalInputBytes(ctx, a.ID); err != nil || n != 2 {
+		t.Fatalf("EvalInputBytes after delete = %d, %v", n, err)
+	}
 }

@@ -126,6 +126,8 @@ var migrations = []string{
 	// 5: eval runs' execution mode (trial or batch) and batch slice size.
 	`ALTER TABLE eval_runs ADD COLUMN mode TEXT NOT NULL DEFAULT 'trial';
 	ALTER TABLE eval_runs ADD COLUMN slice INTEGER NOT NULL DEFAULT 0;`,
+	// 6: a team's storage limit (MiB; 0 = the server's default).
+	`ALTER TABLE teams ADD COLUMN max_storage_mb INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

@@ -110,7 +110,7 @@ func TestTeams(t *testing.T) {
 	if _, err := s.GetTeamByName(ctx, "nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("GetTeamByName unknown: %v", err)
 	}
-	l := client.Limits{MaxSandboxes: 100, MaxConcurrentExec: 7}
+	l := client.Limits{MaxSandboxes: 100, MaxConcurrentExec: 7, MaxStorageMB: 512}
 	up, err := s.UpdateTeamLimits(ctx, a.ID, l)
 	if err != nil || up.Limits != l || up.Name != "a" {
 		t.Fatalf("UpdateTeamLimits = %+v, %v", up, err)

@@ -104,9 +104,12 @@ func NewBuilder(reg *Registry, run Runner, log *slog.Logger) *Builder {
 type BuildRequest struct {
 	// ID is the build's id; it names the work directory and the build
 	// sandboxes.
-	ID   string
-	Name string
-	Spec client.TemplateSpec
+	ID string
+	// TeamID is the team the build is for: its layers (and so its
+	// template digest) are its own, never another team's (see Build).
+	TeamID string
+	Name   string
+	Spec   client.TemplateSpec
 	// From is the resolved template of Spec.From.
 	From *Template
 	// ContextDir is the extracted build context ("" = none).
@@ -115,6 +118,10 @@ type BuildRequest struct {
 	Network string
 	// Log receives the build log.
 	Log io.Writer
+	// Charge, if set, is told the size of each file a run step's layer
+	// holds before it is written; its error fails the step (a storage
+	// quota).
+	Charge func(n int64) error
 }
 
 // BuildResult is what a build did.
@@ -158,9 +165,13 @@ func sandboxID(buildID string, step int) string {
 
 // Build runs req's steps on top of req.From, one cached layer per run or
 // copy step, and stores the result under its digest. The digest depends
-// only on the inputs (From's digest, the steps, the copied files' content,
-// the defaults), so the same spec and context always give the same
-// digest, and a layer whose inputs did not change comes from the cache.
+// only on the inputs (the team, From's digest, the steps and the network
+// of run steps, the copied files' content, the defaults), so the same spec
+// and context of a team always give the same digest, and a layer whose
+// inputs did not change comes from the cache. The team is an input: a
+// run step's output is not a function of the step (it may download
+// anything), so a layer one team built is never another's, and its
+// "CACHED" never tells a team what another built.
 // A failed build leaves no template and no half-written layer (layers of
 // the steps before the failure stay cached). The result's counters are
 // set on error too.
@@ -197,7 +208,7 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 		cfg.User = "root"
 	}
 	logf("building %s from %s (%s), %d steps", req.Name, spec.From, short(from.Digest), len(spec.Steps))
-	chain := from.Digest
+	chain := digestOf("layers/v2", req.TeamID, from.Digest)
 	var layers []string // committed layer dirs, bottom first
 	var layerDigests []string
 	for i, st := range spec.Steps {
@@ -223,7 +234,9 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 			logf("#%d/%d user %s", n, len(spec.Steps), st.User)
 			continue
 		case StepRun:
-			chain = digestOf("step", chain, kind, st.Run)
+			// With the network it ran with: a step without network must not
+			// reuse a layer made with it.
+			chain = digestOf("step", chain, kind, st.Run, req.Network)
 			logf("#%d/%d run %s", n, len(spec.Steps), oneLine(st.Run))
 		case StepCopy:
 			src, _ := contextPath(st.Copy.Src)
@@ -296,7 +309,11 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 	if err != nil {
 		return res, fmt.Errorf("template: %w", err)
 	}
-	logf("flattened in %s: %s", time.Since(start).Round(time.Millisecond), humanSize(size))
+	own, err := b.reg.storageBytes(rootfs)
+	if err != nil {
+		return res, err
+	}
+	logf("flattened in %s: %s (%s of its own)", time.Since(start).Round(time.Millisecond), humanSize(size), humanSize(own))
 	if spec.ReadyCmd != "" {
 		logf("ready_cmd %s", oneLine(spec.ReadyCmd))
 		r, err := b.run.RunBuildStep(ctx, RunStep{ID: sandboxID(req.ID, 0), RootFS: rootfs, Shell: spec.ReadyCmd,
@@ -308,7 +325,7 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 			return res, &StepError{Kind: "ready_cmd", ExitCode: r.ExitCode, Status: r.Status, Tail: r.StderrTail}
 		}
 	}
-	t := &Template{Name: req.Name, Digest: digest, SizeBytes: size, BuiltAt: time.Now().UTC(), Defaults: defaults,
+	t := &Template{Name: req.Name, Digest: digest, SizeBytes: size, StorageBytes: own, BuiltAt: time.Now().UTC(), Defaults: defaults,
 		Source: SourceBuild, From: from.Digest, Layers: layerDigests}
 	if err := writeTemplateJSON(tdir, t); err != nil {
 		return res, err
@@ -374,7 +391,7 @@ func (b *Builder) step(ctx context.Context, req BuildRequest, n int, st client.T
 	if err != nil {
 		return &StepError{Step: n, Kind: kind, Err: fmt.Errorf("the step's changes: %w", err)}
 	}
-	_, err = extractTar(f, layerDir, extractOptions{layer: true})
+	_, err = extractTar(f, layerDir, extractOptions{layer: true, charge: req.Charge})
 	f.Close()
 	_ = os.Remove(upper)
 	if err != nil {

@@ -196,3 +196,62 @@ func TestBuildFailures(t *testing.T) {
 	}
 	e.assertClean(t, "bld-f-1", "bld-g-1", "bld-h-2")
 }
+
+// buildFor builds steps for a team with a network setting.
+func (e *buildEnv) buildFor(t *testing.T, id, teamID, network string, steps ...client.TemplateStep) template.BuildResult {
+	t.Helper()
+	var log strings.Builder
+	res, err := e.builder.Build(context.Background(), template.BuildRequest{ID: id, TeamID: teamID, Name: "t", From: e.base,
+		Network: network, Log: &log, Spec: client.TemplateSpec{From: "base", Steps: steps}})
+	if err != nil {
+		t.Fatalf("build %s: %v\n%s", id, err, log.String())
+	}
+	return res
+}
+
+// TestLayerCacheNetwork: a run step's layer is cached with the network
+// it ran with: the same step without network does not reuse the layer of
+// a run with it (it used to).
+func TestLayerCacheNetwork(t *testing.T) {
+	e := newBuildEnv(t)
+	step := client.TemplateStep{Run: "echo net > /net-marker"}
+	var log strings.Builder
+	r1, err := e.builder.Build(context.Background(), template.BuildRequest{ID: "bld-n1", Name: "t", From: e.base,
+		Network: client.NetworkOutbound, Log: &log, Spec: client.TemplateSpec{From: "base", Steps: []client.TemplateStep{step}}})
+	if err != nil || r1.Built != 1 {
+		t.Fatalf("with network: %+v %v\n%s", r1, err, log.String())
+	}
+	r2, _, err := e.build(t, context.Background(), "bld-n2", step) // network: none
+	if err != nil || r2.Built != 1 || r2.Cached != 0 || r2.Template.Digest == r1.Template.Digest {
+		t.Errorf("without network: %+v %v (the layer built with network was reused?)", r2, err)
+	}
+	r3, _, err := e.build(t, context.Background(), "bld-n3", step)
+	if err != nil || r3.Cached != 1 || r3.Template.Digest != r2.Template.Digest {
+		t.Errorf("again without network: %+v %v", r3, err)
+	}
+	e.assertClean(t, "bld-n1-1", "bld-n2-1")
+}
+
+// TestLayerCacheTeams: a team never gets a layer (nor a template) another
+// team built from the same spec; its own rebuild is cached.
+func TestLayerCacheTeams(t *testing.T) {
+	e := newBuildEnv(t)
+	steps := []client.TemplateStep{{Run: "date +%s%N > /when"}, {Copy: nil, Env: map[string]string{"X": "1"}}}
+	a1 := e.buildFor(t, "bld-ta1", "team_a", client.NetworkNone, steps...)
+	b1 := e.buildFor(t, "bld-tb1", "team_b", client.NetworkNone, steps...)
+	if b1.Cached != 0 || b1.Built != 1 || b1.Template.Digest == a1.Template.Digest {
+		t.Errorf("team b's build of team a's spec: %+v", b1)
+	}
+	a2 := e.buildFor(t, "bld-ta2", "team_a", client.NetworkNone, steps...)
+	if a2.Cached != 1 || a2.Template.Digest != a1.Template.Digest {
+		t.Errorf("team a's rebuild: %+v", a2)
+	}
+	read := func(r template.BuildResult) string {
+		b, _ := os.ReadFile(filepath.Join(r.Template.RootFS, "when"))
+		return string(b)
+	}
+	if read(a1) == read(b1) || read(a1) != read(a2) {
+		t.Errorf("/when: a %q, b %q, a again %q", read(a1), read(b1), read(a2))
+	}
+	e.assertClean(t, "bld-ta1-1", "bld-tb1-1")
+}

@@ -205,7 +205,9 @@ func chmodTimes(p string, fi fs.FileInfo) error {
 	if err := os.Lchown(p, 0, 0); err != nil {
 		return err
 	}
-	if err := os.Chmod(p, fi.Mode()&(fs.ModePerm|fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky)); err != nil {
+	// Directories only: files are linked or copied with their (set-id
+	// free, see entryMode) modes.
+	if err := os.Chmod(p, fi.Mode()&(fs.ModePerm|fs.ModeSetgid|fs.ModeSticky)); err != nil {
 		return err
 	}
 	ts := unix.NsecToTimespec(fi.ModTime().UnixNano())

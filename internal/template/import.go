@@ -3,6 +3,7 @@ package template
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,7 +70,11 @@ func (r *Registry) AddImport(dir, name, from, manifestDigest string, cfg ImageCo
 	if err != nil {
 		return nil, fmt.Errorf("template: %w", err)
 	}
-	t := &Template{Name: name, Digest: digest, SizeBytes: size, BuiltAt: time.Now().UTC(), Defaults: d,
+	own, err := r.storageBytes(rootfs)
+	if err != nil {
+		return nil, err
+	}
+	t := &Template{Name: name, Digest: digest, SizeBytes: size, StorageBytes: own, BuiltAt: time.Now().UTC(), Defaults: d,
 		Source: SourceImport, From: strings.TrimSpace(from + " " + manifestDigest),
 		Cmd: append(append([]string(nil), cfg.Entrypoint...), cfg.Cmd...)}
 	if err := writeTemplateJSON(dir, t); err != nil {
@@ -95,13 +100,18 @@ func imageUser(rootfs, u string) string {
 		return "0"
 	}
 	defer unix.Close(root)
-	fd, err := unix.Openat2(root, "etc/passwd", &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT})
+	// Non-blocking (a FIFO), a regular file only, and a bounded read.
+	fd, err := unix.Openat2(root, "etc/passwd", &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV})
 	if err != nil {
 		return "0"
 	}
 	f := os.NewFile(uintptr(fd), "passwd")
 	defer f.Close()
-	sc := bufio.NewScanner(f)
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return "0"
+	}
+	sc := bufio.NewScanner(io.LimitReader(f, 1<<20))
 	for sc.Scan() {
 		if strings.HasPrefix(sc.Text(), "root:") {
 			return "root"

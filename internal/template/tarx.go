@@ -19,15 +19,42 @@ import (
 type extractOptions struct {
 	// layer: the archive is a copy-on-write layer in overlayfs format
 	// (runsc tar rootfs-upper): ownership, modes, the xattrs of allowedXattr
-	// and whiteouts (0/0 character devices) are kept. Otherwise (a build
-	// context or an image upload, from a user) everything is owned by
-	// root, devices are refused and xattrs dropped.
+	// and whiteouts (0/0 character devices) are kept; other devices are
+	// dropped. Otherwise (a build context, from a user) everything is owned
+	// by root, devices are refused and xattrs dropped. Either way files
+	// lose their set-user-ID and set-group-ID bits (entryMode).
 	layer bool
-	// maxBytes bounds the total size of the regular files (0 = no bound).
-	maxBytes int64
+	// maxBytes bounds the total size of the regular files (0 =
+	// defaultMaxBytes); maxEntries the members (0 = defaultMaxEntries).
+	maxBytes   int64
+	maxEntries int
+	// charge, if set, is told the size of each regular file before it is
+	// written; its error stops the extraction (a storage quota).
+	charge func(n int64) error
 }
 
-// errTooLarge is returned when an archive's files pass maxBytes.
+// Defaults of extractOptions, and the bound of the metadata an extraction
+// keeps in memory (directories made and their metadata, applied last):
+// about what 1,000,000 directories take, far above any real tree's.
+const (
+	defaultMaxBytes   = 64 << 30
+	defaultMaxEntries = 1_000_000
+)
+
+var maxMetaBytes int64 = 128 << 20
+
+func (o extractOptions) withDefaults() extractOptions {
+	if o.maxBytes <= 0 {
+		o.maxBytes = defaultMaxBytes
+	}
+	if o.maxEntries <= 0 {
+		o.maxEntries = defaultMaxEntries
+	}
+	return o
+}
+
+// errTooLarge is returned when an archive passes maxBytes or maxEntries,
+// or keeps too much metadata in memory.
 var errTooLarge = errors.New("archive is larger than the maximum")
 
 // paxXattr is the prefix of PAX records that carry extended attributes.
@@ -37,18 +64,33 @@ const paxXattr = "SCHILY.xattr."
 const opaqueXattr = "trusted.overlay.opaque"
 
 // allowedXattr reports whether a layer may carry the xattr k (with value
-// v). The other trusted.overlay.* attributes (redirects, metacopy) would let
-// a build step steer the host's overlayfs, so they are dropped.
+// v): the opaque marker of a directory, and user.* attributes. The other
+// trusted.overlay.* attributes (redirects, metacopy) and user.overlay.*
+// would let a build step steer the host's overlayfs; security.capability
+// would give a program file capabilities, and system.* (ACLs) grant access
+// the modes do not show: all dropped.
 func allowedXattr(k, v string, dir bool) bool {
 	switch {
 	case k == opaqueXattr:
 		return dir && v == "y"
-	case k == "security.capability":
-		return true
+	case strings.HasPrefix(k, "user.overlay."):
+		return false
 	case strings.HasPrefix(k, "user."):
 		return true
 	}
 	return false
+}
+
+// entryMode is the permission bits kept of a member: set-user-ID and
+// set-group-ID are cleared on anything but a directory (whose set-group-ID
+// only passes its group on to new files), so that neither a build step nor
+// a build context can plant a set-id program in a template.
+func entryMode(hdr *tar.Header) uint32 {
+	m := uint32(hdr.Mode) & 0o7777
+	if hdr.Typeflag != tar.TypeDir {
+		m &^= unix.S_ISUID | unix.S_ISGID
+	}
+	return m
 }
 
 // cleanName turns an archive member name into a clean relative path ("."
@@ -87,7 +129,7 @@ func extractTar(r io.Reader, dir string, o extractOptions) (int64, error) {
 		return 0, fmt.Errorf("open %s: %w", dir, err)
 	}
 	defer unix.Close(root)
-	x := &extractor{root: root, dir: dir, o: o, dirs: map[string]bool{".": true}}
+	x := &extractor{root: root, dir: dir, o: o.withDefaults(), dirs: map[string]bool{".": true}}
 	defer x.closeParents()
 	tr := tar.NewReader(r)
 	for {
@@ -97,6 +139,9 @@ func extractTar(r io.Reader, dir string, o extractOptions) (int64, error) {
 		}
 		if err != nil {
 			return x.total, fmt.Errorf("reading the archive: %w", err)
+		}
+		if x.entries++; x.entries > x.o.maxEntries {
+			return x.total, fmt.Errorf("%w: more than %d members", errTooLarge, x.o.maxEntries)
 		}
 		if err := x.entry(hdr, tr); err != nil {
 			return x.total, err
@@ -113,12 +158,14 @@ func extractTar(r io.Reader, dir string, o extractOptions) (int64, error) {
 }
 
 type extractor struct {
-	root  int
-	dir   string
-	o     extractOptions
-	total int64
-	dirs  map[string]bool // directories made (or the root)
-	metas []dirMeta
+	root    int
+	dir     string
+	o       extractOptions
+	total   int64
+	entries int
+	meta    int64           // bytes of dirs and metas, bounded by maxMetaBytes
+	dirs    map[string]bool // directories made (or the root)
+	metas   []dirMeta
 	// parent caches the last opened parent directory.
 	parentRel string
 	parentFD  int
@@ -169,7 +216,40 @@ func (x *extractor) mkdirs(rel string) error {
 	if err := unix.Mkdirat(pfd, path.Base(rel), 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("%s: mkdir: %w", rel, err)
 	}
-	x.dirs[rel] = true
+	return x.addDir(rel)
+}
+
+// addDir records the directory rel as made.
+func (x *extractor) addDir(rel string) error {
+	if !x.dirs[rel] {
+		if err := x.keep(int64(len(rel)) + 48); err != nil {
+			return err
+		}
+		x.dirs[rel] = true
+	}
+	return nil
+}
+
+// keep counts n bytes of metadata held until the end.
+func (x *extractor) keep(n int64) error {
+	if x.meta += n; x.meta > maxMetaBytes {
+		return fmt.Errorf("%w: too many directories, or too much of their metadata, to keep (over %d bytes)", errTooLarge, maxMetaBytes)
+	}
+	return nil
+}
+
+// addMeta records a directory's metadata, applied at the end.
+func (x *extractor) addMeta(dm dirMeta) error {
+	n := int64(len(dm.rel)) + 256
+	for k, v := range dm.xattrs {
+		n += int64(len(k) + len(v))
+	}
+	if err := x.keep(n); err != nil {
+		return err
+	}
+	// Only what applyDir uses of the header is kept.
+	dm.hdr = &tar.Header{Typeflag: dm.hdr.Typeflag, Mode: dm.hdr.Mode, Uid: dm.hdr.Uid, Gid: dm.hdr.Gid, ModTime: dm.hdr.ModTime}
+	x.metas = append(x.metas, dm)
 	return nil
 }
 
@@ -192,16 +272,12 @@ func (x *extractor) xattrsOf(hdr *tar.Header) map[string]string {
 }
 
 func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
-	rel, err := cleanName(hdr.Name)
+	rel, err := checkMember(hdr, x.o.layer)
 	if err != nil {
 		return err
 	}
 	if rel == "." {
-		if hdr.Typeflag != tar.TypeDir {
-			return fmt.Errorf("the archive's root is not a directory")
-		}
-		x.metas = append(x.metas, dirMeta{rel: ".", hdr: hdr, xattrs: x.xattrsOf(hdr)})
-		return nil
+		return x.addMeta(dirMeta{rel: ".", hdr: hdr, xattrs: x.xattrsOf(hdr)})
 	}
 	parent, base := path.Dir(rel), path.Base(rel)
 	if err := x.mkdirs(parent); err != nil {
@@ -215,7 +291,7 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 	if x.o.layer {
 		uid, gid = hdr.Uid, hdr.Gid
 	}
-	mode := uint32(hdr.Mode) & 0o7777
+	mode := entryMode(hdr)
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		if err := unix.Mkdirat(pfd, base, 0o700); err != nil {
@@ -227,12 +303,18 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 				return fmt.Errorf("%s: exists and is not a directory", rel)
 			}
 		}
-		x.dirs[rel] = true
-		x.metas = append(x.metas, dirMeta{rel: rel, hdr: hdr, xattrs: x.xattrsOf(hdr)})
-		return nil
+		if err := x.addDir(rel); err != nil {
+			return err
+		}
+		return x.addMeta(dirMeta{rel: rel, hdr: hdr, xattrs: x.xattrsOf(hdr)})
 	case tar.TypeReg:
-		if x.o.maxBytes > 0 && x.total+hdr.Size > x.o.maxBytes {
+		if x.total+hdr.Size > x.o.maxBytes {
 			return errTooLarge
+		}
+		if x.o.charge != nil {
+			if err := x.o.charge(hdr.Size); err != nil {
+				return err
+			}
 		}
 		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
@@ -255,10 +337,7 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		}
 		return nil
 	case tar.TypeLink:
-		target, err := cleanName(hdr.Linkname)
-		if err != nil || target == "." {
-			return fmt.Errorf("%s: bad hard link target %q", rel, hdr.Linkname)
-		}
+		target, _ := cleanName(hdr.Linkname) // checkMember checked it
 		tfd, err := unix.Openat2(x.root, path.Dir(target), &unix.OpenHow{
 			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
 			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
@@ -279,9 +358,6 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		}
 		return nil
 	case tar.TypeSymlink:
-		if strings.ContainsRune(hdr.Linkname, 0) || hdr.Linkname == "" {
-			return fmt.Errorf("%s: bad symlink target", rel)
-		}
 		if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
 			return fmt.Errorf("%s: symlink: %w", rel, err)
 		}
@@ -292,9 +368,6 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		_ = unix.UtimesNanoAt(pfd, base, ts, unix.AT_SYMLINK_NOFOLLOW)
 		return nil
 	case tar.TypeChar, tar.TypeBlock:
-		if !x.o.layer {
-			return fmt.Errorf("%s: device files are not allowed", rel)
-		}
 		if hdr.Typeflag != tar.TypeChar || hdr.Devmajor != 0 || hdr.Devminor != 0 {
 			// Only whiteouts: a build step must not plant device nodes.
 			return nil
@@ -311,11 +384,46 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 			return fmt.Errorf("%s: chown: %w", rel, err)
 		}
 		return nil
-	case tar.TypeXGlobalHeader:
-		return nil
-	default:
-		return fmt.Errorf("%s: unsupported archive member type %q", rel, string(hdr.Typeflag))
 	}
+	return nil // tar.TypeXGlobalHeader
+}
+
+// checkMember checks what can be checked of a member from its header
+// alone — what extractTar refuses whatever came before it — and returns
+// its clean name: no absolute name, no "..", no NUL, no sparse file, only
+// the types extractTar makes (devices only in a layer, where it keeps the
+// whiteouts), link targets that are names of the archive.
+func checkMember(hdr *tar.Header, layer bool) (string, error) {
+	rel, err := cleanName(hdr.Name)
+	if err != nil {
+		return "", err
+	}
+	if IsSparse(hdr) {
+		// Its holes would be written out as zeros: a few bytes of archive
+		// could fill the disk.
+		return "", fmt.Errorf("%s: a sparse file (not supported)", rel)
+	}
+	if rel == "." && hdr.Typeflag != tar.TypeDir {
+		return "", fmt.Errorf("the archive's root is not a directory")
+	}
+	switch hdr.Typeflag {
+	case tar.TypeDir, tar.TypeReg, tar.TypeFifo, tar.TypeXGlobalHeader:
+	case tar.TypeLink:
+		if target, err := cleanName(hdr.Linkname); err != nil || target == "." {
+			return "", fmt.Errorf("%s: bad hard link target %q", rel, hdr.Linkname)
+		}
+	case tar.TypeSymlink:
+		if strings.ContainsRune(hdr.Linkname, 0) || hdr.Linkname == "" {
+			return "", fmt.Errorf("%s: bad symlink target", rel)
+		}
+	case tar.TypeChar, tar.TypeBlock:
+		if !layer {
+			return "", fmt.Errorf("%s: device files are not allowed", rel)
+		}
+	default:
+		return "", fmt.Errorf("%s: unsupported archive member type %q", rel, string(hdr.Typeflag))
+	}
+	return rel, nil
 }
 
 // applyDir sets a directory's ownership, mode, xattrs and mtime.
@@ -336,7 +444,7 @@ func (x *extractor) applyDir(dm dirMeta) error {
 	}
 	defer unix.Close(fd)
 	uid, gid := 0, 0
-	mode := uint32(dm.hdr.Mode) & 0o7777
+	mode := entryMode(dm.hdr)
 	if x.o.layer {
 		uid, gid = dm.hdr.Uid, dm.hdr.Gid
 	} else if mode&0o700 != 0o700 {
@@ -380,3 +488,18 @@ func describeTarError(err error) string {
 
 // octal formats a mode for messages.
 func octal(m uint32) string { return "0" + strconv.FormatUint(uint64(m), 8) }
+
+// IsSparse reports whether a tar entry is a sparse file, in the old GNU
+// format or GNU's PAX formats: its data is a fraction of its size, so a
+// few bytes of archive may stand for terabytes of zeros.
+func IsSparse(hdr *tar.Header) bool {
+	if hdr.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
+}

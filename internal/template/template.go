@@ -54,11 +54,16 @@ const (
 type Template struct {
 	// Name is the built-in's name, or the name the template was first
 	// built under (a team's names for it are kept by the control plane).
-	Name      string    `json:"name"`
-	Digest    string    `json:"digest"`
-	SizeBytes int64     `json:"size_bytes"`
-	BuiltAt   time.Time `json:"built_at"`
-	Defaults  Defaults  `json:"defaults"`
+	Name      string `json:"name"`
+	Digest    string `json:"digest"`
+	SizeBytes int64  `json:"size_bytes"`
+	// StorageBytes is what the template counts against its team's
+	// storage limit: the bytes of its files it does not share with a
+	// built-in (see storageBytes). 0 for built-ins and for templates stored
+	// before it was recorded (see StorageBytes).
+	StorageBytes int64     `json:"storage_bytes,omitempty"`
+	BuiltAt      time.Time `json:"built_at"`
+	Defaults     Defaults  `json:"defaults"`
 	// Source is SourceBuiltin, SourceBuild or SourceImport.
 	Source string `json:"source,omitempty"`
 	// From is the digest of the template a build started from, or the
@@ -176,6 +181,10 @@ type Registry struct {
 	build sync.Mutex           // one built-in build at a time
 	// usage caches DiskUsage; reset when the store changes.
 	usage atomic.Int64
+	// builtinSet caches the built-ins' files (storageBytes), for the
+	// built-ins of builtinKey.
+	builtinSet map[inode]bool
+	builtinKey string
 }
 
 // Open opens (creating) the template store in dir.

@@ -210,6 +210,7 @@ func TestClientCoversSpec(t *testing.T) {
 		func() error { _, err := c.GetEval(ctx, "ev_1"); return err },
 		func() error { _, err := c.ListEvals(ctx); return err },
 		func() error { _, err := c.CancelEval(ctx, "ev_1"); return err },
+		func() error { return c.DeleteEval(ctx, "ev_1") },
 		func() error {
 			err := c.EvalResults(ctx, "ev_1", func(EvalResult) error { return nil })
 			if ute := (*json.UnmarshalTypeError)(nil); errors.As(err, &ute) {

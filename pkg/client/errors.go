@@ -58,6 +58,10 @@ func IsRateLimited(err error) bool { return ErrorCode(err) == CodeRateLimited }
 // StreamProcess), lower MaxOutputBytes, or retry later.
 func IsOutputBudgetExhausted(err error) bool { return ErrorCode(err) == CodeOutputBudgetExhausted }
 
+// IsStorageQuotaExceeded reports whether err says the team's storage
+// limit would be passed.
+func IsStorageQuotaExceeded(err error) bool { return ErrorCode(err) == CodeStorageQuotaExceeded }
+
 // IsSandboxNotRunning reports whether err says the sandbox ended.
 func IsSandboxNotRunning(err error) bool { return ErrorCode(err) == CodeSandboxNotRunning }
 

@@ -56,6 +56,16 @@ func (c *Client) CancelEval(ctx context.Context, id string) (*EvalRun, error) {
 	return &run, nil
 }
 
+// DeleteEval deletes an eval run that has ended (its input, results and
+// summary), freeing what it counted against the team's storage. A run
+// still queued or running is a conflict: cancel it first.
+func (c *Client) DeleteEval(ctx context.Context, id string) error {
+	if err := checkIDs(id); err != nil {
+		return err
+	}
+	return c.do(ctx, &request{method: http.MethodDelete, path: "/evals/" + seg(id), retry: true}, nil)
+}
+
 // EvalResults calls fn with each finished result of an eval run, in the
 // samples' order.
 func (c *Client) EvalResults(ctx context.Context, id string, fn func(EvalResult) error) error {

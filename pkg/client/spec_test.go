@@ -43,6 +43,7 @@ var wireTypes = map[string]reflect.Type{
 	"MkdirRequest":         reflect.TypeFor[MkdirRequest](),
 	"Team":                 reflect.TypeFor[Team](),
 	"Limits":               reflect.TypeFor[Limits](),
+	"TeamUsage":            reflect.TypeFor[TeamUsage](),
 	"CreateTeamRequest":    reflect.TypeFor[CreateTeamRequest](),
 	"TeamList":             reflect.TypeFor[TeamList](),
 	"UpdateTeamRequest":    reflect.TypeFor[UpdateTeamRequest](),

@@ -51,6 +51,9 @@ const (
 	// CodeOutputBudgetExhausted: the server's memory for buffered command
 	// output is in use; stream the output or lower max_output_bytes.
 	CodeOutputBudgetExhausted = "output_budget_exhausted"
+	// CodeStorageQuotaExceeded: what the team would store passes its
+	// storage limit (Limits.MaxStorageMB); nothing was stored.
+	CodeStorageQuotaExceeded = "storage_quota_exceeded"
 )
 
 // ErrorBody is every error response: {"error":{"code","message"}}.
@@ -219,12 +222,29 @@ type Team struct {
 	Name      string    `json:"name"`
 	CreatedAt time.Time `json:"created_at"`
 	Limits    Limits    `json:"limits"`
+	// Usage is what the team uses now; only GET /v1/teams/{id} sets it.
+	Usage *TeamUsage `json:"usage,omitempty"`
 }
 
 // Limits are a team's quotas.
 type Limits struct {
 	MaxSandboxes      int `json:"max_sandboxes"`
 	MaxConcurrentExec int `json:"max_concurrent_execs"`
+	// MaxStorageMB bounds what the team stores (MiB): its templates, the
+	// build contexts and image uploads being processed, its eval runs'
+	// inputs. 0 on input: the server's default.
+	MaxStorageMB int `json:"max_storage_mb"`
+}
+
+// TeamUsage is what a team uses.
+type TeamUsage struct {
+	// StorageBytes is what the team stores, counted against
+	// MaxStorageBytes: its templates (the bytes each one adds to the
+	// built-ins, once per digest), build contexts and image uploads being
+	// processed, and its eval runs' inputs.
+	StorageBytes int64 `json:"storage_bytes"`
+	// MaxStorageBytes is the storage limit in force (0: none).
+	MaxStorageBytes int64 `json:"max_storage_bytes"`
 }
 
 // CreateTeamRequest is the body of POST /v1/teams (admin only).
@@ -272,17 +292,21 @@ type KeyList struct {
 type Template struct {
 	Name string `json:"name"`
 	// Digest identifies the template exactly: built-ins by their build
-	// spec and mirror, built templates by their spec, base and build
+	// spec and mirror, built templates by their team, spec, base and build
 	// context, imports by the image's manifest digest. The same inputs
 	// give the same digest.
-	Digest    string    `json:"digest"`
-	SizeBytes int64     `json:"size_bytes"`
-	BuiltAt   time.Time `json:"built_at"`
-	CPU       float64   `json:"cpu"`
-	MemoryMB  int       `json:"memory_mb"`
-	DiskMB    int       `json:"disk_mb"`
-	Workdir   string    `json:"workdir"`
-	User      string    `json:"user"`
+	Digest    string `json:"digest"`
+	SizeBytes int64  `json:"size_bytes"`
+	// StorageBytes is what the template counts against its team's storage
+	// limit: the bytes of its files that it does not share with a
+	// built-in (not set for built-ins).
+	StorageBytes int64     `json:"storage_bytes,omitempty"`
+	BuiltAt      time.Time `json:"built_at"`
+	CPU          float64   `json:"cpu"`
+	MemoryMB     int       `json:"memory_mb"`
+	DiskMB       int       `json:"disk_mb"`
+	Workdir      string    `json:"workdir"`
+	User         string    `json:"user"`
 	// Source is builtin, build or import. Built-ins belong to every team.
 	Source string `json:"source"`
 	// Env is the default environment of the template's sandboxes.

@@ -37,17 +37,19 @@ type applier struct {
 	layer map[string]struct{}
 	// dirTimes are directory times, set last: creating entries changes them.
 	dirTimes map[string][2]unix.Timespec
-	// skippedDevices counts device nodes the kernel refused to create (EPERM,
-	// as in a user namespace).
-	skippedDevices int
+	// droppedDevices counts the character and block devices of the image,
+	// which are never created.
+	droppedDevices int
+	budget         *budget
 }
 
-func newApplier(dir string) (*applier, error) {
+func newApplier(dir string, b *budget) (*applier, error) {
 	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &fs.PathError{Op: "open", Path: dir, Err: err}
 	}
 	return &applier{
+		budget:   b,
 		root:     fd,
 		buf:      make([]byte, 256<<10),
 		layer:    map[string]struct{}{},
@@ -75,7 +77,13 @@ func (a *applier) apply(ctx context.Context, r io.Reader) error {
 		if err != nil {
 			return fmt.Errorf("reading tar: %w", err)
 		}
+		if err := a.budget.entry(); err != nil {
+			return err
+		}
 		if err := a.entry(hdr, tr); err != nil {
+			if errors.Is(err, ErrTooLarge) {
+				return err
+			}
 			return fmt.Errorf("entry %q: %w", hdr.Name, err)
 		}
 	}
@@ -130,7 +138,14 @@ func (a *applier) entry(hdr *tar.Header, r io.Reader) error {
 		}
 		return a.whiteout(dir, strings.TrimPrefix(base, whiteoutPrefix))
 	}
-	a.mark(name)
+	if isSparse(hdr) {
+		// Its holes would be written out as zeros: a few bytes of layer
+		// could fill the disk.
+		return invalid("a sparse file (not supported)")
+	}
+	if err := a.mark(name); err != nil {
+		return err
+	}
 	if hdr.Typeflag != tar.TypeDir {
 		if name == "." {
 			return invalid("the root must be a directory")
@@ -145,7 +160,10 @@ func (a *applier) entry(hdr *tar.Header, r io.Reader) error {
 	defer unix.Close(pfd)
 
 	switch hdr.Typeflag {
-	case tar.TypeReg, tar.TypeCont, tar.TypeGNUSparse: // the reader expands sparse files
+	case tar.TypeReg, tar.TypeCont:
+		if err := a.budget.file(hdr.Size); err != nil {
+			return err
+		}
 		return a.file(pfd, base, hdr, r)
 	case tar.TypeDir:
 		return a.dir(pfd, name, base, hdr)
@@ -156,22 +174,32 @@ func (a *applier) entry(hdr *tar.Header, r io.Reader) error {
 		return a.meta(pfd, base, hdr)
 	case tar.TypeLink:
 		return a.link(pfd, name, base, hdr.Linkname)
-	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-		return a.node(pfd, base, hdr)
+	case tar.TypeChar, tar.TypeBlock:
+		// A device node of the image would be a host device in the
+		// template's directory and in every sandbox: dropped (whiteouts of
+		// OCI layers are .wh. files, not devices).
+		a.droppedDevices++
+		return nil
+	case tar.TypeFifo:
+		return a.fifo(pfd, base, hdr)
 	default:
 		return invalid("unsupported tar entry type %q", hdr.Typeflag)
 	}
 }
 
 // mark records that the current layer wrote name (and so its parents).
-func (a *applier) mark(name string) {
+func (a *applier) mark(name string) error {
 	for name != "." {
 		if _, ok := a.layer[name]; ok {
-			return
+			return nil
+		}
+		if err := a.budget.keep(name); err != nil {
+			return err
 		}
 		a.layer[name] = struct{}{}
 		name = path.Dir(name)
 	}
+	return nil
 }
 
 // replace runs mk and, if the name is taken, removes what is there (a whole
@@ -230,6 +258,11 @@ func (a *applier) dir(pfd int, name, base string, hdr *tar.Header) error {
 	if err := a.meta(pfd, base, hdr); err != nil {
 		return err
 	}
+	if _, ok := a.dirTimes[name]; !ok {
+		if err := a.budget.keep(name); err != nil {
+			return err
+		}
+	}
 	a.dirTimes[name] = times(hdr)
 	return nil
 }
@@ -261,24 +294,10 @@ func (a *applier) link(pfd int, name, base, linkname string) error {
 	return nil
 }
 
-func (a *applier) node(pfd int, base string, hdr *tar.Header) error {
-	m := mode(hdr)
-	switch hdr.Typeflag {
-	case tar.TypeChar:
-		m |= unix.S_IFCHR
-	case tar.TypeBlock:
-		m |= unix.S_IFBLK
-	default:
-		m |= unix.S_IFIFO
-	}
-	dev := int(unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor)))
-	err := replace(pfd, base, func() error { return unix.Mknodat(pfd, base, m, dev) })
-	if err == unix.EPERM && hdr.Typeflag != tar.TypeFifo {
-		a.skippedDevices++
-		return nil
-	}
+func (a *applier) fifo(pfd int, base string, hdr *tar.Header) error {
+	err := replace(pfd, base, func() error { return unix.Mknodat(pfd, base, unix.S_IFIFO|mode(hdr), 0) })
 	if err != nil {
-		return fmt.Errorf("mknod: %w", err)
+		return fmt.Errorf("mkfifo: %w", err)
 	}
 	return a.meta(pfd, base, hdr)
 }
@@ -460,7 +479,16 @@ func (a *applier) openDir(name string) (int, error) {
 	return a.resolve(name, unix.O_PATH)
 }
 
-func mode(hdr *tar.Header) uint32 { return uint32(hdr.Mode) & 0o7777 }
+// mode is an entry's permission bits, without the set-user-ID and
+// set-group-ID bits of anything but a directory: an image cannot plant a
+// set-id program (a directory's set-group-ID only passes its group on).
+func mode(hdr *tar.Header) uint32 {
+	m := uint32(hdr.Mode) & 0o7777
+	if hdr.Typeflag != tar.TypeDir {
+		m &^= unix.S_ISUID | unix.S_ISGID
+	}
+	return m
+}
 
 func times(hdr *tar.Header) [2]unix.Timespec {
 	m := unix.Timespec{Sec: hdr.ModTime.Unix(), Nsec: int64(hdr.ModTime.Nanosecond())}
@@ -479,14 +507,15 @@ func setTimes(pfd int, base string, hdr *tar.Header) error {
 	return nil
 }
 
-// setXattrs applies the entry's extended attributes, skipping those the host
-// owns (SELinux labels) and overlayfs' own, which would change how the
-// root filesystem reads when it is an overlay's lower directory. Attributes
-// the filesystem does not support are skipped.
+// setXattrs applies the entry's user.* extended attributes. The others are
+// dropped: security.* (file capabilities, SELinux labels), trusted.* and
+// user.overlay.* (overlayfs' own, which would change how the root
+// filesystem reads as an overlay's lower directory) and system.* (ACLs).
+// Attributes the filesystem does not support are skipped.
 func setXattrs(hdr *tar.Header, set func(string, []byte) error) error {
 	for k, v := range hdr.PAXRecords {
 		name, ok := strings.CutPrefix(k, paxXattr)
-		if !ok || name == "security.selinux" || strings.HasPrefix(name, "trusted.overlay.") || strings.HasPrefix(name, "user.overlay.") {
+		if !ok || !keptXattr(name) {
 			continue
 		}
 		err := set(name, []byte(v))
@@ -498,6 +527,11 @@ func setXattrs(hdr *tar.Header, set func(string, []byte) error) error {
 		}
 	}
 	return nil
+}
+
+// keptXattr reports whether an image's extended attribute is restored.
+func keptXattr(name string) bool {
+	return strings.HasPrefix(name, "user.") && !strings.HasPrefix(name, "user.overlay.")
 }
 
 // fdWriter writes to a file descriptor.

@@ -32,11 +32,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
 )
 
@@ -49,6 +46,9 @@ var (
 	// ErrUnknownRef is wrapped when ref names no image of the source, or the
 	// source holds several images and no ref chose one.
 	ErrUnknownRef = errors.New("unknown image ref")
+	// ErrTooLarge is wrapped when an image passes a bound of Limits (or of
+	// the archive it came in).
+	ErrTooLarge = errors.New("image too large")
 )
 
 // Config is what an image says about running it.
@@ -60,19 +60,71 @@ type Config struct {
 	Cmd        []string
 }
 
+// Limits bound what one import reads and writes; zero fields take the
+// defaults.
+type Limits struct {
+	// MaxBytes bounds the uncompressed layers of the image, all together
+	// (their tar streams: headers, padding, and what a gzip or zstd stream
+	// expands to), and so the bytes of the files written. Default 32 GiB.
+	MaxBytes int64
+	// MaxEntries bounds the tar entries of all layers. Default 1,000,000.
+	MaxEntries int
+}
+
+// Default limits.
+const (
+	DefaultMaxBytes   = 32 << 30
+	DefaultMaxEntries = 1_000_000
+)
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxBytes <= 0 {
+		l.MaxBytes = DefaultMaxBytes
+	}
+	if l.MaxEntries <= 0 {
+		l.MaxEntries = DefaultMaxEntries
+	}
+	return l
+}
+
+// Charge is told the size of each regular file before the file is
+// written; an error stops the import, wrapped (a storage quota).
+type Charge func(n int64) error
+
+// Importer imports images within its limits. The zero value uses the
+// default limits and pulls from registries on public addresses only.
+type Importer struct {
+	Limits Limits
+	// AllowRegistries, when set, are the only registries ImportRemote
+	// pulls from; they may be on loopback or private addresses (see
+	// remote.go). Empty: any registry on a public address.
+	AllowRegistries AllowList
+}
+
 // Annotations naming an image in an OCI layout's index.json.
 const (
 	annotationRefName    = "org.opencontainers.image.ref.name"
 	annotationContainerd = "io.containerd.image.name"
 )
 
+// Import is (&Importer{}).Import without a charge.
+func Import(ctx context.Context, src, ref, dst string) (Config, string, error) {
+	return (&Importer{}).Import(ctx, src, ref, dst, nil)
+}
+
 // Import reads the image at src — a docker-archive tarball (`docker save`
-// format) or an OCI image layout directory (index.json; if it holds several
-// manifests, ref selects one by the org.opencontainers.image.ref.name
-// annotation, else it must hold exactly one) — and writes its flattened root
-// filesystem into dst (must not exist; created; on any error nothing is left
-// at dst). It returns the image config and the image's digest (manifest
-// digest, "sha256:…").
+// format), an OCI image layout packed as a tar archive, or an OCI image
+// layout directory (index.json; if it holds several manifests, ref selects
+// one by the org.opencontainers.image.ref.name annotation, else it must
+// hold exactly one) — and writes its flattened root filesystem into dst
+// (must not exist; created; on any error nothing is left at dst). It
+// returns the image config and the image's digest (manifest digest,
+// "sha256:…"). charge (nil: none) is called before each file is written.
+//
+// The files of src are read in place, never extracted: a layout's files
+// are opened beneath its directory without following symlinks, regular
+// files only (source), an archive's members as sections of the archive;
+// the files read whole (index.json, manifests, configs) are bounded.
 //
 // In a layout, ref may also be the io.containerd.image.name annotation (what
 // `docker save` writes) or a manifest digest; in a docker-archive it is one
@@ -86,37 +138,50 @@ const (
 // dst's parent must exist. The filesystem is written into a hidden sibling
 // directory (".<base>.import-*") renamed to dst at the end; a crash can leave
 // one behind.
-func Import(ctx context.Context, src, ref, dst string) (Config, string, error) {
-	cfg, digest, err := importLocal(ctx, src, ref, dst)
+func (im *Importer) Import(ctx context.Context, src, ref, dst string, charge Charge) (Config, string, error) {
+	cfg, digest, err := im.importLocal(ctx, src, ref, dst, charge)
 	if err != nil {
 		return Config{}, "", fmt.Errorf("oci: %s: %w", src, cancelled(ctx, err))
 	}
 	return cfg, digest, nil
 }
 
-func importLocal(ctx context.Context, src, ref, dst string) (Config, string, error) {
+func (im *Importer) importLocal(ctx context.Context, src, ref, dst string, charge Charge) (Config, string, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	img, err := openLocal(ctx, src, ref)
+	img, closeSrc, err := openLocal(ctx, src, ref)
 	if err != nil {
 		return Config{}, "", err
 	}
-	return unpack(ctx, cancel, img, true, dst)
+	defer closeSrc()
+	return unpack(ctx, cancel, img, true, dst, im.Limits.withDefaults(), charge)
+}
+
+// ImportRemote is (&Importer{}).ImportRemote without a charge.
+func ImportRemote(ctx context.Context, ref, dst string) (Config, string, error) {
+	return (&Importer{}).ImportRemote(ctx, ref, dst, nil)
 }
 
 // ImportRemote does the same from a registry reference (e.g.
 // "registry.example:5000/py:3.12"), using the default keychain; it is for
 // hosts that reach a registry. Registries on localhost, loopback and private
 // (RFC 1918) addresses are spoken to over plain HTTP, others over HTTPS.
-func ImportRemote(ctx context.Context, ref, dst string) (Config, string, error) {
-	cfg, digest, err := importRemote(ctx, ref, dst)
+// Only registries on public addresses are pulled from, and every
+// connection of the pull is checked (remote.go), unless
+// im.AllowRegistries allows the registry; errors never show what a
+// registry answered (remoteError).
+func (im *Importer) ImportRemote(ctx context.Context, ref, dst string, charge Charge) (Config, string, error) {
+	cfg, digest, err := im.importRemote(ctx, ref, dst, charge)
 	if err != nil {
-		return Config{}, "", fmt.Errorf("oci: %s: %w", ref, cancelled(ctx, err))
+		return Config{}, "", fmt.Errorf("oci: %s: %w", ref, cancelled(ctx, remoteError(err)))
 	}
 	return cfg, digest, nil
 }
 
-func importRemote(ctx context.Context, ref, dst string) (Config, string, error) {
+func (im *Importer) importRemote(ctx context.Context, ref, dst string, charge Charge) (Config, string, error) {
+	if err := im.CheckRemote(ref); err != nil {
+		return Config{}, "", err
+	}
 	r, err := name.ParseReference(ref)
 	if err != nil {
 		return Config{}, "", fmt.Errorf("%w: %w", ErrUnknownRef, err)
@@ -126,15 +191,21 @@ func importRemote(ctx context.Context, ref, dst string) (Config, string, error) 
 	img, err := remote.Image(r,
 		remote.WithContext(ctx),
 		remote.WithAuthFromKeychain(authn.DefaultKeychain),
-		remote.WithPlatform(hostPlatform()))
+		remote.WithPlatform(hostPlatform()),
+		remote.WithTransport(im.transport()))
 	if err != nil {
-		var terr *transport.Error
-		if errors.As(err, &terr) && terr.StatusCode == 404 {
-			return Config{}, "", fmt.Errorf("%w: %w", ErrUnknownRef, err)
-		}
 		return Config{}, "", err
 	}
-	return unpack(ctx, cancel, img, false, dst)
+	// The config is read whole: bound it by its descriptor first (the
+	// registry's answer is then cut at that size).
+	m, err := img.Manifest()
+	if err != nil {
+		return Config{}, "", err
+	}
+	if m.Config.Size < 0 || m.Config.Size > maxMetadataBytes {
+		return Config{}, "", invalid("the config is %d bytes, over the maximum of %d for image metadata", m.Config.Size, maxMetadataBytes)
+	}
+	return unpack(ctx, cancel, img, false, dst, im.Limits.withDefaults(), charge)
 }
 
 // cancelled reports ctx's error in place of err when ctx ended: whatever
@@ -152,19 +223,38 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidImage}, args...)...)
 }
 
-// openLocal opens a docker-archive file or an OCI layout directory.
-func openLocal(ctx context.Context, src, ref string) (v1.Image, error) {
+// openLocal opens a tar archive (docker-archive or OCI layout) or an OCI
+// layout directory; the returned func closes what it opened.
+func openLocal(ctx context.Context, src, ref string) (v1.Image, func(), error) {
 	st, err := os.Stat(src)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if st.IsDir() {
-		return openLayout(src, ref)
+		ds, err := openDirSource(src)
+		if err != nil {
+			return nil, nil, err
+		}
+		img, err := openLayoutSource(ds, ref)
+		if err != nil {
+			ds.close()
+			return nil, nil, err
+		}
+		return img, func() { ds.close() }, nil
 	}
 	if !st.Mode().IsRegular() {
-		return nil, invalid("neither a tarball nor an OCI layout directory")
+		return nil, nil, invalid("neither a tarball nor an OCI layout directory")
 	}
-	return openArchive(ctx, src, ref)
+	f, err := os.Open(src)
+	if err != nil {
+		return nil, nil, err
+	}
+	img, err := openArchive(ctx, f, src, ref)
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return img, func() { f.Close() }, nil
 }
 
 // ctxFile is an *os.File whose reads stop once ctx is done. It seeks, so tar
@@ -190,7 +280,30 @@ func corrupt(err error) bool {
 	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, tar.ErrHeader) || errors.As(err, &serr)
 }
 
-func openArchive(ctx context.Context, src, ref string) (v1.Image, error) {
+// openArchive opens the archive f (at src): an OCI layout when it holds
+// oci-layout (as `docker save` of Docker 25 and later writes, next to a
+// manifest.json), else a docker-archive.
+func openArchive(ctx context.Context, f *os.File, src, ref string) (v1.Image, error) {
+	if err := checkHead(f); err != nil {
+		return nil, err
+	}
+	ts, err := scanArchive(f)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case ts.has("oci-layout"):
+		return openLayoutSource(ts, ref)
+	case ts.has("manifest.json"):
+		return openDockerArchive(ctx, ts, src, ref)
+	}
+	return nil, invalid("not a docker-archive tarball (no manifest.json) nor an OCI image layout (no oci-layout)")
+}
+
+// openDockerArchive reads a docker-archive with go-containerregistry's
+// tarball package, which reads manifest.json and the config whole: their
+// sizes are checked first, found as it finds them.
+func openDockerArchive(ctx context.Context, ts *tarSource, src, ref string) (v1.Image, error) {
 	opener := func() (io.ReadCloser, error) {
 		f, err := os.Open(src)
 		if err != nil {
@@ -198,7 +311,17 @@ func openArchive(ctx context.Context, src, ref string) (v1.Image, error) {
 		}
 		return ctxFile{ctx, f}, nil
 	}
-	if err := checkArchive(src); err != nil {
+	checkSize := func(name string) error {
+		m, err := ts.resolve(name)
+		if err != nil {
+			return invalid("docker-archive: %w", err)
+		}
+		if m.size > maxMetadataBytes {
+			return invalid("%s is %d bytes, over the maximum of %d for image metadata", name, m.size, maxMetadataBytes)
+		}
+		return nil
+	}
+	if err := checkSize("manifest.json"); err != nil {
 		return nil, err
 	}
 	m, err := tarball.LoadManifest(opener)
@@ -206,7 +329,12 @@ func openArchive(ctx context.Context, src, ref string) (v1.Image, error) {
 		return nil, invalid("truncated or corrupt tarball: %w", err)
 	}
 	if err != nil {
-		return nil, invalid("not a docker-archive tarball (no readable manifest.json; an OCI image layout must be given as a directory): %w", err)
+		return nil, invalid("not a docker-archive tarball (no readable manifest.json): %w", err)
+	}
+	for _, d := range m {
+		if err := checkSize(d.Config); err != nil {
+			return nil, err
+		}
 	}
 	var tag *name.Tag
 	switch {
@@ -232,17 +360,11 @@ func openArchive(ctx context.Context, src, ref string) (v1.Image, error) {
 	return img, nil
 }
 
-// checkArchive checks that src is a whole tar archive, reading only its
-// headers.
-func checkArchive(src string) error {
-	f, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
+// checkHead refuses a file that is no tar archive by its first block.
+func checkHead(f *os.File) error {
 	var head [512]byte
-	n, err := io.ReadFull(f, head[:])
-	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+	n, err := f.ReadAt(head[:], 0)
+	if err != nil && err != io.EOF {
 		return err
 	}
 	if n >= 2 && head[0] == 0x1f && head[1] == 0x8b {
@@ -250,32 +372,6 @@ func checkArchive(src string) error {
 	}
 	if n < len(head) || !tarHeaderValid(head[:]) {
 		return invalid("neither a tarball nor an OCI layout directory")
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	// The reader skips entry data by seeking, checking it is there. It takes
-	// a file cut at an entry boundary for a whole archive: the end-of-archive
-	// marker (two zero blocks) after the last entry tells them apart.
-	tr := tar.NewReader(f)
-	var end int64 // where the last entry's data ends
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil && !errors.Is(err, tar.ErrInsecurePath) {
-			return invalid("truncated or corrupt tarball: %w", err)
-		}
-		pos, err := f.Seek(0, io.SeekCurrent)
-		if err != nil {
-			return err
-		}
-		end = pos + (hdr.Size+511)&^511
-	}
-	var marker [1024]byte
-	if n, _ := f.ReadAt(marker[:], end); n < len(marker) || marker != [1024]byte{} {
-		return invalid("truncated or corrupt tarball: no end-of-archive marker after the last entry")
 	}
 	return nil
 }
@@ -323,99 +419,6 @@ func archiveTags(m tarball.Manifest) string {
 	return strings.Join(tags, ", ")
 }
 
-func openLayout(src, ref string) (v1.Image, error) {
-	if _, err := os.Stat(filepath.Join(src, "index.json")); err != nil {
-		return nil, invalid("a directory without index.json: not an OCI image layout")
-	}
-	idx, err := layout.ImageIndexFromPath(src)
-	if err != nil {
-		return nil, invalid("OCI layout: %w", err)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		return nil, invalid("OCI layout index.json: %w", err)
-	}
-	candidates := im.Manifests
-	if ref != "" {
-		candidates = nil
-		for _, d := range im.Manifests {
-			if d.Annotations[annotationRefName] == ref || d.Annotations[annotationContainerd] == ref || d.Digest.String() == ref {
-				candidates = append(candidates, d)
-			}
-		}
-		if len(candidates) == 0 {
-			return nil, fmt.Errorf("%w: %q is not in the layout (refs: %s)", ErrUnknownRef, ref, layoutRefs(im))
-		}
-	} else if len(candidates) != 1 {
-		return nil, fmt.Errorf("%w: the layout holds %d manifests (refs: %s); choose one with a ref", ErrUnknownRef, len(candidates), layoutRefs(im))
-	}
-	d := candidates[0]
-	if len(candidates) > 1 {
-		// Several manifests under one name: platform variants.
-		if d, err = pickPlatform(candidates); err != nil {
-			return nil, err
-		}
-	}
-	return resolveLayout(idx, d, 0)
-}
-
-func layoutRefs(im *v1.IndexManifest) string {
-	var refs []string
-	for _, d := range im.Manifests {
-		if r := d.Annotations[annotationRefName]; r != "" {
-			refs = append(refs, r)
-		} else {
-			refs = append(refs, d.Digest.String())
-		}
-	}
-	if len(refs) == 0 {
-		return "none"
-	}
-	return strings.Join(refs, ", ")
-}
-
-// resolveLayout follows d (an image, or an index to take the host platform's
-// image from) to an image whose manifest is present.
-func resolveLayout(idx v1.ImageIndex, d v1.Descriptor, depth int) (v1.Image, error) {
-	if depth > 4 {
-		return nil, invalid("indexes nested too deep")
-	}
-	switch d.MediaType {
-	case types.OCIImageIndex, types.DockerManifestList:
-		child, err := idx.ImageIndex(d.Digest)
-		if err != nil {
-			return nil, missing(d, err)
-		}
-		im, err := child.IndexManifest()
-		if err != nil {
-			return nil, missing(d, err)
-		}
-		cd, err := pickPlatform(im.Manifests)
-		if err != nil {
-			return nil, err
-		}
-		return resolveLayout(child, cd, depth+1)
-	case types.OCIManifestSchema1, types.DockerManifestSchema2:
-		img, err := idx.Image(d.Digest)
-		if err != nil {
-			return nil, missing(d, err)
-		}
-		if _, err := img.RawManifest(); err != nil {
-			return nil, missing(d, err)
-		}
-		return img, nil
-	default:
-		return nil, invalid("manifest %s has unsupported media type %q", d.Digest, d.MediaType)
-	}
-}
-
-func missing(d v1.Descriptor, err error) error {
-	if errors.Is(err, fs.ErrNotExist) {
-		return invalid("manifest %s is missing from the layout (blobs/%s/%s)", d.Digest, d.Digest.Algorithm, d.Digest.Hex)
-	}
-	return invalid("manifest %s: %w", d.Digest, err)
-}
-
 // pickPlatform chooses the host platform's manifest among descs.
 func pickPlatform(descs []v1.Descriptor) (v1.Descriptor, error) {
 	want := hostPlatform()
@@ -441,7 +444,7 @@ func pickPlatform(descs []v1.Descriptor) (v1.Descriptor, error) {
 // unpack writes img's root filesystem to dst. cancel cancels ctx, which
 // img's reads watch. local says the layers come from a local file, so that
 // an error reading them means the file is bad.
-func unpack(ctx context.Context, cancel context.CancelFunc, img v1.Image, local bool, dst string) (Config, string, error) {
+func unpack(ctx context.Context, cancel context.CancelFunc, img v1.Image, local bool, dst string, lim Limits, charge Charge) (Config, string, error) {
 	start := time.Now()
 	dst = filepath.Clean(dst)
 	if _, err := os.Lstat(dst); err == nil {
@@ -496,7 +499,7 @@ func unpack(ctx context.Context, cancel context.CancelFunc, img v1.Image, local 
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return Config{}, "", err
 	}
-	a, err := newApplier(tmp)
+	a, err := newApplier(tmp, &budget{lim: lim, charge: charge})
 	if err != nil {
 		return Config{}, "", err
 	}
@@ -525,8 +528,8 @@ func unpack(ctx context.Context, cancel context.CancelFunc, img v1.Image, local 
 		return Config{}, "", &os.LinkError{Op: "rename", Old: tmp, New: dst, Err: err}
 	}
 	done = true
-	if a.skippedDevices > 0 {
-		slog.Warn("oci import: device nodes not created (not permitted)", "dst", dst, "count", a.skippedDevices)
+	if a.droppedDevices > 0 {
+		slog.Debug("oci import: device nodes dropped", "dst", dst, "count", a.droppedDevices)
 	}
 	slog.Debug("oci import", "dst", dst, "layers", len(layers), "duration", time.Since(start))
 	c := cf.Config
@@ -543,7 +546,7 @@ func applyLayer(ctx context.Context, a *applier, l v1.Layer, diffID v1.Hash, loc
 		return fmt.Errorf("opening: %w", err)
 	}
 	defer rc.Close()
-	lr := &layerReader{ctx: ctx, r: rc, h: sha256.New()}
+	lr := &layerReader{ctx: ctx, r: rc, h: sha256.New(), b: a.budget}
 	ra := newReadAhead(lr, 1<<20, 4)
 	err = a.apply(ctx, ra)
 	if err == nil {
@@ -551,6 +554,9 @@ func applyLayer(ctx context.Context, a *applier, l v1.Layer, diffID v1.Hash, loc
 		_, err = io.CopyBuffer(io.Discard, onlyReader{ra}, a.buf)
 	}
 	ra.close() // lr is ours again
+	if errors.Is(lr.err, ErrTooLarge) {
+		return lr.err
+	}
 	if lr.err != nil && ctx.Err() == nil {
 		if local || corrupt(lr.err) {
 			return invalid("reading: %w", lr.err)
@@ -562,7 +568,7 @@ func applyLayer(ctx context.Context, a *applier, l v1.Layer, diffID v1.Hash, loc
 			return cerr
 		}
 		var errno unix.Errno
-		if !errors.Is(err, ErrInvalidImage) && (corrupt(err) || errors.As(err, &errno) && imageErrno(errno)) {
+		if !errors.Is(err, ErrInvalidImage) && !errors.Is(err, ErrTooLarge) && (corrupt(err) || errors.As(err, &errno) && imageErrno(errno)) {
 			return invalid("%w", err)
 		}
 		return err
@@ -586,12 +592,14 @@ func imageErrno(e unix.Errno) bool {
 	return false
 }
 
-// layerReader reads a layer's uncompressed stream, hashing it, stopping once
-// ctx is done and keeping the first read error.
+// layerReader reads a layer's uncompressed stream, hashing it, counting it
+// against the import's budget, stopping once ctx is done and keeping the
+// first read error.
 type layerReader struct {
 	ctx context.Context
 	r   io.Reader
 	h   hash.Hash
+	b   *budget
 	err error
 }
 
@@ -599,10 +607,82 @@ func (l *layerReader) Read(p []byte) (int, error) {
 	if err := l.ctx.Err(); err != nil {
 		return 0, err
 	}
+	if l.err != nil {
+		return 0, l.err
+	}
 	n, err := l.r.Read(p)
 	l.h.Write(p[:n])
+	if serr := l.b.read(int64(n)); serr != nil && err == nil {
+		err = serr
+	}
 	if err != nil && err != io.EOF && l.err == nil {
 		l.err = err
 	}
 	return n, err
+}
+
+// budget counts what one import reads, writes and keeps in memory.
+type budget struct {
+	lim    Limits
+	charge Charge
+	// stream is the uncompressed bytes of layers read, entries their tar
+	// entries.
+	stream  int64
+	entries int
+	// paths is the memory the applier's bookkeeping (paths of the layer,
+	// directory times) holds, bounded by maxPathBytes.
+	paths int64
+}
+
+// maxPathBytes bounds the applier's bookkeeping of one import: about what
+// 1,000,000 paths of 80 bytes take, far above any real image's.
+var maxPathBytes int64 = 128 << 20
+
+// pathCost is what the applier counts for one path it keeps: its bytes
+// and the map entry.
+func pathCost(p string) int64 { return int64(len(p)) + 48 }
+
+func (b *budget) read(n int64) error {
+	b.stream += n
+	if b.stream > b.lim.MaxBytes {
+		return fmt.Errorf("%w: its layers are over the maximum of %d bytes, uncompressed", ErrTooLarge, b.lim.MaxBytes)
+	}
+	return nil
+}
+
+func (b *budget) entry() error {
+	b.entries++
+	if b.entries > b.lim.MaxEntries {
+		return fmt.Errorf("%w: its layers hold over the maximum of %d entries", ErrTooLarge, b.lim.MaxEntries)
+	}
+	return nil
+}
+
+// file is called before a regular file of n bytes is written. (Its bytes
+// come from the stream, which read counts: this check only refuses at once
+// a file that could never fit.)
+func (b *budget) file(n int64) error {
+	if n > b.lim.MaxBytes {
+		return fmt.Errorf("%w: its layers are over the maximum of %d bytes, uncompressed", ErrTooLarge, b.lim.MaxBytes)
+	}
+	if b.charge != nil {
+		if err := b.charge(n); err != nil {
+			return &chargeError{err}
+		}
+	}
+	return nil
+}
+
+// chargeError is a Charge's error, passed on as it is.
+type chargeError struct{ err error }
+
+func (e *chargeError) Error() string { return e.err.Error() }
+func (e *chargeError) Unwrap() error { return e.err }
+
+func (b *budget) keep(p string) error {
+	b.paths += pathCost(p)
+	if b.paths > maxPathBytes {
+		return fmt.Errorf("%w: it has too many paths, or too deep ones, to track (over %d bytes of them)", ErrTooLarge, maxPathBytes)
+	}
+	return nil
 }

@@ -99,6 +99,7 @@ SANDBOX = {
         ("internal", 500, evalbox.ServerError),
         ("unavailable", 503, evalbox.ServiceUnavailableError),
         ("no_space", 507, evalbox.NoSpaceError),
+        ("storage_quota_exceeded", 413, evalbox.StorageQuotaExceededError),
         ("some_new_code", 507, evalbox.ServerError),  # a code this SDK does not know: by status
     ],
 )

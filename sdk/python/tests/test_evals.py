@@ -107,11 +107,17 @@ def test_cancel_and_wait_timeout(team: Team) -> None:
     assert (run.state, run.samples, run.concurrency, run.timeout) == ("running", 6, 1, 30)
     with pytest.raises(evalbox.TimeoutError):
         evalbox.evals.wait(run, timeout=0.3, poll_interval=0.1)
+    with pytest.raises(evalbox.ConflictError):
+        evalbox.evals.delete(run)  # running
     cancelled = evalbox.evals.cancel(run.id)
     assert cancelled.state in ("running", "cancelled")
     ended = evalbox.evals.wait(run, timeout=30, poll_interval=0.1)
     assert ended.state == "cancelled"
     assert len(list(evalbox.evals.results(run))) < 6
+    # Ended, it can be deleted (its input no longer counts against the team's storage).
+    evalbox.evals.delete(run)
+    with pytest.raises(evalbox.NotFoundError):
+        evalbox.evals.get(run.id)
 
 
 def test_mixed_verdicts_and_pass_at_k(team: Team) -> None:
@@ -138,8 +144,13 @@ async def test_async_cancel(team: Team) -> None:
     run = await evalbox.async_evals.create([ONE], [slow] * 4, concurrency=1, timeout=30, runtime=NS)
     with pytest.raises(evalbox.TimeoutError):
         await evalbox.async_evals.wait(run, timeout=0.2, poll_interval=0.05)
+    with pytest.raises(evalbox.ConflictError):
+        await evalbox.async_evals.delete(run)  # running
     await evalbox.async_evals.cancel(run)
     assert (await evalbox.async_evals.wait(run.id, poll_interval=0.1)).state == "cancelled"
+    await evalbox.async_evals.delete(run)
+    with pytest.raises(evalbox.NotFoundError):
+        await evalbox.async_evals.get(run)
 
 
 def test_eval_errors(server: Server, team: Team) -> None:

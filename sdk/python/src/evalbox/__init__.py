@@ -52,6 +52,7 @@ from .errors import (
     SandboxNotRunningError,
     ServerError,
     ServiceUnavailableError,
+    StorageQuotaExceededError,
     TooManySandboxesError,
 )
 from .models import (
@@ -108,6 +109,7 @@ __all__ = [
     "SandboxNotRunningError",
     "ServerError",
     "ServiceUnavailableError",
+    "StorageQuotaExceededError",
     "TemplateInfo",
     "Templates",
     "TooManySandboxesError",

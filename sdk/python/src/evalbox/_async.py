@@ -403,6 +403,11 @@ class AsyncEvals:
         c = self._client()
         return await c._run(core.cancel_eval(c._cfg, core.eval_run_id(run)))
 
+    async def delete(self, run: RunRef) -> None:
+        """Delete a run that has ended (input, results, summary); a running one raises ConflictError."""
+        c = self._client()
+        await c._run(core.delete_eval(c._cfg, core.eval_run_id(run)))
+
     async def wait(
         self,
         run: RunRef,

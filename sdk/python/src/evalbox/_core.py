@@ -1049,6 +1049,11 @@ def cancel_eval(cfg: Config, run_id: str) -> Op[EvalRun]:
     return EvalRun.from_json(resp.json())
 
 
+def delete_eval(cfg: Config, run_id: str) -> Op[None]:
+    """``DELETE /v1/evals/{id}``: remove an ended run (input, results, summary); a running one is a conflict."""
+    yield from request(cfg, Call("DELETE", eval_path(run_id), retry=True))
+
+
 def wait_eval(
     cfg: Config,
     run_id: str,

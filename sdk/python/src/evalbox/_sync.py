@@ -371,6 +371,14 @@ class Evals:
         c = self._client()
         return c._run(core.cancel_eval(c._cfg, core.eval_run_id(run)))
 
+    def delete(self, run: RunRef) -> None:
+        """Delete a run that has ended: its input, results and summary, and what they count against the team's storage.
+
+        Raises :class:`~evalbox.ConflictError` for a run still running (cancel it first).
+        """
+        c = self._client()
+        c._run(core.delete_eval(c._cfg, core.eval_run_id(run)))
+
     def wait(
         self,
         run: RunRef,

@@ -109,6 +109,16 @@ class NoSpaceError(EvalboxError):
     """507 ``no_space``: the sandbox's disk (``disk_mb``) is full."""
 
 
+class StorageQuotaExceededError(EvalboxError):
+    """413 ``storage_quota_exceeded``: the team would store more than its storage limit.
+
+    The limit (``max_storage_mb``) covers the team's templates, the build
+    contexts and image uploads being processed and its eval runs' inputs.
+    Nothing was stored; delete templates or eval runs, or ask an admin to
+    raise the limit.
+    """
+
+
 class TooManySandboxesError(EvalboxError):
     """429 ``too_many_sandboxes``: the team is at its active-sandbox limit. Nothing was created."""
 
@@ -171,6 +181,7 @@ _BY_CODE: dict[str, type[EvalboxError]] = {
     "sandbox_not_running": SandboxNotRunningError,
     "payload_too_large": PayloadTooLargeError,
     "no_space": NoSpaceError,
+    "storage_quota_exceeded": StorageQuotaExceededError,
     "too_many_sandboxes": TooManySandboxesError,
     "rate_limited": RateLimitedError,
     "output_budget_exhausted": OutputBudgetExhaustedError,

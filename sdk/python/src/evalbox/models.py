@@ -215,6 +215,8 @@ class TemplateInfo:
     """An imported image's entrypoint and command (recorded, not run)."""
     build_id: str = ""
     """The build that made it."""
+    storage_bytes: int = 0
+    """What it counts against its team's storage limit: the bytes not shared with a built-in (0 for built-ins)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TemplateInfo:
@@ -236,6 +238,7 @@ class TemplateInfo:
             layers=tuple(d.get("layers") or ()),
             cmd=tuple(d.get("cmd") or ()),
             build_id=d.get("build_id", ""),
+            storage_bytes=int(d.get("storage_bytes", 0)),
         )
 
 
