@@ -67,6 +67,9 @@ type ServeConfig struct {
 	// RegistryAllow, when set, lists the only registries template imports
 	// pull from (HOST or HOST:PORT, which may be private or loopback).
 	RegistryAllow []string
+	// RegistryHostCredentials: imports use the host's registry
+	// credentials (shared by every team).
+	RegistryHostCredentials bool
 	// LogLevel is the minimum level logged; Logger logs to stderr at it.
 	LogLevel slog.Level
 	Logger   *slog.Logger
@@ -200,6 +203,7 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.Var(&buildTimeout, "build-timeout", "longest template build (seconds or a duration)")
 	f.Var(&execWait, "exec-wait", "how long a command queues for a team's exec slot before 429 rate_limited (0 = answer at once)")
 	f.StringVar(&cfg.BuildNetwork, "build-network", "outbound", "network of template build steps: outbound (specs may opt out) or none")
+	f.BoolVar(&cfg.RegistryHostCredentials, "registry-host-credentials", false, "registry imports authenticate with the host's registry credentials (~/.docker/config.json), for every team alike (default: anonymous pulls)")
 	f.StringSliceVar(&cfg.RegistryAllow, "registry-allow", nil, "the only registries image imports pull from, HOST[:PORT],... (they may be private or loopback; default: any registry on a public address)")
 	f.StringVar(&logLevel, "log-level", defaultLogLevelString, "debug, info, warn or error")
 	f.IntVar(&cfg.OutputMemoryMB, "output-memory-mb", DefaultOutputMemoryMB,

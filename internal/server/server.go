@@ -74,7 +74,10 @@ type Config struct {
 	// (HOST or HOST:PORT; they may be on private or loopback addresses).
 	// Empty: registries on public addresses only.
 	RegistryAllow []string
-	Logger        *slog.Logger
+	// RegistryHostCredentials makes registry imports use the host's
+	// registry credentials, for every team (default: anonymous pulls).
+	RegistryHostCredentials bool
+	Logger                  *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
 	Ready func(addr string)
@@ -266,7 +269,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("server: --registry-allow: %w", err)
 	}
-	tmpls, err := catalog.New(cat, st, templates, n, ociImporter{&oci.Importer{AllowRegistries: allow}}, log)
+	tmpls, err := catalog.New(cat, st, templates, n, ociImporter{&oci.Importer{AllowRegistries: allow, HostCredentials: cfg.RegistryHostCredentials}}, log)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}

@@ -99,6 +99,11 @@ type Importer struct {
 	// pulls from; they may be on loopback or private addresses (see
 	// remote.go). Empty: any registry on a public address.
 	AllowRegistries AllowList
+	// HostCredentials makes pulls authenticate with the host's registry
+	// credentials (the default keychain: ~/.docker/config.json and
+	// helpers). Off, pulls are anonymous: a team's import must not use
+	// what the operator is allowed to pull.
+	HostCredentials bool
 }
 
 // Annotations naming an image in an OCI layout's index.json.
@@ -163,7 +168,8 @@ func ImportRemote(ctx context.Context, ref, dst string) (Config, string, error) 
 }
 
 // ImportRemote does the same from a registry reference (e.g.
-// "registry.example:5000/py:3.12"), using the default keychain; it is for
+// "registry.example:5000/py:3.12"), anonymously unless im.HostCredentials
+// is set; it is for
 // hosts that reach a registry. Registries on localhost, loopback and private
 // (RFC 1918) addresses are spoken to over plain HTTP, others over HTTPS.
 // Only registries on public addresses are pulled from, and every
@@ -188,9 +194,13 @@ func (im *Importer) importRemote(ctx context.Context, ref, dst string, charge Ch
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	keychain := authn.Keychain(anonymous{})
+	if im.HostCredentials {
+		keychain = authn.DefaultKeychain
+	}
 	img, err := remote.Image(r,
 		remote.WithContext(ctx),
-		remote.WithAuthFromKeychain(authn.DefaultKeychain),
+		remote.WithAuthFromKeychain(keychain),
 		remote.WithPlatform(hostPlatform()),
 		remote.WithTransport(im.transport()))
 	if err != nil {
@@ -207,6 +217,11 @@ func (im *Importer) importRemote(ctx context.Context, ref, dst string, charge Ch
 	}
 	return unpack(ctx, cancel, img, false, dst, im.Limits.withDefaults(), charge)
 }
+
+// anonymous is a keychain that has no credentials for any registry.
+type anonymous struct{}
+
+func (anonymous) Resolve(authn.Resource) (authn.Authenticator, error) { return authn.Anonymous, nil }
 
 // cancelled reports ctx's error in place of err when ctx ended: whatever
 // failed then failed because of it.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -219,5 +220,51 @@ func TestCheckAddr(t *testing.T) {
 		if err := checkAddr(netip.MustParseAddr(a)); err != nil {
 			t.Errorf("%s: %v", a, err)
 		}
+	}
+}
+
+// TestRemoteAnonymousByDefault: a pull sends none of the host's registry
+// credentials (a team must not pull what the operator may), unless the
+// operator turns HostCredentials on.
+func TestRemoteAnonymousByDefault(t *testing.T) {
+	requireRoot(t)
+	inner := registry.New(registry.Logger(discardLog()))
+	var sawAuth atomic.Int64
+	var locked atomic.Bool // after the fixture's push
+	reg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "" {
+			sawAuth.Add(1)
+			inner.ServeHTTP(w, r)
+			return
+		}
+		if !locked.Load() {
+			inner.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Basic realm="evalbox-test"`)
+		w.WriteHeader(http.StatusUnauthorized)
+	}))
+	defer reg.Close()
+	ref := pushFixture(t, hostOf(reg))
+	locked.Store(true)
+	dockerDir := t.TempDir()
+	cfg := fmt.Sprintf(`{"auths": {%q: {"auth": "b3BlcmF0b3I6aG9zdC1zZWNyZXQ="}}}`, hostOf(reg)) // operator:host-secret
+	if err := os.WriteFile(filepath.Join(dockerDir, "config.json"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DOCKER_CONFIG", dockerDir)
+	allow, err := ParseAllowList([]string{hostOf(reg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pullFails(t, &Importer{AllowRegistries: allow}, ref, nil, "401")
+	if n := sawAuth.Load(); n != 0 {
+		t.Fatalf("an anonymous pull sent the host's credentials %d times", n)
+	}
+	if _, _, err := (&Importer{AllowRegistries: allow, HostCredentials: true}).ImportRemote(context.Background(), ref, filepath.Join(t.TempDir(), "rootfs"), nil); err != nil {
+		t.Fatalf("with the host's credentials: %v", err)
+	}
+	if sawAuth.Load() == 0 {
+		t.Fatal("HostCredentials sent no credentials")
 	}
 }
