@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -1203,4 +1204,60 @@ func TestExecTimeoutKillsOtherUsersDaemons(t *testing.T) {
 	}
 	time.Sleep(time.Second)
 	ta.exec(t, agentproto.ExecRequest{Shell: "true"})
+}
+
+// threadsAlive reports whether any thread of pid still runs (a process
+// whose main thread exited shows as a zombie while others run).
+func threadsAlive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n > 1 || !strings.Contains(string(b), "State:\tZ")
+		}
+	}
+	return false
+}
+
+// A daemon whose main thread exits while another thread runs looks like a
+// zombie in /proc/<pid>/stat: the tree kill (without a cgroup) must still
+// see it and kill it.
+func TestExecTimeoutKillsZombieLeaderDaemon(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3")
+	}
+	ta := startAgent(t, agent.Config{})
+	pidFile := filepath.Join(t.TempDir(), "daemon.pid")
+	prog := fmt.Sprintf(`import os, threading, time, ctypes
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open(%q, "w").write(str(os.getpid()))
+        threading.Thread(target=lambda: time.sleep(1000)).start()
+        ctypes.CDLL(None).syscall(60, 0)  # exit: this thread only
+    os._exit(0)
+time.sleep(1000)
+`, pidFile)
+	exit, _, _ := ta.exec(t, agentproto.ExecRequest{Argv: []string{"python3", "-c", prog}, TimeoutMs: 800})
+	if exit.Status != agentproto.StatusTimedOut {
+		t.Fatalf("exit %+v", exit)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); threadsAlive(pid); {
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("daemon %d (main thread exited) survived the timeout", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -115,7 +115,9 @@ func (sc *procScanner) scan(root int, marker []byte) []int {
 }
 
 // stat reads the parent and process group of pid from /proc/pid/stat;
-// live is false if the process is gone or a zombie.
+// live is false if the process is gone or a zombie. A process whose main
+// thread exited while other threads run shows as a zombie too: it is live
+// while it has more than that one thread (num_threads, field 20).
 func (sc *procScanner) stat(pid int) (ppid, pgid int, live bool) {
 	b := sc.read("/proc/"+strconv.Itoa(pid)+"/stat", false)
 	// pid (comm) state ppid pgrp ...; comm may hold spaces and parens.
@@ -128,7 +130,12 @@ func (sc *procScanner) stat(pid int) (ppid, pgid int, live bool) {
 		return 0, 0, false
 	}
 	if s := fields[0]; len(s) == 1 && (s[0] == 'Z' || s[0] == 'X' || s[0] == 'x') {
-		return 0, 0, false
+		if len(fields) < 18 {
+			return 0, 0, false
+		}
+		if n, err := strconv.Atoi(string(fields[17])); err != nil || n <= 1 {
+			return 0, 0, false
+		}
 	}
 	ppid, err1 := strconv.Atoi(string(fields[1]))
 	pgid, err2 := strconv.Atoi(string(fields[2]))
@@ -141,7 +148,19 @@ func (sc *procScanner) stat(pid int) (ppid, pgid int, live bool) {
 // hasMarker reports whether the environment of pid holds marker as a
 // whole entry.
 func (sc *procScanner) hasMarker(pid int, marker []byte) bool {
-	env := sc.read("/proc/"+strconv.Itoa(pid)+"/environ", true)
+	dir := "/proc/" + strconv.Itoa(pid)
+	env := sc.read(dir+"/environ", true)
+	if len(env) == 0 {
+		// A process whose main thread exited: its environment is read
+		// through a thread that still runs.
+		if tids, err := os.ReadDir(dir + "/task"); err == nil {
+			for _, tid := range tids {
+				if env = sc.read(dir+"/task/"+tid.Name()+"/environ", true); len(env) > 0 {
+					break
+				}
+			}
+		}
+	}
 	for {
 		i := bytes.Index(env, marker)
 		if i < 0 {

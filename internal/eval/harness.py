@@ -57,25 +57,35 @@ def nondumpable():
         libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
 
 
-def proc_stat(pid):
-    # (state, uid) of a process, or None when it is gone.
+def proc_status(pid):
+    # (alive, uid) of a process, or None when it is gone. A zombie is alive
+    # while it has more than one thread: a process whose main thread
+    # exited while others run shows as "Z" too.
     try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            stat_ = f.read()
-        st = os.stat("/proc/%d" % pid)
+        with open("/proc/%d/status" % pid, "rb") as f:
+            lines = f.read().split(b"\n")
     except OSError:
         return None
-    return stat_[stat_.rindex(b")") + 2 : stat_.rindex(b")") + 3], st.st_uid
+    state, threads, uid = b"", 1, -1
+    for line in lines:
+        if line.startswith(b"State:"):
+            state = line.split()[1]
+        elif line.startswith(b"Threads:"):
+            threads = int(line.split()[1])
+        elif line.startswith(b"Uid:"):
+            uid = int(line.split()[1])  # the real uid (what kill(-1) matches)
+    return (state not in (b"Z", b"X") or threads > 1), uid
 
 
 def live_pids():
-    pids = set()
+    # {pid: uid} of every live process.
+    pids = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        s = proc_stat(int(name))
-        if s is not None and s[0] != b"Z":
-            pids.add(int(name))
+        s = proc_status(int(name))
+        if s is not None and s[0]:
+            pids[int(name)] = s[1]
     return pids
 
 
@@ -125,10 +135,13 @@ def kill_user(uid):
 
 def sweep(keep, uid):
     # Kill whatever the last program left behind (also double-forked
-    # daemons), until nothing new is alive. False if something survives.
+    # daemons, and those whose main thread exited), until nothing new is
+    # alive. False if something survives.
     for _ in range(200):
-        stray = live_pids() - keep
-        if not stray:
+        live = live_pids()
+        stray = [p for p in live if p not in keep]
+        mine = uid > 0 and any(u == uid for u in live.values())
+        if not stray and not mine:
             reap()
             return True
         if uid > 0 and os.geteuid() == 0:
@@ -195,12 +208,17 @@ def ident(st):
 class Snapshot:
     # What the writable places held when the slice began.
     def __init__(self, dirs, files, ipc):
-        self.dirs = {}
+        self.dirs, self.self_ident = {}, {}
         for d in dirs:
             try:
-                self.dirs[d] = {n: ident(os.lstat(os.path.join(d, n))) for n in os.listdir(d)}
+                fd = open_dir(d)
             except OSError:
-                pass  # absent here
+                continue  # absent here (or behind a symlink: not ours)
+            try:
+                self.self_ident[d] = ident(os.fstat(fd))
+                self.dirs[d] = {n: ident(os.lstat(n, dir_fd=fd)) for n in os.listdir(fd)}
+            finally:
+                os.close(fd)
         self.files = {}
         for f in files:
             try:
@@ -211,35 +229,46 @@ class Snapshot:
 
     def restore(self, uid):
         # Undo what a program (run as uid) did to the writable places; the
-        # changes it cannot undo, as a list of strings.
+        # changes it cannot undo, as a list of strings. Called once every
+        # process of the program is gone.
         problems = []
         for d, before in self.dirs.items():
             try:
-                now = os.listdir(d)
+                fd = open_dir(d)
             except OSError as e:
                 problems.append("%s: %s" % (d, e))
                 continue
-            for n in now:
-                p = os.path.join(d, n)
-                if n not in before:
-                    if not remove(p):
-                        problems.append("cannot remove %s" % p)
+            try:
+                if ident(os.fstat(fd)) != self.self_ident[d]:
+                    problems.append("%s replaced" % d)
                     continue
-                try:
-                    if ident(os.lstat(p)) != before[n]:
-                        problems.append("%s changed" % p)
-                except OSError as e:
-                    problems.append("%s: %s" % (p, e))
-            for n in before:
-                if n not in now:
-                    problems.append("%s removed" % os.path.join(d, n))
+                now = os.listdir(fd)
+                for n in now:
+                    p = os.path.join(d, n)
+                    if n not in before:
+                        if not remove(n, fd):
+                            problems.append("cannot remove %s" % p)
+                        continue
+                    try:
+                        if ident(os.lstat(n, dir_fd=fd)) != before[n]:
+                            problems.append("%s changed" % p)
+                    except OSError as e:
+                        problems.append("%s: %s" % (p, e))
+                for n in before:
+                    if n not in now:
+                        problems.append("%s removed" % os.path.join(d, n))
+            finally:
+                os.close(fd)
         for f, before in self.files.items():
             try:
                 if ident(os.lstat(f)) != before:
                     problems.append("%s changed" % f)
             except OSError as e:
                 problems.append("%s: %s" % (f, e))
-        made = sorted(self.ipc.new()) if self.ipc else []
+        made, known = self.ipc.new() if self.ipc else (set(), True)
+        if not known:
+            problems.append("the System V IPC tables are full")
+        made = sorted(made)
         if made:
             # As their owner: root without CAP_IPC_OWNER may not remove
             # them (and gVisor's msgctl says it did when it did not).
@@ -251,33 +280,44 @@ class Snapshot:
         return problems
 
 
-def remove(p):
+def open_dir(path):
+    # An O_PATH-free, symlink-free descriptor of the directory path: each
+    # component opened below the last with O_NOFOLLOW, so that no symlink
+    # (a program may have swapped one in) is followed.
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
     try:
-        st = os.lstat(p)
+        for part in [p for p in path.split("/") if p]:
+            nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove(name, dir_fd):
+    # Removes the entry name of the directory dir_fd (a directory with all
+    # it holds, without following any symlink; root needs no permission
+    # bits for it).
+    try:
+        st = os.lstat(name, dir_fd=dir_fd)
         if stat.S_ISDIR(st.st_mode):
-            os.chmod(p, 0o700)
-            shutil.rmtree(p, onerror=lambda fn, path, exc: force(path))
+            try:
+                shutil.rmtree(name, dir_fd=dir_fd)
+            except TypeError:  # Python < 3.11: no dir_fd
+                shutil.rmtree("/proc/self/fd/%d/%s" % (dir_fd, name))
         else:
-            os.unlink(p)
+            os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
     except OSError:
         return False
-    return not os.path.lexists(p)
-
-
-def force(path):
-    # rmtree hit an entry it could not remove (a directory made read-only
-    # or unsearchable by its owner): open it up and retry.
     try:
-        os.chmod(os.path.dirname(path), 0o700)
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            os.unlink(path)
-    except OSError:
-        pass
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return True
+    return False
 
 
 IPC_KINDS = ("shm", "sem", "msg")
@@ -330,16 +370,23 @@ class IPC:
     def __init__(self):
         self.objs = ipc_objects()
         self.marks = ipc_mark() if self.objs is None else None
+        if self.marks is not None and len(self.marks) != len(IPC_KINDS):
+            raise OSError("cannot mark System V IPC ids")
 
     def new(self):
+        # The objects made since the last call, and whether that is known.
         if self.objs is not None:
-            return (ipc_objects() or set()) - self.objs
+            return (ipc_objects() or set()) - self.objs, True
         now = ipc_mark()
         made = set()
         for kind, start in self.marks.items():
-            made.update((kind, i) for i in range(start + 1, now.get(kind, start)))
+            if kind not in now:
+                # No mark could be made (the table is full): what the
+                # program made cannot be told apart.
+                return made, False
+            made.update((kind, i) for i in range(start + 1, now[kind]))
         self.marks = now
-        return made
+        return made, True
 
 
 def ipc_remove(obj):
@@ -493,7 +540,7 @@ def main():
         out.write(json.dumps(line) + "\n")
         out.flush()
 
-    keep = ancestors() | live_pids()
+    keep = ancestors() | set(live_pids())
     writable = req.get("writable")
     if req.get("scan"):
         writable = scan(user, user)

@@ -163,7 +163,8 @@ func TestHarnessKilled(t *testing.T) {
 
 // TestHarnessUndoesPlanting: a program run as another user plants a module
 // and files in a directory every user may write to and leaves a daemon
-// behind; before the next program runs, the daemon is dead and the
+// behind (also one whose main thread exited, which /proc shows as a
+// zombie); before the next program runs, the daemon is dead and the
 // directory as it was. A change the harness cannot undo (a file the slice
 // started with, replaced) ends the slice after the program's own result.
 func TestHarnessUndoesPlanting(t *testing.T) {
@@ -200,14 +201,39 @@ func TestHarnessUndoesPlanting(t *testing.T) {
     subprocess.Popen(["sh", "-c", "setsid sleep 100 & exec sleep 100"], start_new_session=True)
     return 1
 `, shared)
-	check := fmt.Sprintf(`    import os
+	// A daemon whose main thread exited looks like a zombie in
+	// /proc/<pid>/stat, while its other thread keeps planting; it is the
+	// only thing its program leaves.
+	zombie := fmt.Sprintf(`    import os, threading, time, ctypes
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            def work():
+                while True:
+                    try:
+                        open(%[1]q + "/late.py", "w").write("x")
+                    except OSError:
+                        pass
+                    time.sleep(0.01)
+            threading.Thread(target=work).start()
+            os.write(w, str(os.getpid()).encode())
+            ctypes.CDLL(None).syscall(60, 0)
+        os._exit(0)
+    pid = int(os.read(r, 32))
+    while "State:\tZ" not in open("/proc/%%d/status" %% pid).read():
+        time.sleep(0.005)
+    return 1
+`, shared)
+	check := fmt.Sprintf(`    import os, time
+    time.sleep(0.1)
     left = sorted(os.listdir(%[1]q))
     assert left == ["keep.txt"], left
     mine = os.getuid()
     for p in os.listdir("/proc"):
         if p.isdigit() and int(p) != os.getpid() and os.stat("/proc/" + p).st_uid == mine:
-            st = open("/proc/%%s/stat" %% p).read()
-            assert st[st.rindex(")") + 2] == "Z", "survivor " + st
+            st = open("/proc/%%s/status" %% p).read()
+            assert "State:\tZ" in st and "Threads:\t1\n" in st, "survivor " + st
     return 1
 `, shared)
 	replace := fmt.Sprintf("    import os\n    os.rename(%[1]q + '/keep.txt', %[1]q + '/gone')\n    open(%[1]q + '/keep.txt', 'w').write('forged')\n    return 1\n", shared)
@@ -217,7 +243,7 @@ func TestHarnessUndoesPlanting(t *testing.T) {
 	}
 	in := HarnessInput{Nonce: "n", Timeout: 5, Dir: prog, File: "program.py", User: 65534, StderrCap: HarnessStderrCap,
 		Writable: &HarnessScan{Dirs: []string{shared}}}
-	for i, body := range []string{plant, check, plant, check, replace, check} {
+	for i, body := range []string{plant, check, zombie, check, plant, check, replace, check} {
 		in.Programs = append(in.Programs, HarnessProgram{ID: i, Source: Program(one, Sample{TaskID: "t", Completion: &body}, testPassCode)})
 	}
 	lines, stderr := runHarness(t, in, time.Minute)
@@ -236,7 +262,7 @@ func TestHarnessUndoesPlanting(t *testing.T) {
 	}
 	// The slice stops after the replacing program: what it did cannot be
 	// undone, so the last program never ran in this sandbox.
-	if len(got) != 5 || !strings.Contains(stderr, "cannot undo what program 4 did") {
+	if len(got) != 7 || !strings.Contains(stderr, "cannot undo what program 6 did") {
 		t.Fatalf("verdicts %v; stderr %s", got, stderr)
 	}
 }

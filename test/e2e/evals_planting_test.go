@@ -41,6 +41,38 @@ const plantBody = `    import os, sys, ctypes, subprocess
     return a + b
 `
 
+// killerBody is a correct solution that leaves a daemon whose main thread
+// exits (/proc then shows the process as a zombie while its other thread
+// runs): the thread kills every later program of the slice.
+const killerBody = `    import os, threading, time, ctypes, signal
+    if getattr(add, "armed", False):  # check calls add twice: one daemon
+        return a + b
+    add.armed = True
+    r, w = os.pipe()
+    sample = os.getpid()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            me = os.getpid()
+            def work():
+                while True:
+                    for p in os.listdir("/proc"):
+                        try:
+                            if p.isdigit() and int(p) not in (me, sample) and b"program.py" in open("/proc/%s/cmdline" % p, "rb").read():
+                                os.kill(int(p), signal.SIGKILL)
+                        except (OSError, ValueError):
+                            pass
+                    time.sleep(0.002)
+            threading.Thread(target=work, daemon=False).start()
+            os.write(w, str(me).encode())
+            ctypes.CDLL(None).syscall(60, 0)
+        os._exit(0)
+    pid = int(os.read(r, 32))
+    while "State:\tZ" not in open("/proc/%d/status" % pid).read():
+        time.sleep(0.005)
+    return a + b
+`
+
 // victimBody is a correct solution that fails when it finds anything an
 // earlier sample left: in a fresh sandbox (trial mode) it passes.
 const victimBody = `    import os, ctypes
@@ -64,8 +96,9 @@ const victimBody = `    import os, ctypes
 // sandbox, yet a hostile sample changes no other sample's verdict. One
 // sample plants modules (typing.py, sitecustomize.py, … in every
 // directory a sample may write), files, directories, FIFOs, System V IPC
-// objects and a daemon that keeps planting; the wrong samples after it
-// stay failed (before: the planted typing.py read each next program's pass
+// objects and a daemon that keeps planting, another leaves a daemon that
+// kills every later program and hides as a zombie; the wrong samples after
+// them stay failed (before: the planted typing.py read each next program's pass
 // code and exited with it: 4 of 9 wrong samples passed), and the correct
 // victims after it, which fail if anything was left, stay passed. The
 // verdicts equal trial mode's sample by sample, on both runtimes.
@@ -79,6 +112,8 @@ func TestEvalBatchPlanting(t *testing.T) {
 		switch {
 		case i == 0 || i == 5:
 			bodies = append(bodies, plantBody)
+		case i == 2:
+			bodies = append(bodies, killerBody)
 		case i%3 == 0:
 			bodies = append(bodies, victimBody)
 		default:

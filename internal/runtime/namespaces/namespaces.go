@@ -416,9 +416,13 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 	}
 	s.cmd = cmd
 	s.pid = cmd.Process.Pid
-	go s.wait()
+	// The init stage is reaped only once every use of its pid below is
+	// done: until then a dead one stays a zombie, so its pid cannot name
+	// another process (the kill goes through its pidfd).
+	reap := sync.OnceFunc(func() { go s.wait() })
 	cleanups = append(cleanups, func() {
 		_ = cmd.Process.Kill()
+		reap()
 		<-s.done
 	})
 	// The init stage waits for its config: only then does it run anything
@@ -464,6 +468,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 		icfg.Outbound = true
 		icfg.ResolvConf = r.netm.ResolvConf()
 	}
+	reap()
 	if err := r.runInit(ctx, ctl, &icfg, fds); err != nil {
 		return nil, fmt.Errorf("namespaces: %w", err)
 	}
@@ -499,15 +504,10 @@ func (r *Runtime) initFiles(spec *runtime.Spec, pid, hostRoot int, cg *cgroups.C
 		return nil, nil, err
 	}
 	fds = append(fds, root)
-	img, err := r.agents.get(spec.AgentPath)
+	agentFD, err := r.agents.get(spec.AgentPath)
 	if err != nil {
 		closeAll()
 		return nil, nil, err
-	}
-	agentFD, err := unix.FcntlInt(img.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		closeAll()
-		return nil, nil, fmt.Errorf("agent: %w", err)
 	}
 	fds = append(fds, agentFD)
 	if dir := cg.UnifiedPath(); dir != "" {

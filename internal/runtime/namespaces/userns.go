@@ -224,20 +224,37 @@ type agentImage struct {
 	ino, dev    uint64
 }
 
-// get returns the memfd of the agent at path, made anew when the file
-// changed.
-func (a *agentImages) get(path string) (*os.File, error) {
+// get returns a new descriptor (close-on-exec; the caller closes it) of the
+// memfd of the agent at path, made anew when the file changed. It is
+// duplicated under the lock: a concurrent get that replaces the image
+// closes only its own descriptor.
+func (a *agentImages) get(path string) (int, error) {
+	f, err := a.image(path)
+	if err != nil {
+		return -1, err
+	}
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	a.mu.Unlock()
+	if err != nil {
+		return -1, fmt.Errorf("agent: %w", err)
+	}
+	return fd, nil
+}
+
+// image returns the memfd of the agent at path with a.mu held (on success;
+// the caller unlocks).
+func (a *agentImages) image(path string) (*os.File, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		return nil, fmt.Errorf("agent %s: %w", path, err)
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if img, ok := a.images[path]; ok && img.size == st.Size && img.mtime == st.Mtim.Nano() && img.ino == st.Ino && img.dev == st.Dev {
 		return img.f, nil
 	}
 	f, err := memfdCopy(path)
 	if err != nil {
+		a.mu.Unlock()
 		return nil, err
 	}
 	if old, ok := a.images[path]; ok {
@@ -276,6 +293,9 @@ func memfdCopy(path string) (*os.File, error) {
 	fd, err := unix.MemfdCreate("evalbox-agent", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|mfdExec)
 	if errors.Is(err, unix.EINVAL) {
 		fd, err = unix.MemfdCreate("evalbox-agent", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	}
+	if errors.Is(err, unix.EACCES) {
+		return nil, fmt.Errorf("agent: memfd_create: %w (vm.memfd_noexec is 2: the namespaces runtime runs the agent from an executable memfd; set it to 0 or 1)", err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("agent: memfd_create: %w", err)
