@@ -52,9 +52,15 @@ type Pools interface {
 	Pools() []node.PoolStatus
 }
 
+// Capacity reports the host capacity sandboxes are admitted against.
+type Capacity interface {
+	Status() node.CapacityStatus
+}
+
 // Server is the HTTP API.
 type Server struct {
 	pools     Pools
+	capacity  Capacity
 	svc       *sandbox.Service
 	store     Store
 	auth      Authenticator
@@ -78,6 +84,7 @@ type Config struct {
 	Evals     *evalrun.Service
 	Runtimes  []string
 	Pools     Pools
+	Capacity  Capacity
 	// DefaultLimits are given to teams created without limits.
 	DefaultLimits client.Limits
 	// OutputBudget bounds the memory of command output held for buffered
@@ -88,7 +95,7 @@ type Config struct {
 
 // New returns the API handler.
 func New(cfg Config) *Server {
-	s := &Server{pools: cfg.Pools, svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
+	s := &Server{pools: cfg.Pools, capacity: cfg.Capacity, svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
 		evals: cfg.Evals, runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux(),
 		outputBudget: cfg.OutputBudget}
 	if s.log == nil {
@@ -146,6 +153,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/templates/{name}/builds/{id}", a(s.getBuild))
 	s.mux.HandleFunc("GET /v1/templates/{name}/builds/{id}/logs", a(s.buildLogs))
 	s.mux.HandleFunc("GET /v1/pools", a(s.listPools))
+	s.mux.HandleFunc("GET /v1/capacity", a(s.getCapacity))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(client.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
@@ -232,6 +240,7 @@ var statusOf = map[string]int{
 	client.CodeNoSpace:           http.StatusInsufficientStorage,
 
 	client.CodeOutputBudgetExhausted: http.StatusTooManyRequests,
+	client.CodeInsufficientCapacity:  http.StatusServiceUnavailable,
 }
 
 // errorDetail maps err to its status, body and Retry-After seconds. Unknown
