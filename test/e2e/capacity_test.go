@@ -38,9 +38,9 @@ const (
 // within the budget, a new sandbox admitted into the rest still starts and
 // runs a command, a create past the budget is answered 503
 // insufficient_capacity at once (or, with wait_seconds, once a sandbox is
-// deleted), and at the end nothing is left, nor reserved.
+// deleted), and at the end nothing is left, nor reserved. It loads the
+// whole host, so it does not run in parallel with other tests.
 func TestHostCapacityForkBombs(t *testing.T) {
-	t.Parallel()
 	s, err := startServer(serverOptions{args: []string{"--pids", strconv.Itoa(bombPids),
 		"--host-pids", strconv.Itoa(hostPids), "--max-sandboxes", "20"}})
 	if err != nil {
@@ -123,14 +123,18 @@ func TestHostCapacityForkBombs(t *testing.T) {
 		t.Fatalf("the sandboxes' pids.max add up to %d, the reservations to %d", limits, want)
 	}
 
-	// Each process of the bomb forks two copies of itself and waits for
-	// them: the tree grows exponentially until fork fails (EAGAIN at the
-	// sandbox's limit), then sleeps. The classic `bomb | bomb &` spins on
-	// its failing forks as well, which would only test the sandboxes' CPU
-	// limits (TestCPULimitApplied) on this shared machine.
+	// Each process of the bomb forks two copies of itself, then blocks
+	// reading a pipe nobody writes to: the tree grows exponentially until
+	// fork fails (EAGAIN at the sandbox's limit) and then holds every pid
+	// it got, asleep — the worst case for the host's pids. The classic
+	// `bomb | bomb &` also churns, its processes exiting and forking
+	// again, which with 16,000 of them only measures the scheduler of a
+	// shared 2-core machine (the sandboxes' CPU limits have their own
+	// test, TestCPULimitApplied).
+	const bomb = "exec 3< <(exec sleep 100000); bomb() { bomb & bomb & read -r -u 3; }; bomb"
 	baseline := hostTasks(t)
 	for _, b := range all {
-		if _, err := b.c.StartProcess(ctx, b.sb.ID, client.ExecRequest{Argv: []string{"bash", "-c", "bomb() { bomb & bomb & wait; }; bomb"}}); err != nil {
+		if _, err := b.c.StartProcess(ctx, b.sb.ID, client.ExecRequest{Argv: []string{"bash", "-c", bomb}}); err != nil {
 			t.Fatalf("start the bomb in %s: %v", b.sb.ID, err)
 		}
 	}
