@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -111,6 +112,7 @@ func newTestNode(t *testing.T, hostPids int64) (*Node, *fakeRuntime) {
 	c := newTestCapacity(t, newFakeProc(t, 32768, 32768, 24*gib, 24*gib), CapacityConfig{HostPids: hostPids})
 	rt := &fakeRuntime{left: map[string]bool{}}
 	n, err := New(Config{Runtimes: []runtime.Runtime{rt}, Templates: reg, StateDir: filepath.Join(dir, "state"),
+		Build:    BuildConfig{Runtime: "fake", CPU: 1, MemoryMB: 64, DiskMB: 16, Pids: 100},
 		Capacity: c, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -284,4 +286,56 @@ func TestNodeCloseEndsCapacityWaits(t *testing.T) {
 	if err := <-closed; err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestNodeBuildStepQueuesForCapacity(t *testing.T) {
+	n, _ := newTestNode(t, 150)
+	ctx := t.Context()
+	sb, err := n.Create(ctx, testKey, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &syncBuffer{}
+	type result struct {
+		res template.RunResult
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		res, err := n.RunBuildStep(ctx, template.RunStep{ID: "build-1", RootFS: "/", Shell: "echo built", Workdir: "/", Output: out})
+		got <- result{res, err}
+	}()
+	// The step's 100 pids do not fit beside the sandbox's: it waits, and
+	// its log says so.
+	waitFor(t, func() bool { return n.Capacity().Status().Waiting == 1 })
+	if !strings.Contains(out.String(), "waiting for host capacity: not enough host pids") {
+		t.Fatalf("build log: %q", out.String())
+	}
+	if err := n.Destroy(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil || r.res.ExitCode != 0 || !strings.Contains(out.String(), "built\n") {
+		t.Fatalf("build step: %+v %v, log %q", r.res, r.err, out.String())
+	}
+	if s := n.Capacity().Status(); s.Reserved.Pids != 0 || s.Sandboxes != 0 {
+		t.Fatalf("after the build step: %+v", s)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
