@@ -63,7 +63,7 @@ type Config struct {
 	// Build is the shape of template build sandboxes.
 	Build BuildConfig
 	// Capacity admits every sandbox the node starts against the host's
-	// pids and memory (required).
+	// pids and memory (nil: NewCapacity with the host's defaults).
 	Capacity *Capacity
 	Logger   *slog.Logger
 }
@@ -140,7 +140,11 @@ func New(cfg Config) (*Node, error) {
 	}
 	cfg.Build.setDefaults()
 	if cfg.Capacity == nil {
-		return nil, errors.New("node: no capacity given")
+		c, err := NewCapacity(CapacityConfig{})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Capacity = c
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
