@@ -395,3 +395,31 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// BenchmarkCapacityReserve is the admission on a cold create's path: a
+// reservation and its release, MemAvailable read from the real
+// /proc/meminfo at most every memAvailableTTL.
+func BenchmarkCapacityReserve(b *testing.B) {
+	c, err := NewCapacity(CapacityConfig{HostPids: 1 << 30})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	need := ns(1024, 512)
+	for b.Loop() {
+		rel, err := c.Reserve(ctx, need, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rel()
+	}
+}
+
+// BenchmarkMemAvailableRead is one uncached read of /proc/meminfo.
+func BenchmarkMemAvailableRead(b *testing.B) {
+	for b.Loop() {
+		if _, err := readMemInfo("/proc/meminfo", "MemAvailable"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
