@@ -201,6 +201,10 @@ func (s *Server) getCapacity(w http.ResponseWriter, r *http.Request, p auth.Prin
 		writeError(w, err)
 		return
 	}
+	if s.capacity == nil {
+		writeError(w, errorf(client.CodeNotFound, "this server reports no host capacity"))
+		return
+	}
 	st := s.capacity.Status()
 	free := st.Free()
 	mib := func(b int64) int { return int(b >> 20) }

@@ -331,7 +331,7 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 				hint = "ask for less memory_mb or disk_mb"
 			}
 			return client.Sandbox{}, &Error{Code: client.CodeInsufficientCapacity, RetryAfter: 1, Err: err,
-				Message: fmt.Sprintf("the host has no room for this %s sandbox now: %v; %s", key.Runtime, cerr, hint)}
+				Message: fmt.Sprintf("the host has no room for this %s sandbox: %v; %s", key.Runtime, cerr, hint)}
 		}
 		// The detail (host paths, runsc's log) is for the operator only.
 		s.log.Error("sandbox failed to start", "team", teamID, "template", req.Template, "runtime", key.Runtime, "err", err)
