@@ -7,6 +7,7 @@ import (
 	"github.com/evalbox/evalbox/internal/bench"
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/cli"
+	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/runtime/namespaces"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/server"
@@ -34,7 +35,9 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		Builtins: []string{"base", "python"}, Runtimes: c.Runtimes, Pools: pools,
 		Limits: client.Limits{MaxSandboxes: c.MaxSandboxes, MaxConcurrentExec: c.MaxConcurrentExecs, MaxStorageMB: c.MaxStorageMB},
 		Service: sandbox.Config{DefaultTimeout: c.DefaultTimeout, MaxTimeout: c.MaxTimeout, MaxFileBytes: c.MaxFileBytes,
-			ExecWait: execWait(c.ExecWait)},
+			ExecWait: execWait(c.ExecWait), Pids: c.Pids},
+		Capacity: node.CapacityConfig{HostPids: c.HostPids, ReservePids: c.HostReservePids,
+			ReserveMemoryMB: c.HostReserveMemoryMB, MemoryOvercommit: c.MemoryOvercommit},
 		Catalog:       catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
 		OutputMemory:  int64(c.OutputMemoryMB) << 20,
 		HTTP:          server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},

@@ -209,3 +209,27 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request, p auth.Princi
 	}
 	writeJSON(w, http.StatusOK, out)
 }
+
+func (s *Server) getCapacity(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if err := requireAdmin(p); err != nil {
+		writeError(w, err)
+		return
+	}
+	if s.capacity == nil {
+		writeError(w, errorf(client.CodeNotFound, "this server reports no host capacity"))
+		return
+	}
+	st := s.capacity.Status()
+	free := st.Free()
+	mib := func(b int64) int { return int(b >> 20) }
+	avail := -1
+	if st.MemoryAvailable >= 0 {
+		avail = mib(st.MemoryAvailable)
+	}
+	writeJSON(w, http.StatusOK, client.Capacity{
+		Pids:              client.CapacityAmount{Budget: int(st.Budget.Pids), Reserved: int(st.Reserved.Pids), Free: int(free.Pids)},
+		MemoryMB:          client.CapacityAmount{Budget: mib(st.Budget.MemoryBytes), Reserved: mib(st.Reserved.MemoryBytes), Free: mib(free.MemoryBytes)},
+		MemoryAvailableMB: avail, MemoryReserveMB: mib(st.MemoryReserve),
+		Sandboxes: st.Sandboxes, Waiting: st.Waiting,
+	})
+}

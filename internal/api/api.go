@@ -53,9 +53,15 @@ type Pools interface {
 	Pools() []node.PoolStatus
 }
 
+// Capacity reports the host capacity sandboxes are admitted against.
+type Capacity interface {
+	Status() node.CapacityStatus
+}
+
 // Server is the HTTP API.
 type Server struct {
 	pools     Pools
+	capacity  Capacity
 	svc       *sandbox.Service
 	store     Store
 	auth      Authenticator
@@ -83,6 +89,7 @@ type Config struct {
 	Storage  *quota.Storage
 	Runtimes []string
 	Pools    Pools
+	Capacity Capacity
 	// DefaultLimits are given to teams created without limits.
 	DefaultLimits client.Limits
 	// OutputBudget bounds the memory of command output held for buffered
@@ -93,7 +100,7 @@ type Config struct {
 
 // New returns the API handler.
 func New(cfg Config) *Server {
-	s := &Server{pools: cfg.Pools, svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
+	s := &Server{pools: cfg.Pools, capacity: cfg.Capacity, svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
 		evals: cfg.Evals, storage: cfg.Storage, runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux(),
 		outputBudget: cfg.OutputBudget}
 	if s.log == nil {
@@ -152,6 +159,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/templates/{name}/builds/{id}", a(s.getBuild))
 	s.mux.HandleFunc("GET /v1/templates/{name}/builds/{id}/logs", a(s.buildLogs))
 	s.mux.HandleFunc("GET /v1/pools", a(s.listPools))
+	s.mux.HandleFunc("GET /v1/capacity", a(s.getCapacity))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(client.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
@@ -241,6 +249,7 @@ var statusOf = map[string]int{
 	// A team's limit, not the host's disk: the request is what is too
 	// large for it.
 	client.CodeStorageQuotaExceeded: http.StatusRequestEntityTooLarge,
+	client.CodeInsufficientCapacity: http.StatusServiceUnavailable,
 }
 
 // errorDetail maps err to its status, body and Retry-After seconds. Unknown

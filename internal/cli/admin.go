@@ -250,17 +250,33 @@ func newHealthCmd(a *app) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "health",
-		Short: "Check that the server is up",
+		Short: "Check that the server is up (and, with an admin key, its host capacity)",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			h, err := a.client().Health(cmd.Context())
+			c := a.client()
+			h, err := c.Health(cmd.Context())
 			if err != nil {
 				return err
 			}
+			// Capacity needs an admin key; without one health is all.
+			cp, _ := c.Capacity(cmd.Context())
 			if asJSON {
-				return printJSON(out(cmd), h)
+				return printJSON(out(cmd), struct {
+					*client.Health
+					Capacity *client.Capacity `json:"capacity,omitempty"`
+				}{h, cp})
 			}
-			_, err = fmt.Fprintf(out(cmd), "%s (version %s, runtimes: %s)\n", h.Status, h.Version, strings.Join(h.Runtimes, ", "))
+			if _, err = fmt.Fprintf(out(cmd), "%s (version %s, runtimes: %s)\n", h.Status, h.Version, strings.Join(h.Runtimes, ", ")); err != nil || cp == nil {
+				return err
+			}
+			avail := "unknown"
+			if cp.MemoryAvailableMB >= 0 {
+				avail = fmt.Sprintf("%d MiB", cp.MemoryAvailableMB)
+			}
+			_, err = fmt.Fprintf(out(cmd), "host capacity: pids %d of %d reserved (%d free); memory limits %d of %d MiB reserved (%d MiB free); "+
+				"memory available %s (reserve %d MiB); %d sandboxes, %d waiting\n",
+				cp.Pids.Reserved, cp.Pids.Budget, cp.Pids.Free, cp.MemoryMB.Reserved, cp.MemoryMB.Budget, cp.MemoryMB.Free,
+				avail, cp.MemoryReserveMB, cp.Sandboxes, cp.Waiting)
 			return err
 		},
 	}

@@ -194,6 +194,19 @@ func TestErrorsAndExitCodes(t *testing.T) {
 			t.Errorf("%q", r.stdout)
 		}
 	})
+	t.Run("health with an admin key shows the host capacity", func(t *testing.T) {
+		r := f.run(t, "", "health").ok(t)
+		want := "ok (version test, runtimes: gvisor, namespaces)\n" +
+			"host capacity: pids 1280 of 28672 reserved (27392 free); memory limits 1632 of 43392 MiB reserved (41760 MiB free); " +
+			"memory available 23000 MiB (reserve 2410 MiB); 1 sandboxes, 0 waiting\n"
+		if r.stdout != want {
+			t.Errorf("%q\nwant %q", r.stdout, want)
+		}
+		r = f.run(t, "", "health", "--json").ok(t)
+		if !strings.Contains(r.stdout, `"status": "ok"`) || !strings.Contains(r.stdout, `"budget": 28672`) {
+			t.Errorf("%s", r.stdout)
+		}
+	})
 }
 
 func TestSandboxExec(t *testing.T) {
@@ -443,7 +456,8 @@ func TestServe(t *testing.T) {
 		"--max-file-bytes", "512MiB", "--pool", "base:gvisor=4, python:namespaces=2,node=1", "--log-level", "debug",
 		"--max-builds", "3", "--build-timeout", "10m", "--build-network", "none", "--exec-wait", "30",
 		"--output-memory-mb", "256", "--http-read-header-timeout", "3", "--http-idle-timeout", "1m", "--max-storage-mb", "512",
-		"--registry-allow", "registry.internal:5000,ghcr.io").ok(t)
+		"--registry-allow", "registry.internal:5000,ghcr.io",
+		"--pids", "512", "--host-pids", "16996", "--host-reserve-memory-mb", "4096", "--memory-overcommit", "3.5").ok(t)
 	want := ServeConfig{
 		DataDir: "/tmp/ebx", Listen: "127.0.0.1:0", RunscPath: "/bin/runsc", AgentPath: "/bin/agent", TemplatesDir: "/tmp/tmpl",
 		DefaultTimeout: 10 * time.Minute, MaxTimeout: 2 * time.Hour, MaxSandboxes: 10, MaxConcurrentExecs: 20, MaxFileBytes: 512 << 20,
@@ -451,7 +465,8 @@ func TestServe(t *testing.T) {
 		MaxBuilds: 3, BuildTimeout: 10 * time.Minute, BuildNetwork: "none", ExecWait: 30 * time.Second,
 		OutputMemoryMB: 256, ReadHeaderTimeout: 3 * time.Second, IdleTimeout: time.Minute, MaxStorageMB: 512,
 		RegistryAllow: []string{"registry.internal:5000", "ghcr.io"},
-		LogLevel:      -4, Logger: got.Logger,
+		Pids:          512, HostPids: 16996, HostReserveMemoryMB: 4096, MemoryOvercommit: 3.5,
+		LogLevel: -4, Logger: got.Logger,
 	}
 	if got.Logger == nil || !got.Logger.Enabled(context.Background(), -4) {
 		t.Error("no debug logger")
@@ -466,7 +481,8 @@ func TestServe(t *testing.T) {
 	if got.DataDir != DefaultDataDir || got.Listen != DefaultListen || got.DefaultTimeout != DefaultTimeout ||
 		got.MaxTimeout != DefaultMaxTimeout || got.MaxFileBytes != DefaultMaxFileBytes || got.Pool != nil || got.LogLevel != 0 ||
 		got.OutputMemoryMB != DefaultOutputMemoryMB || got.ReadHeaderTimeout != DefaultReadHeader || got.IdleTimeout != DefaultIdleTimeout ||
-		got.MaxStorageMB != DefaultMaxStorageMB || got.RegistryAllow != nil {
+		got.MaxStorageMB != DefaultMaxStorageMB || got.RegistryAllow != nil ||
+		got.Pids != DefaultPids || got.MemoryOvercommit != DefaultMemoryOvercommit || got.HostPids != 0 || got.HostReservePids != 0 || got.HostReserveMemoryMB != 0 {
 		t.Errorf("defaults %+v", got)
 	}
 
@@ -481,6 +497,8 @@ func TestServe(t *testing.T) {
 		{"--output-memory-mb", "8"}, {"--http-idle-timeout", "0"},
 		{"--default-timeout", "2h", "--max-timeout", "1h"}, {"--max-sandboxes", "0"}, {"extra-arg"},
 		{"--registry-allow", "https://ghcr.io"}, {"--registry-allow", "ghcr.io/x"}, {"--max-storage-mb", "-1"},
+		{"--pids", "10"}, {"--host-pids", "-1"}, {"--host-reserve-memory-mb", "-5"}, {"--memory-overcommit", "0.5"},
+		{"--host-pids", "20000", "--host-reserve-pids", "100"},
 	} {
 		if r := runCLI(t, "", append([]string{"serve"}, a...)...); r.code != 2 {
 			t.Errorf("serve %v: exit %d %q", a, r.code, r.stderr)

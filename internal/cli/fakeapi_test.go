@@ -56,6 +56,11 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, 200, client.Health{Status: "ok", Version: "test", Runtimes: []string{"gvisor", "namespaces"}})
 	})
+	mux.HandleFunc("GET /v1/capacity", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, 200, client.Capacity{Pids: client.CapacityAmount{Budget: 28672, Reserved: 1280, Free: 27392},
+			MemoryMB:          client.CapacityAmount{Budget: 43392, Reserved: 1632, Free: 41760},
+			MemoryAvailableMB: 23000, MemoryReserveMB: 2410, Sandboxes: 1})
+	})
 	mux.HandleFunc("POST /v1/sandboxes", f.create)
 	mux.HandleFunc("GET /v1/sandboxes", f.list)
 	mux.HandleFunc("DELETE /v1/sandboxes", f.bulkDelete)

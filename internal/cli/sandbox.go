@@ -43,7 +43,9 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 		Long: `Create a sandbox and print its id once it runs (the whole object with --json).
 
 With --wait, when the team is at its sandbox limit the request queues up to
-that long for a slot instead of failing with too_many_sandboxes.`,
+that long for a slot instead of failing with too_many_sandboxes, and when the
+host has no room (its pids or memory, shared by all teams), for capacity
+instead of failing with insufficient_capacity.`,
 		Example: `  id=$(evalbox sandbox create --template python --timeout 10m --metadata run=r1)`,
 		Args:    args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -77,7 +79,7 @@ that long for a slot instead of failing with too_many_sandboxes.`,
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	f.StringArrayVarP(&md, "metadata", "m", nil, "metadata KEY=VALUE (repeatable)")
 	f.StringVar(&req.Network, "network", "", "network: none or outbound (default none)")
-	f.Var(&wait, "wait", "queue up to this long when the team is at its sandbox limit")
+	f.Var(&wait, "wait", "queue up to this long when the team is at its sandbox limit or the host has no room")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }

@@ -55,6 +55,15 @@ type ServeConfig struct {
 	// its concurrent-exec limit, before 429 rate_limited.
 	ExecWait     time.Duration
 	BuildNetwork string
+	// Pids is the task limit (processes and threads) of every sandbox.
+	Pids int
+	// HostPids, HostReservePids, HostReserveMemoryMB and MemoryOvercommit
+	// size the host budget every sandbox is admitted against (0: derived
+	// from the host; see node.CapacityConfig).
+	HostPids            int64
+	HostReservePids     int64
+	HostReserveMemoryMB int64
+	MemoryOvercommit    float64
 	// OutputMemoryMB bounds the command output the server holds in memory
 	// for buffered answers and eval runs, in MiB (past it: 429
 	// output_budget_exhausted).
@@ -102,9 +111,16 @@ const (
 	DefaultBuildTimeout   = 30 * time.Minute
 	DefaultExecWait       = 10 * time.Minute
 	DefaultOutputMemoryMB = 1024
-	DefaultReadHeader     = 10 * time.Second
-	DefaultIdleTimeout    = 2 * time.Minute
-	defaultLogLevelString = "info"
+	// DefaultPids is a sandbox's task limit (on a host whose pid_max is
+	// 32768 about 28 namespaces or 22 gVisor sandboxes fit at once), and
+	// DefaultMemoryOvercommit the memory budget's overcommit: equal to
+	// sandbox.DefaultPids and node.DefaultMemoryOvercommit (a test in
+	// cmd/evalbox holds them equal).
+	DefaultPids             = 1024
+	DefaultMemoryOvercommit = 2
+	DefaultReadHeader       = 10 * time.Second
+	DefaultIdleTimeout      = 2 * time.Minute
+	defaultLogLevelString   = "info"
 )
 
 func newServeCmd() *cobra.Command {
@@ -150,6 +166,18 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			}
 			if cfg.OutputMemoryMB < 16 {
 				return usagef(cmd, "--output-memory-mb must be at least 16")
+			}
+			if cfg.Pids < 64 {
+				return usagef(cmd, "--pids must be at least 64")
+			}
+			if cfg.HostPids < 0 || cfg.HostReservePids < 0 || cfg.HostReserveMemoryMB < 0 {
+				return usagef(cmd, "--host-pids, --host-reserve-pids and --host-reserve-memory-mb must not be negative")
+			}
+			if cfg.HostPids > 0 && cmd.Flags().Changed("host-reserve-pids") {
+				return usagef(cmd, "--host-pids sets the budget itself: give it or --host-reserve-pids, not both")
+			}
+			if cfg.MemoryOvercommit < 1 {
+				return usagef(cmd, "--memory-overcommit must be at least 1")
 			}
 			if cfg.ExecWait < 0 {
 				return usagef(cmd, "--exec-wait must not be negative")
@@ -208,6 +236,15 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.StringVar(&logLevel, "log-level", defaultLogLevelString, "debug, info, warn or error")
 	f.IntVar(&cfg.OutputMemoryMB, "output-memory-mb", DefaultOutputMemoryMB,
 		"memory for command output held for buffered (JSON) answers and eval runs, server-wide, in MiB; past it a request gets 429 output_budget_exhausted (streamed answers need none)")
+	// Host capacity: every sandbox (user, warm pool, build) reserves its
+	// pids and memory limits from one host budget.
+	f.IntVar(&cfg.Pids, "pids", DefaultPids, "task limit (processes and threads) of every sandbox; each reserves it from the host's pids (gVisor: plus 256 for the Sentry)")
+	f.Int64Var(&cfg.HostPids, "host-pids", 0, "host pids all sandboxes may reserve together (default: min(kernel.pid_max, kernel.threads-max) less --host-reserve-pids)")
+	f.Int64Var(&cfg.HostReservePids, "host-reserve-pids", 0, "host pids kept out of the sandboxes' budget (default: max(4096, 1/8 of the host's))")
+	f.Int64Var(&cfg.HostReserveMemoryMB, "host-reserve-memory-mb", 0,
+		"host memory kept out of the sandboxes' budget, in MiB; no sandbox starts while MemAvailable is below it (default: max(2048, 10% of MemTotal))")
+	f.Float64Var(&cfg.MemoryOvercommit, "memory-overcommit", DefaultMemoryOvercommit,
+		"how many times the host's memory (less the reserve) the sandboxes' memory limits may add up to; raise it for many idle sandboxes")
 	// Hidden: the HTTP connection bounds, for tests.
 	f.Var(&readHeader, "http-read-header-timeout", "time a client has to send a request's headers")
 	f.Var(&idleTimeout, "http-idle-timeout", "time a keep-alive connection may stay idle")

@@ -61,14 +61,35 @@ func (n *Node) RunBuildStep(ctx context.Context, s template.RunStep) (res templa
 	if !ok {
 		return res, fmt.Errorf("node: template builds need the %s runtime, which this server does not run", n.cfg.Build.Runtime)
 	}
+	b := n.cfg.Build
+	cost, err := hostCost(rt, Shape{CPU: b.CPU, MemoryMB: b.MemoryMB, DiskMB: b.DiskMB, Pids: b.Pids, Network: s.Network})
+	if err != nil {
+		return res, err
+	}
+	// A build step queues for host capacity as long as its build may run
+	// (ctx carries the build timeout), before it joins n.wg: Close ends
+	// the wait.
+	release, err := n.reserve(ctx, cost, 0)
+	var cerr *CapacityError
+	if errors.As(err, &cerr) && !cerr.Never {
+		n.log.Info("build step waits for host capacity", "sandbox", s.ID, "err", err)
+		if s.Output != nil {
+			fmt.Fprintf(s.Output, "waiting for host capacity: %v\n", err)
+		}
+		release, err = n.reserve(ctx, cost, -1)
+	}
+	if err != nil {
+		return res, fmt.Errorf("node: build sandbox: %w", err)
+	}
 	n.mu.Lock()
 	if n.isClosed() {
 		n.mu.Unlock()
+		release()
 		return res, ErrClosed
 	}
 	n.wg.Add(1)
 	n.mu.Unlock()
-	sb, err := n.startBuildSandbox(ctx, rt, s)
+	sb, err := n.startBuildSandbox(ctx, rt, s, release)
 	n.wg.Done()
 	if err != nil {
 		return res, err
@@ -105,8 +126,9 @@ func (n *Node) RunBuildStep(ctx context.Context, s template.RunStep) (res templa
 }
 
 // startBuildSandbox starts a build sandbox and adds it to the live set
-// (Close and Sweep see it). On error nothing is left.
-func (n *Node) startBuildSandbox(ctx context.Context, rt runtime.Runtime, s template.RunStep) (_ *Sandbox, err error) {
+// (Close and Sweep see it). On error nothing is left. It owns release
+// (the sandbox's host capacity) from the start.
+func (n *Node) startBuildSandbox(ctx context.Context, rt runtime.Runtime, s template.RunStep, release func()) (_ *Sandbox, err error) {
 	n.mu.Lock()
 	n.starting[s.ID] = struct{}{}
 	n.mu.Unlock()
@@ -117,11 +139,12 @@ func (n *Node) startBuildSandbox(ctx context.Context, rt runtime.Runtime, s temp
 	}()
 	stateDir := filepath.Join(n.cfg.StateDir, s.ID)
 	if err := os.Mkdir(stateDir, 0o700); err != nil {
+		release()
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	b := n.cfg.Build
 	sb := &Sandbox{ID: s.ID, Runtime: rt.Name(), RuntimeVersion: rt.Version(), StartedAt: time.Now(), stateDir: stateDir,
-		Shape: Shape{CPU: b.CPU, MemoryMB: b.MemoryMB, DiskMB: b.DiskMB, Pids: b.Pids, Network: s.Network}}
+		Shape: Shape{CPU: b.CPU, MemoryMB: b.MemoryMB, DiskMB: b.DiskMB, Pids: b.Pids, Network: s.Network}, release: release}
 	defer func() {
 		if err != nil {
 			n.destroy(context.WithoutCancel(ctx), sb)

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -60,8 +61,11 @@ type Config struct {
 	// StartTimeout bounds a cold start, agent handshake included.
 	StartTimeout time.Duration
 	// Build is the shape of template build sandboxes.
-	Build  BuildConfig
-	Logger *slog.Logger
+	Build BuildConfig
+	// Capacity admits every sandbox the node starts against the host's
+	// pids and memory (nil: NewCapacity with the host's defaults).
+	Capacity *Capacity
+	Logger   *slog.Logger
 }
 
 // Node runs sandboxes on this host.
@@ -71,13 +75,22 @@ type Node struct {
 	runtimes map[string]runtime.Runtime
 	names    []string // sorted runtime names
 
+	capacity *Capacity
+
 	mu       sync.Mutex
 	live     map[string]*Sandbox
 	starting map[string]struct{} // ids inside start, not yet live
 	pools    map[PoolKey]*pool
+	// held keeps the capacity of sandboxes whose destroy failed: what the
+	// driver left may still hold host pids and memory, so the capacity
+	// goes back once Sweep finds nothing left of them.
+	held map[string]func()
 
 	wg     sync.WaitGroup
 	closed chan struct{}
+	// closing is cancelled with closed: capacity waits end with it.
+	closing context.Context
+	stop    context.CancelFunc
 }
 
 // Sandbox is one live sandbox on this node.
@@ -97,7 +110,9 @@ type Sandbox struct {
 
 	rt       runtime.Sandbox
 	stateDir string
-	once     sync.Once
+	// release gives the sandbox's host capacity back.
+	release func()
+	once    sync.Once
 }
 
 // Done is closed when the sandbox's agent session ends (the sandbox died or
@@ -124,17 +139,26 @@ func New(cfg Config) (*Node, error) {
 		cfg.StartTimeout = 60 * time.Second
 	}
 	cfg.Build.setDefaults()
+	if cfg.Capacity == nil {
+		c, err := NewCapacity(CapacityConfig{})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Capacity = c
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	n := &Node{
-		cfg: cfg, log: cfg.Logger,
+		cfg: cfg, log: cfg.Logger, capacity: cfg.Capacity,
 		runtimes: map[string]runtime.Runtime{},
 		live:     map[string]*Sandbox{},
 		starting: map[string]struct{}{},
 		pools:    map[PoolKey]*pool{},
+		held:     map[string]func(){},
 		closed:   make(chan struct{}),
 	}
+	n.closing, n.stop = context.WithCancel(context.Background())
 	for _, r := range cfg.Runtimes {
 		n.runtimes[r.Name()] = r
 		n.names = append(n.names, r.Name())
@@ -174,6 +198,18 @@ func (n *Node) Sweep(ctx context.Context) ([]string, error) {
 			}
 		}
 	}
+	n.mu.Lock()
+	held := maps.Clone(n.held)
+	n.mu.Unlock()
+	for id, release := range held {
+		if left := n.Leftovers(id); len(left) == 0 {
+			n.mu.Lock()
+			delete(n.held, id)
+			n.mu.Unlock()
+			release()
+			n.log.Info("capacity of a failed destroy given back: nothing of it is left", "sandbox", id)
+		}
+	}
 	return removed, errors.Join(errs...)
 }
 
@@ -209,24 +245,69 @@ func NewID() string {
 }
 
 // Create returns a running sandbox of key's template, runtime and shape:
-// claimed from the warm pool when one is ready, else cold-started.
-func (n *Node) Create(ctx context.Context, key PoolKey) (*Sandbox, error) {
+// claimed from the warm pool when one is ready (it holds its capacity
+// already), else cold-started. A cold start first reserves its host cost
+// from the node's Capacity, queueing up to wait for it (0: not at all;
+// < 0: until ctx ends); not getting it is a *CapacityError.
+func (n *Node) Create(ctx context.Context, key PoolKey, wait time.Duration) (*Sandbox, error) {
 	if _, ok := n.runtimes[key.Runtime]; !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownRuntime, key.Runtime)
 	}
 	if sb := n.claim(key); sb != nil {
 		return sb, nil
 	}
-	return n.start(ctx, key)
+	return n.start(ctx, key, func(ctx context.Context, cost runtime.Resources) (func(), error) {
+		return n.reserve(ctx, cost, wait)
+	})
 }
+
+// HostCost is what a sandbox of key takes of the host's capacity.
+func (n *Node) HostCost(key PoolKey) (runtime.Resources, error) {
+	rt, ok := n.runtimes[key.Runtime]
+	if !ok {
+		return runtime.Resources{}, fmt.Errorf("%w: %q", ErrUnknownRuntime, key.Runtime)
+	}
+	return hostCost(rt, key.Shape)
+}
+
+func hostCost(rt runtime.Runtime, sh Shape) (runtime.Resources, error) {
+	cost := rt.HostCost(runtime.Spec{CPU: sh.CPU, MemoryMB: sh.MemoryMB, DiskMB: sh.DiskMB, Pids: sh.Pids, Network: sh.Network})
+	if cost.Pids <= 0 || cost.MemoryBytes <= 0 {
+		// Unlimited cannot be admitted against the host's capacity.
+		return cost, fmt.Errorf("node: a sandbox needs a pids and a memory limit (shape %+v)", sh)
+	}
+	return cost, nil
+}
+
+// Capacity returns the node's host capacity.
+func (n *Node) Capacity() *Capacity { return n.capacity }
+
+// reserve reserves cost from the node's capacity, waiting up to wait; the
+// wait ends when the node closes.
+func (n *Node) reserve(ctx context.Context, cost runtime.Resources, wait time.Duration) (func(), error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(n.closing, cancel)
+	defer stop()
+	release, err := n.capacity.Reserve(ctx, cost, wait)
+	if err != nil && n.closing.Err() != nil {
+		return nil, ErrClosed
+	}
+	return release, err
+}
+
+// admitFunc reserves a start's host cost: Create waits in the capacity's
+// queue, refills only take what is free.
+type admitFunc func(ctx context.Context, cost runtime.Resources) (release func(), err error)
 
 // ErrClosed is returned by Create once the node is closing.
 var ErrClosed = errors.New("node is shutting down")
 
-// start cold-starts a sandbox. On error nothing is left behind. The
-// sandbox joins the live set only once its agent answered, so Close never
-// sees a half-started one: it waits for starts in flight instead.
-func (n *Node) start(ctx context.Context, key PoolKey) (_ *Sandbox, err error) {
+// start cold-starts a sandbox once admit reserved its host cost. On error
+// nothing is left behind (and nothing reserved). The sandbox joins the
+// live set only once its agent answered, so Close never sees a
+// half-started one: it waits for starts in flight instead.
+func (n *Node) start(ctx context.Context, key PoolKey, admit admitFunc) (_ *Sandbox, err error) {
 	rt, ok := n.runtimes[key.Runtime]
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownRuntime, key.Runtime)
@@ -235,9 +316,20 @@ func (n *Node) start(ctx context.Context, key PoolKey) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	cost, err := hostCost(rt, key.Shape)
+	if err != nil {
+		return nil, err
+	}
+	// Waiting for capacity happens before the start joins n.wg: Close
+	// ends the wait rather than waiting for it.
+	release, err := admit(ctx, cost)
+	if err != nil {
+		return nil, err
+	}
 	n.mu.Lock()
 	if n.isClosed() {
 		n.mu.Unlock()
+		release()
 		return nil, ErrClosed
 	}
 	n.wg.Add(1)
@@ -257,10 +349,12 @@ func (n *Node) start(ctx context.Context, key PoolKey) (_ *Sandbox, err error) {
 	}()
 	stateDir := filepath.Join(n.cfg.StateDir, id)
 	if err := os.Mkdir(stateDir, 0o700); err != nil {
+		release()
 		return nil, fmt.Errorf("node: %w", err)
 	}
+	// From here on destroy gives the capacity back.
 	sb := &Sandbox{ID: id, Template: tpl, Runtime: rt.Name(), RuntimeVersion: rt.Version(),
-		Shape: key.Shape, StartedAt: time.Now(), stateDir: stateDir}
+		Shape: key.Shape, StartedAt: time.Now(), stateDir: stateDir, release: release}
 	defer func() {
 		if err != nil {
 			n.destroy(context.WithoutCancel(ctx), sb)
@@ -324,12 +418,22 @@ func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 		if sb.rt != nil {
 			err = sb.rt.Destroy(ctx)
 		}
+		rtErr := err
 		if rmErr := os.RemoveAll(sb.stateDir); rmErr != nil {
 			err = errors.Join(err, rmErr)
 		}
 		n.mu.Lock()
 		delete(n.live, sb.ID)
+		if rtErr != nil && sb.release != nil {
+			// Its processes or cgroups may still hold host pids and
+			// memory: the capacity stays taken until Sweep removed them.
+			n.held[sb.ID] = sb.release
+			sb.release = nil
+		}
 		n.mu.Unlock()
+		if sb.release != nil {
+			sb.release()
+		}
 		if err != nil {
 			n.log.Error("destroy sandbox", "sandbox", sb.ID, "err", err)
 		}
@@ -358,6 +462,7 @@ func (n *Node) Close(ctx context.Context) error {
 		return nil
 	}
 	close(n.closed)
+	n.stop()
 	n.mu.Unlock()
 	// Refills and starts in flight see closed and clean up after themselves.
 	n.wg.Wait()

@@ -2,8 +2,11 @@ package node
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"time"
+
+	"github.com/evalbox/evalbox/internal/runtime"
 )
 
 // pool keeps up to target ready sandboxes of one PoolKey. A pooled sandbox
@@ -102,6 +105,12 @@ func (n *Node) refill(p *pool) {
 		cancel()
 	}()
 	backoff := time.Second
+	// A refill takes only capacity that is free and that no create
+	// queues for: ready sandboxes are a bet, creates come first.
+	admit := func(_ context.Context, cost runtime.Resources) (func(), error) {
+		return n.capacity.TryReserve(cost)
+	}
+	waitingLogged := false
 	for {
 		select {
 		case <-n.closed:
@@ -115,7 +124,23 @@ func (n *Node) refill(p *pool) {
 			if need <= 0 {
 				break
 			}
-			sb, err := n.start(ctx, p.key)
+			changed := n.capacity.Changed()
+			sb, err := n.start(ctx, p.key, admit)
+			if errors.Is(err, ErrInsufficientCapacity) {
+				if !waitingLogged {
+					n.log.Warn("warm pool waits for host capacity", "pool", p.key.String(), "missing", need, "err", err)
+					waitingLogged = true
+				}
+				// Again when capacity is given back (or MemAvailable
+				// may have risen).
+				select {
+				case <-n.closed:
+					return
+				case <-changed:
+				case <-time.After(time.Second):
+				}
+				continue
+			}
 			if err != nil {
 				if ctx.Err() != nil {
 					return
@@ -130,6 +155,10 @@ func (n *Node) refill(p *pool) {
 				continue
 			}
 			backoff = time.Second
+			if waitingLogged {
+				n.log.Info("warm pool refills again", "pool", p.key.String())
+				waitingLogged = false
+			}
 			n.mu.Lock()
 			p.ready = append(p.ready, sb)
 			n.mu.Unlock()

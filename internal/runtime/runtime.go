@@ -83,6 +83,15 @@ type UpperExporter interface {
 	ExportUpper(ctx context.Context, path string) error
 }
 
+// Resources is an amount of the host resources a sandbox can pin: the
+// limits of its host cgroups. Zero means unlimited.
+type Resources struct {
+	// Pids is the most host tasks (processes and threads) it can hold.
+	Pids int64
+	// MemoryBytes is the most memory the host can charge to it.
+	MemoryBytes int64
+}
+
 // Usage is a sandbox's host resource use.
 type Usage struct {
 	// MemoryBytes is the memory charged to the sandbox's cgroup.
@@ -99,6 +108,11 @@ type Runtime interface {
 	// Version identifies the driver build (e.g. the runsc version), recorded
 	// with every sandbox so a result says what it ran on.
 	Version() string
+	// HostCost is the most a sandbox of spec can take of the host: the pids
+	// and memory limits of its host cgroups, which must cover everything
+	// the driver starts for it (gVisor: the Sentry and gofer too). The
+	// node admits sandboxes against the host's capacity with it.
+	HostCost(spec Spec) Resources
 	// Start starts a sandbox and returns once its agent process runs. On
 	// error nothing of the sandbox is left behind.
 	Start(ctx context.Context, spec Spec) (Sandbox, error)

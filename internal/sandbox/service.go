@@ -37,7 +37,9 @@ type Store interface {
 
 // Node is what the service needs of the node that runs sandboxes.
 type Node interface {
-	Create(ctx context.Context, key node.PoolKey) (*node.Sandbox, error)
+	// Create queues up to wait for host capacity (a *node.CapacityError
+	// when it gets none).
+	Create(ctx context.Context, key node.PoolKey, wait time.Duration) (*node.Sandbox, error)
 	Destroy(ctx context.Context, id string) error
 	Runtimes() []string
 }
@@ -59,7 +61,7 @@ type Config struct {
 	MaxCPU      float64
 	MaxMemoryMB int
 	MaxDiskMB   int
-	// Pids is the task limit of every sandbox.
+	// Pids is the task limit of every sandbox (0: DefaultPids).
 	Pids int
 	// MaxWait bounds wait_seconds of a create request.
 	MaxWait time.Duration
@@ -77,6 +79,9 @@ type Config struct {
 	// ReapInterval is how often the TTL reaper looks for expired sandboxes.
 	ReapInterval time.Duration
 }
+
+// DefaultPids is the default task limit of a sandbox.
+const DefaultPids = 1024
 
 func (c *Config) setDefaults() {
 	if c.DefaultRuntime == "" {
@@ -98,7 +103,7 @@ func (c *Config) setDefaults() {
 		c.MaxDiskMB = 10240
 	}
 	if c.Pids == 0 {
-		c.Pids = 1024
+		c.Pids = DefaultPids
 	}
 	if c.MaxWait == 0 {
 		c.MaxWait = 10 * time.Minute
@@ -289,7 +294,15 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 	if err != nil {
 		return client.Sandbox{}, err
 	}
+	// Admission is in two steps, in one order: the team's slot, then the
+	// host's capacity (node.Capacity, in the node). A request waits for
+	// host capacity only while it holds its team slot, and a holder of
+	// host capacity (a running sandbox) never waits for a slot, so no
+	// cycle can form. It also keeps the host queue fair across teams:
+	// a team has at most max_sandboxes requests in it, queued FIFO with
+	// everyone else's. Both waits together last at most wait_seconds.
 	wait := time.Duration(req.WaitSeconds) * time.Second
+	deadline := time.Now().Add(wait)
 	release, err := s.sandboxSlots.Acquire(ctx, teamID, team.Limits.MaxSandboxes, wait)
 	if err != nil {
 		if errors.Is(err, quota.ErrLimit) {
@@ -298,11 +311,27 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 		}
 		return client.Sandbox{}, err
 	}
-	sb, err := s.node.Create(ctx, key)
+	hostWait := time.Duration(0)
+	if wait > 0 {
+		hostWait = max(0, time.Until(deadline))
+	}
+	sb, err := s.node.Create(ctx, key, hostWait)
 	if err != nil {
 		release()
 		if ctx.Err() != nil {
 			return client.Sandbox{}, ctx.Err()
+		}
+		if cerr := (*node.CapacityError)(nil); errors.As(err, &cerr) {
+			s.log.Info("sandbox refused: host capacity", "team", teamID, "runtime", key.Runtime, "err", err)
+			hint := "retry later, or pass wait_seconds to queue"
+			switch {
+			case cerr.Never && cerr.Resource == "pids":
+				hint = "the server's --pids does not fit its host budget"
+			case cerr.Never:
+				hint = "ask for less memory_mb or disk_mb"
+			}
+			return client.Sandbox{}, &Error{Code: client.CodeInsufficientCapacity, RetryAfter: 1, Err: err,
+				Message: fmt.Sprintf("the host has no room for this %s sandbox: %v; %s", key.Runtime, cerr, hint)}
 		}
 		// The detail (host paths, runsc's log) is for the operator only.
 		s.log.Error("sandbox failed to start", "team", teamID, "template", req.Template, "runtime", key.Runtime, "err", err)

@@ -65,6 +65,9 @@ type Config struct {
 	Catalog catalog.Config
 	// Build is the shape of template build sandboxes.
 	Build node.BuildConfig
+	// Capacity sizes the host budget every sandbox is admitted against
+	// (zero values: derived from the host).
+	Capacity node.CapacityConfig
 	// OutputMemory bounds, in bytes, the command output the server holds
 	// for buffered answers and eval runs at any one time (0: 1 GiB).
 	OutputMemory int64
@@ -233,8 +236,12 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 
+	capacity, err := node.NewCapacity(cfg.Capacity)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
 	n, err := node.New(node.Config{Runtimes: runtimes, Templates: templates, AgentPath: cfg.Agent,
-		StateDir: filepath.Join(cfg.DataDir, "sandboxes"), Build: cfg.Build, Logger: log})
+		StateDir: filepath.Join(cfg.DataDir, "sandboxes"), Build: cfg.Build, Capacity: capacity, Logger: log})
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
@@ -293,6 +300,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := evals.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
+	logCapacity(ctx, log, n, svc)
 	for _, p := range cfg.Pools {
 		key, err := svc.DefaultKey(ctx, p.Template, p.Runtime)
 		if err != nil {
@@ -302,7 +310,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	handler := api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
-		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: n.Runtimes(), Pools: n, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log})
+		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: n.Runtimes(), Pools: n, Capacity: capacity, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -355,6 +363,38 @@ func Run(ctx context.Context, cfg Config) error {
 		serveErr = nil
 	}
 	return serveErr
+}
+
+// logCapacity says how large the host budget is and how many sandboxes of
+// the default shape fit in it, per runtime, and what to change when pids
+// run out first.
+func logCapacity(ctx context.Context, log *slog.Logger, n *node.Node, svc *sandbox.Service) {
+	c := n.Capacity()
+	b, h := c.Budget(), c.Host()
+	log.Info("host capacity", "pids_budget", b.Pids, "kernel.pid_max", h.PidMax, "kernel.threads-max", h.ThreadsMax,
+		"memory_budget_mb", b.MemoryBytes>>20, "mem_total_mb", h.MemTotal>>20, "memory_reserve_mb", c.Status().MemoryReserve>>20)
+	hostPids := min(h.PidMax, h.ThreadsMax)
+	if safe := hostPids - node.DefaultReservePids(hostPids); b.Pids > safe {
+		log.Warn("the pids budget leaves the host less than its default reserve: fork bombs in every sandbox at once could starve it",
+			"pids_budget", b.Pids, "default_budget", safe)
+	}
+	for _, rt := range n.Runtimes() {
+		key, err := svc.DefaultKey(ctx, "base", rt)
+		if err != nil {
+			continue
+		}
+		cost, err := n.HostCost(key)
+		if err != nil {
+			continue
+		}
+		byPids, byMemory := b.Pids/cost.Pids, b.MemoryBytes/cost.MemoryBytes
+		log.Info("default sandboxes that fit the host", "runtime", rt, "sandboxes", min(byPids, byMemory),
+			"pids_each", cost.Pids, "memory_mb_each", cost.MemoryBytes>>20, "fit_by_pids", byPids, "fit_by_memory", byMemory)
+		if byPids < byMemory && hostPids < 4194304 {
+			log.Warn("host pids limit the sandboxes this server runs: raise kernel.pid_max (systemd hosts default to 4194304) or lower --pids for more",
+				"runtime", rt, "kernel.pid_max", h.PidMax, "fit_by_pids", byPids, "fit_by_memory", byMemory)
+		}
+	}
 }
 
 // shutdownGrace is how long in-flight requests may run on after a

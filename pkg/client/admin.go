@@ -15,6 +15,16 @@ func (c *Client) Health(ctx context.Context) (*Health, error) {
 	return &h, nil
 }
 
+// Capacity reports the host capacity sandboxes are admitted against: pids
+// and memory budgets, what is reserved and free (admin key only).
+func (c *Client) Capacity(ctx context.Context) (*Capacity, error) {
+	var cp Capacity
+	if err := c.do(ctx, &request{method: http.MethodGet, path: "/capacity", retry: true}, &cp); err != nil {
+		return nil, err
+	}
+	return &cp, nil
+}
+
 // CreateTeam creates a team (admin key only).
 func (c *Client) CreateTeam(ctx context.Context, req CreateTeamRequest) (*Team, error) {
 	var t Team

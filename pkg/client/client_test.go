@@ -197,6 +197,7 @@ func TestClientCoversSpec(t *testing.T) {
 			return err
 		},
 		func() error { _, err := c.ListPools(ctx); return err },
+		func() error { _, err := c.Capacity(ctx); return err },
 		func() error {
 			_, err := c.Execute(ctx, ExecuteRequest{Scripts: []string{"print(1)"}, Language: LanguagePython, Timeout: 3})
 			return err

@@ -62,6 +62,11 @@ func IsOutputBudgetExhausted(err error) bool { return ErrorCode(err) == CodeOutp
 // limit would be passed.
 func IsStorageQuotaExceeded(err error) bool { return ErrorCode(err) == CodeStorageQuotaExceeded }
 
+// IsInsufficientCapacity reports whether err says the host had no room for
+// a new sandbox (host pids or memory, shared by every team): retry later,
+// or create with WaitSeconds to queue.
+func IsInsufficientCapacity(err error) bool { return ErrorCode(err) == CodeInsufficientCapacity }
+
 // IsSandboxNotRunning reports whether err says the sandbox ended.
 func IsSandboxNotRunning(err error) bool { return ErrorCode(err) == CodeSandboxNotRunning }
 

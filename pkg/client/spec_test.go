@@ -61,6 +61,8 @@ var wireTypes = map[string]reflect.Type{
 	"Pool":                 reflect.TypeFor[Pool](),
 	"PoolList":             reflect.TypeFor[PoolList](),
 	"Health":               reflect.TypeFor[Health](),
+	"Capacity":             reflect.TypeFor[Capacity](),
+	"CapacityAmount":       reflect.TypeFor[CapacityAmount](),
 	"ExecuteRequest":       reflect.TypeFor[ExecuteRequest](),
 	"ExecuteResponse":      reflect.TypeFor[ExecuteResponse](),
 	"EvalProblem":          reflect.TypeFor[EvalProblem](),

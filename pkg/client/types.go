@@ -54,6 +54,10 @@ const (
 	// CodeStorageQuotaExceeded: what the team would store passes its
 	// storage limit (Limits.MaxStorageMB); nothing was stored.
 	CodeStorageQuotaExceeded = "storage_quota_exceeded"
+	// CodeInsufficientCapacity (503): the host has no room for the
+	// sandbox (pids or memory, across all teams); nothing was created.
+	// Retry later, or pass wait_seconds to queue.
+	CodeInsufficientCapacity = "insufficient_capacity"
 )
 
 // ErrorBody is every error response: {"error":{"code","message"}}.
@@ -440,6 +444,33 @@ const (
 	BuildEventLog = "log"
 	BuildEventEnd = "end"
 )
+
+// Capacity is the body of GET /v1/capacity: the host resources the node
+// admits sandboxes against, across all teams.
+type Capacity struct {
+	// Pids: the budget is the pids limits its sandboxes may hold together
+	// (the host's pid_max/threads-max less a reserve); every running,
+	// pooled, starting or build sandbox reserves its own.
+	Pids CapacityAmount `json:"pids"`
+	// MemoryMB: the budget of the sandboxes' memory limits (MemTotal less
+	// a reserve, times the overcommit).
+	MemoryMB CapacityAmount `json:"memory_mb"`
+	// MemoryAvailableMB is the host's MemAvailable now (-1: unknown); no
+	// sandbox starts while it is below MemoryReserveMB.
+	MemoryAvailableMB int `json:"memory_available_mb"`
+	MemoryReserveMB   int `json:"memory_reserve_mb"`
+	// Sandboxes is how many sandboxes hold a reservation; Waiting how many
+	// creates and build steps queue for one.
+	Sandboxes int `json:"sandboxes"`
+	Waiting   int `json:"waiting"`
+}
+
+// CapacityAmount is one resource of a Capacity.
+type CapacityAmount struct {
+	Budget   int `json:"budget"`
+	Reserved int `json:"reserved"`
+	Free     int `json:"free"`
+}
 
 // Health is the body of GET /v1/health.
 type Health struct {

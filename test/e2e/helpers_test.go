@@ -45,6 +45,12 @@ func defaultTeam(t *testing.T) *client.Client {
 // that nothing of it is left on the host, at cleanup.
 func mustCreate(t *testing.T, c *client.Client, req client.CreateSandboxRequest) *client.Sandbox {
 	t.Helper()
+	return mustCreateOn(t, srv, c, req)
+}
+
+// mustCreateOn is mustCreate on server s.
+func mustCreateOn(t *testing.T, s *server, c *client.Client, req client.CreateSandboxRequest) *client.Sandbox {
+	t.Helper()
 	if req.Template == "" {
 		req.Template = "base"
 	}
@@ -58,7 +64,7 @@ func mustCreate(t *testing.T, c *client.Client, req client.CreateSandboxRequest)
 		if err := c.DeleteSandbox(context.Background(), sb.ID); err != nil && !client.IsNotFound(err) {
 			t.Errorf("delete %s: %v", sb.ID, err)
 		}
-		assertGone(t, srv, sb.ID)
+		assertGone(t, s, sb.ID)
 	})
 	return sb
 }

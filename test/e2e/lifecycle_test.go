@@ -196,15 +196,25 @@ func TestRestartRecovery(t *testing.T) {
 		}
 		assertGone(t, s2, id)
 	}
+	// The swept sandboxes hold no host capacity.
+	if c, err := s2.admin.Capacity(context.Background()); err != nil || c.Sandboxes != 0 || c.Pids.Reserved != 0 || c.MemoryMB.Reserved != 0 {
+		t.Fatalf("capacity after the restart's sweep: %+v, %v", c, err)
+	}
 	// The admin key survived the restart, and the server works.
 	sb, err := s2.admin.CreateSandbox(ctxT(t, 2*time.Minute), client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeNamespaces})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if c, err := s2.admin.Capacity(context.Background()); err != nil || c.Sandboxes != 1 || c.Pids.Reserved != 1024 {
+		t.Fatalf("capacity with one namespaces sandbox: %+v, %v", c, err)
+	}
 	if err := s2.admin.DeleteSandbox(context.Background(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
 	assertGone(t, s2, sb.ID)
+	if c, err := s2.admin.Capacity(context.Background()); err != nil || c.Sandboxes != 0 || c.Pids.Reserved != 0 {
+		t.Fatalf("capacity after the delete: %+v, %v", c, err)
+	}
 }
 
 // TestWarmPool checks that creates are served from the pool, and that a

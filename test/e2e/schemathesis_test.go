@@ -33,7 +33,14 @@ func TestSchemathesis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := startServer(serverOptions{args: []string{"--max-sandboxes", "64", "--exec-wait", "0", "--default-timeout", "120"}})
+	// The fuzzer may hold up to --max-sandboxes sandboxes of the largest
+	// shape (8 GiB of memory, 10 GiB of disk) at once. What it tests is the
+	// API, not the host's room (TestHostCapacity* do): the host capacity
+	// is sized for them, so that no create meets 503 insufficient_capacity
+	// (64 gVisor sandboxes of --pids 128 take 24,576 host pids; their
+	// memory limits, up to 18 GiB each, are overcommitted 64 times).
+	s, err := startServer(serverOptions{args: []string{"--max-sandboxes", "64", "--exec-wait", "0", "--default-timeout", "120",
+		"--pids", "128", "--memory-overcommit", "64"}})
 	if err != nil {
 		t.Fatal(err)
 	}

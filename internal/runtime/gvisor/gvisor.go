@@ -167,6 +167,11 @@ func (r *Runtime) Name() string { return Name }
 // Version implements runtime.Runtime.
 func (r *Runtime) Version() string { return r.version }
 
+// HostCost implements runtime.Runtime: the pids and memory limits of the
+// sandbox's host cgroup, where runsc puts the Sentry, its systrap stubs and
+// the gofer.
+func (r *Runtime) HostCost(spec runtime.Spec) runtime.Resources { return hostCost(spec) }
+
 func (r *Runtime) globalArgs(network string, diskMB int) []string {
 	net := "none"
 	if network == runtime.NetworkOutbound {

@@ -495,3 +495,29 @@ func TestAgentCgroupEnv(t *testing.T) {
 		t.Fatalf("agentCgroupEnv %q, agentproto.CgroupEnv %q", agentCgroupEnv, agentproto.CgroupEnv)
 	}
 }
+
+// TestHostCostIsTheCgroupLimits holds HostCost, which the node admits
+// sandboxes with, equal to the limits runsc gets for the sandbox's cgroup.
+func TestHostCostIsTheCgroupLimits(t *testing.T) {
+	for _, s := range []runtime.Spec{
+		{ID: "a", MemoryMB: 512, DiskMB: 1024, Pids: 1024},
+		{ID: "b", MemoryMB: 2048, DiskMB: 4096, Pids: 4096, CPU: 2},
+		{ID: "c", MemoryMB: 64, DiskMB: 16},
+	} {
+		sp := ociSpec(s, "parent", nil)
+		got := (&Runtime{}).HostCost(s)
+		if want := *sp.Linux.Resources.Memory.Limit; got.MemoryBytes != want {
+			t.Errorf("%+v: HostCost memory %d, cgroup limit %d", s, got.MemoryBytes, want)
+		}
+		var pids int64
+		if sp.Linux.Resources.Pids != nil {
+			pids = sp.Linux.Resources.Pids.Limit
+		}
+		if got.Pids != pids {
+			t.Errorf("%+v: HostCost pids %d, cgroup limit %d", s, got.Pids, pids)
+		}
+	}
+	if got := hostCost(runtime.Spec{MemoryMB: 512, DiskMB: 1024, Pids: 1024}); got.Pids != 1024+sentryTasks || got.MemoryBytes != (512+1024+sentryOverheadMB)<<20 {
+		t.Errorf("default shape: %+v", got)
+	}
+}

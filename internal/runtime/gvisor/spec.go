@@ -33,7 +33,7 @@ var capabilities = []string{
 // mounted read-only at /etc/resolv.conf.
 func ociSpec(s runtime.Spec, cgroupParent string, nw *sandboxNet) *specs.Spec {
 	args := append([]string{runtime.AgentGuestPath}, s.AgentArgs...)
-	memLimit := int64(s.MemoryMB+s.DiskMB+sentryOverheadMB) << 20
+	memLimit := memoryLimit(s)
 	swap := memLimit
 	pids := int64(s.Pids)
 	shares := uint64(1024)
@@ -124,6 +124,22 @@ func guestTasks(pids int) int {
 // sentryTasks is the host tasks a Sentry and gofer need besides those of
 // the guest's tasks (their own threads).
 const sentryTasks = 256
+
+// memoryLimit is the memory cgroup limit of a sandbox: its processes, its
+// disk (the in-memory overlay) and the Sentry and gofer themselves.
+func memoryLimit(s runtime.Spec) int64 {
+	return int64(s.MemoryMB+s.DiskMB+sentryOverheadMB) << 20
+}
+
+// hostCost is what a sandbox of s can take of the host: the limits ociSpec
+// gives its cgroup (a test holds them equal).
+func hostCost(s runtime.Spec) runtime.Resources {
+	c := runtime.Resources{MemoryBytes: memoryLimit(s)}
+	if s.Pids > 0 {
+		c.Pids = hostPids(int64(s.Pids))
+	}
+	return c
+}
 
 // hostPids is the host pids limit of a sandbox: its Pids and the Sentry's
 // own. It bounds what a sandbox can take of the host's pid space (pid_max

@@ -200,6 +200,20 @@ func (r *Runtime) Name() string { return Name }
 // e.g. "namespaces/1 linux/6.1.0 cgroup/v2".
 func (r *Runtime) Version() string { return r.version }
 
+// cgroupLimits are the limits of a sandbox's cgroup. Its disk is a tmpfs
+// whose pages are charged to the cgroup of the processes that write them:
+// it counts inside MemoryMB.
+func cgroupLimits(spec runtime.Spec) cgroups.Limits {
+	return cgroups.Limits{CPU: spec.CPU, MemoryBytes: int64(spec.MemoryMB) << 20, Pids: spec.Pids}
+}
+
+// HostCost implements runtime.Runtime: the limits of the sandbox's cgroup,
+// which holds every process of the sandbox (its init stage included).
+func (r *Runtime) HostCost(spec runtime.Spec) runtime.Resources {
+	l := cgroupLimits(spec)
+	return runtime.Resources{Pids: int64(l.Pids), MemoryBytes: l.MemoryBytes}
+}
+
 // validID reports whether id matches ^[a-z0-9][a-z0-9-]{0,47}$ (checked
 // by hand: a package-level regexp would be compiled in every sandbox's
 // init stage too).
@@ -301,7 +315,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 	s.ids = blk
 	cleanups = append(cleanups, func() { r.ids.release(blk) })
 
-	cg, err := r.cg.Create(spec.ID, cgroups.Limits{CPU: spec.CPU, MemoryBytes: int64(spec.MemoryMB) << 20, Pids: spec.Pids})
+	cg, err := r.cg.Create(spec.ID, cgroupLimits(spec))
 	if err != nil {
 		if errors.Is(err, cgroups.ErrExist) {
 			return nil, fmt.Errorf("namespaces: %w (a leftover of an earlier run? Sweep removes it)", err)

@@ -769,3 +769,14 @@ func TestAgentCgroupEnv(t *testing.T) {
 		t.Fatalf("agentCgroupEnv %q, agentproto.CgroupEnv %q", agentCgroupEnv, agentproto.CgroupEnv)
 	}
 }
+
+// TestHostCostIsTheCgroupLimits holds HostCost, which the node admits
+// sandboxes with, equal to the limits of the sandbox's cgroup.
+func TestHostCostIsTheCgroupLimits(t *testing.T) {
+	s := runtime.Spec{ID: "a", MemoryMB: 512, DiskMB: 1024, Pids: 512, CPU: 1}
+	l := cgroupLimits(s)
+	got := (&Runtime{}).HostCost(s)
+	if got.Pids != int64(l.Pids) || got.MemoryBytes != l.MemoryBytes || got.Pids != 512 || got.MemoryBytes != 512<<20 {
+		t.Fatalf("HostCost %+v, cgroup limits %+v", got, l)
+	}
+}

@@ -14,8 +14,22 @@ from .server import NS, Server, Team, start_server, stop_server
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
-    """The shared server: warm pools of namespaces sandboxes; gvisor and namespaces both enabled."""
-    s = start_server("--pool", "base:namespaces=4,python:namespaces=4")
+    """The shared server: warm pools of namespaces sandboxes; gvisor and namespaces both enabled.
+
+    Its sandboxes have 256 pids (``--pids``): every sandbox reserves its pids
+    limit from the host's, and ``test_50_concurrent_trials`` holds 50 at once
+    beside the pools, more than fit with the default 1024 on a host whose
+    ``kernel.pid_max`` is 32768.
+    """
+    s = start_server("--pool", "base:namespaces=4,python:namespaces=4", "--pids", "256")
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture(scope="session")
+def tiny_server() -> Iterator[Server]:
+    """A server whose host pids budget (``--host-pids``) takes one namespaces sandbox of 1024 pids."""
+    s = start_server("--host-pids", "1100")
     yield s
     stop_server(s)
 

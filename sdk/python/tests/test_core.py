@@ -98,6 +98,7 @@ SANDBOX = {
         ("output_budget_exhausted", 429, evalbox.OutputBudgetExhaustedError),
         ("internal", 500, evalbox.ServerError),
         ("unavailable", 503, evalbox.ServiceUnavailableError),
+        ("insufficient_capacity", 503, evalbox.InsufficientCapacityError),
         ("no_space", 507, evalbox.NoSpaceError),
         ("storage_quota_exceeded", 413, evalbox.StorageQuotaExceededError),
         ("some_new_code", 507, evalbox.ServerError),  # a code this SDK does not know: by status

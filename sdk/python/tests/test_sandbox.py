@@ -155,6 +155,26 @@ def test_too_many_sandboxes_and_wait(server: Server) -> None:
         c.close()
 
 
+def test_insufficient_capacity_and_wait(tiny_server: Server) -> None:
+    t = tiny_server.new_team(max_sandboxes=5)
+    c = t.client()
+    first = Sandbox.create(runtime=NS, client=c)
+    try:
+        # The team is below its limit, but the host has no room.
+        with pytest.raises(evalbox.InsufficientCapacityError) as ei:
+            Sandbox.create(runtime=NS, client=c)
+        assert (ei.value.code, ei.value.status, ei.value.retry_after) == ("insufficient_capacity", 503, 1.0)
+        assert isinstance(ei.value, evalbox.ServiceUnavailableError)
+        assert "not enough host pids" in ei.value.message
+        # Waiting, the request gets in once the first sandbox is gone.
+        threading.Timer(0.5, first.kill).start()
+        with Sandbox.create(runtime=NS, client=c, wait=10) as second:
+            assert second.info().state == "running"
+    finally:
+        first.kill()
+        c.close()
+
+
 def test_authentication_error(server: Server) -> None:
     with pytest.raises(evalbox.AuthenticationError) as ei:
         Sandbox.list(api_url=server.url, api_key="eb_wrong")

@@ -22,6 +22,7 @@ __all__ = [
     "CommandTimeoutError",
     "ConflictError",
     "EvalboxError",
+    "InsufficientCapacityError",
     "NotFoundError",
     "OutputBudgetExhaustedError",
     "PayloadTooLargeError",
@@ -157,6 +158,16 @@ class ServiceUnavailableError(ServerError):
     """503 ``unavailable``: the server cannot take the request now. Nothing was done."""
 
 
+class InsufficientCapacityError(ServiceUnavailableError):
+    """503 ``insufficient_capacity``: the host has no room for a new sandbox. Nothing was created.
+
+    The host's pids or memory budget, which every team shares, is reserved by
+    running sandboxes, or its available memory is below its reserve; the
+    message says which. ``Sandbox.create(wait=...)`` queues for room instead,
+    or retry after :attr:`retry_after`.
+    """
+
+
 class APIConnectionError(EvalboxError):
     """The server could not be reached, or the connection broke mid-answer.
 
@@ -188,6 +199,7 @@ _BY_CODE: dict[str, type[EvalboxError]] = {
     "timeout": CommandTimeoutError,
     "internal": ServerError,
     "unavailable": ServiceUnavailableError,
+    "insufficient_capacity": InsufficientCapacityError,
 }
 
 
