@@ -34,13 +34,15 @@ func TestSchemathesis(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The fuzzer may hold up to --max-sandboxes sandboxes of the largest
-	// shape (8 GiB of memory, 10 GiB of disk) at once. What it tests is the
+	// shape (8 GiB of memory, 10 GiB of disk) per team at once, in the
+	// teams it makes too (about 100 hold a reservation at the end of a run). What it tests is the
 	// API, not the host's room (TestHostCapacity* do): the host capacity
-	// is sized for them, so that no create meets 503 insufficient_capacity
-	// (64 gVisor sandboxes of --pids 128 take 24,576 host pids; their
-	// memory limits, up to 18 GiB each, are overcommitted 64 times).
+	// is sized above what they reserve, so that no create meets 503
+	// insufficient_capacity. Their pids limits (--pids 128 and the
+	// Sentry's 256 each) are a budget, not what idle sandboxes use; their
+	// memory limits, up to 18 GiB each, are overcommitted 64 times.
 	s, err := startServer(serverOptions{args: []string{"--max-sandboxes", "64", "--exec-wait", "0", "--default-timeout", "120",
-		"--pids", "128", "--memory-overcommit", "64"}})
+		"--pids", "128", "--host-pids", "200000", "--memory-overcommit", "64"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +154,10 @@ func TestSchemathesis(t *testing.T) {
 		t.Logf("schemathesis (%s): %v, %s\n%s", name, time.Since(start).Round(time.Second), lastLine(out, "generated"), section(out, "WARNINGS", "SUMMARY"))
 		if err != nil {
 			t.Errorf("schemathesis (%s) failed: %v\n%s", name, err, failures(out))
+		}
+		if cp, err := c.Capacity(ctx); err == nil {
+			t.Logf("after schemathesis (%s): %d sandboxes hold %d of %d host pids, %d of %d MiB", name, cp.Sandboxes,
+				cp.Pids.Reserved, cp.Pids.Budget, cp.MemoryMB.Reserved, cp.MemoryMB.Budget)
 		}
 	}
 	runST("admin", s.adminKey, 40)
