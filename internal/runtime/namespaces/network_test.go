@@ -20,15 +20,12 @@ import (
 
 func TestOutbound(t *testing.T) {
 	inet := networktest.Setup(t)
-	netm, err := network.New(network.Config{
+	netm := networktest.Manager(t, network.Config{
 		Scope:      fmt.Sprintf("evalbox-ns-test-%d", os.Getpid()),
 		Pool:       netip.MustParsePrefix("10.231.0.0/24"),
 		DNS:        []netip.Addr{},
 		EgressDeny: network.SpecialRanges(), // not the host's subnets
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := newRuntime(t, Config{Network: netm})
 
 	// A host service on every address.
@@ -50,7 +47,7 @@ func TestOutbound(t *testing.T) {
 	hostPort := hostLn.Addr().(*net.TCPAddr).Port
 
 	// A stale link holding the first name: its block is skipped.
-	stale := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: network.HostIfPrefix + "0"}, PeerName: "evxstale1"}
+	stale := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: networktest.LinkPrefix + "0"}, PeerName: "evxstale1"}
 	if err := netlink.LinkAdd(stale); err != nil {
 		t.Fatal(err)
 	}
@@ -59,8 +56,8 @@ func TestOutbound(t *testing.T) {
 	spec := testSpec(t, "outbound")
 	spec.Network = runtime.NetworkOutbound
 	a := startSandbox(t, r, spec)
-	if a.s.lease.HostLink() != network.HostIfPrefix+"1" {
-		t.Errorf("first sandbox got %s next to a stale %s0", a.s.lease.HostLink(), network.HostIfPrefix)
+	if a.s.lease.HostLink() != networktest.LinkPrefix+"1" {
+		t.Errorf("first sandbox got %s next to a stale %s0", a.s.lease.HostLink(), networktest.LinkPrefix)
 	}
 	other := testSpec(t, "outbound-2")
 	other.Network = runtime.NetworkOutbound
@@ -111,10 +108,7 @@ func TestOutbound(t *testing.T) {
 
 func BenchmarkColdStartOutbound(b *testing.B) {
 	networktest.Setup(b)
-	netm, err := network.New(network.Config{Scope: fmt.Sprintf("evalbox-ns-test-%d", os.Getpid()),
+	netm := networktest.Manager(b, network.Config{Scope: fmt.Sprintf("evalbox-ns-test-%d", os.Getpid()),
 		Pool: netip.MustParsePrefix("10.231.0.0/24"), DNS: []netip.Addr{}})
-	if err != nil {
-		b.Fatal(err)
-	}
 	benchColdStart(b, newRuntime(b, Config{Network: netm}), runtime.NetworkOutbound)
 }
