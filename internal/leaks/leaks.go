@@ -189,7 +189,7 @@ func (h *Host) ByID(dataDir, id string) []string {
 	var left []string
 	for _, p := range h.Procs {
 		if strings.Contains(p.Cgroup, id) || strings.Contains(p.Argv, id) {
-			left = append(left, fmt.Sprintf("process %d: %s", p.PID, p.Argv))
+			left = append(left, fmt.Sprintf("process %d (%c): %s", p.PID, p.State, p.Argv))
 		}
 	}
 	for _, line := range h.Mounts {

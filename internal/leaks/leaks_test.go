@@ -40,8 +40,8 @@ func TestNamesSandboxLink(t *testing.T) {
 		"-A FORWARD -i evb+ -o evb3 -j DROP":       true,
 		"-A INPUT -m comment --comment evb -j LOG": false,
 	} {
-		if got := namesSandboxLink(rule); got != want {
-			t.Errorf("namesSandboxLink(%q) = %v", rule, got)
+		if got := NamesSandboxLink(rule); got != want {
+			t.Errorf("NamesSandboxLink(%q) = %v", rule, got)
 		}
 	}
 }
@@ -111,5 +111,25 @@ func TestScanFindsByID(t *testing.T) {
 	only := Snapshot{KindState: snap[KindState]}
 	if got := (Snapshot{}).Diff(only); len(got) != 1 || !strings.Contains(got[0], "state files: gone: ") {
 		t.Fatalf("diff %q", got)
+	}
+}
+
+func TestSandboxItems(t *testing.T) {
+	d := "/tmp/d"
+	s := Snapshot{
+		KindIptables: {"filter: -A FORWARD -j EVALBOX-FWD", "filter: -A FORWARD -i evb3 -j ACCEPT"},
+		KindMounts:   {"/tmp/d/runsc/null-netns (nsfs, root net:[4026532])", "/tmp/d/images/tmp/b1/root (overlay, root /)"},
+		KindState:    {"/tmp/d/runsc/null-netns", "/tmp/d/sandboxes/sb-a"},
+		KindCgroups:  {"/sys/fs/cgroup/cpu/evalbox-gv-1/sb-a"},
+	}
+	got := s.SandboxItems(d)
+	want := []string{
+		"mounts: /tmp/d/images/tmp/b1/root (overlay, root /)",
+		"cgroups: /sys/fs/cgroup/cpu/evalbox-gv-1/sb-a",
+		"iptables rules: filter: -A FORWARD -i evb3 -j ACCEPT",
+		"state files: /tmp/d/sandboxes/sb-a",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("SandboxItems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

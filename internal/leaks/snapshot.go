@@ -64,7 +64,7 @@ func (h *Host) Snapshot(ctx context.Context, s Server) Snapshot {
 		if p.PID == s.PID {
 			continue
 		}
-		item := fmt.Sprintf("%d: %s", p.PID, p.Argv)
+		item := fmt.Sprintf("%d (%c): %s", p.PID, p.State, p.Argv)
 		switch {
 		case strings.Contains(p.Cgroup, gvParent) || isRunscOf(p.Argv, runscRoot):
 			add(KindGVisorProcs, item)
@@ -154,7 +154,7 @@ func iptablesRules(ctx context.Context) []string {
 			if !strings.HasPrefix(l, "-A ") {
 				continue
 			}
-			if strings.Contains(l, "EVALBOX") || namesSandboxLink(l) {
+			if strings.Contains(l, "EVALBOX") || NamesSandboxLink(l) {
 				out = append(out, table+": "+l)
 			}
 		}
@@ -162,9 +162,9 @@ func iptablesRules(ctx context.Context) []string {
 	return out
 }
 
-// namesSandboxLink reports whether an iptables rule names one sandbox's
+// NamesSandboxLink reports whether an iptables rule names one sandbox's
 // link (evb0, evb17, …) rather than all of them (evb+).
-func namesSandboxLink(rule string) bool {
+func NamesSandboxLink(rule string) bool {
 	for i := 0; ; {
 		j := strings.Index(rule[i:], "evb")
 		if j < 0 {
@@ -278,6 +278,37 @@ func (s Snapshot) Filter(keep func(item string) bool) Snapshot {
 			if keep(it) {
 				out[kind] = append(out[kind], it)
 			}
+		}
+	}
+	return out
+}
+
+// SandboxItems lists, "<kind>: <item>", what in s belongs to sandboxes,
+// sandbox starts or builds rather than to the server itself, which keeps
+// for its life only the host's evalbox chains (shared by every instance)
+// and runsc's shared empty network namespace (<data-dir>/runsc/null-netns,
+// a bind mount). A server with no sandbox live, starting or building must
+// hold none of it.
+func (s Snapshot) SandboxItems(dataDir string) []string {
+	nullNetns := filepath.Join(dataDir, "runsc", "null-netns")
+	var out []string
+	for _, kind := range Kinds {
+		for _, it := range s[kind] {
+			switch kind {
+			case KindIptables:
+				if !NamesSandboxLink(it) {
+					continue
+				}
+			case KindMounts:
+				if strings.HasPrefix(it, nullNetns+" ") {
+					continue
+				}
+			case KindState:
+				if it == nullNetns {
+					continue
+				}
+			}
+			out = append(out, kind+": "+it)
 		}
 	}
 	return out
