@@ -11,6 +11,7 @@ import (
 	goruntime "runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -351,4 +352,51 @@ func mustNew(t *testing.T, cfg network.Config) *network.Manager {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// TestConcurrentInstallOneJump: Managers installing the rules at once
+// (servers starting together) leave one jump to each chain. The check for
+// a jump and its insertion are two iptables commands: without the
+// host-wide lock around them, several servers inserted it several times.
+func TestConcurrentInstallOneJump(t *testing.T) {
+	networktest.Exclusive(t)
+	// Each Manager takes its first link name, evt0, and the others'
+	// Attach skip it (at most 3 times).
+	const n = 4
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		m := networktest.Manager(t, network.Config{Scope: fmt.Sprintf("jump-%d-%d", os.Getpid(), i),
+			Pool: netip.MustParsePrefix("10.235.0.0/24"), DNS: []netip.Addr{}, EgressDeny: network.SpecialRanges()})
+		links, err := m.Links("drv")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns := newNetns(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lease, err := links.Attach(context.Background(), fmt.Sprintf("sb-j%d", i), ns)
+			if err == nil {
+				links.Detach(lease)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := exec.Command("iptables-save").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, jump := range []string{"-A FORWARD -j " + networktest.ChainPrefix + "-FWD", "-A INPUT -j " + networktest.ChainPrefix + "-IN",
+		"-A POSTROUTING -j " + networktest.ChainPrefix + "-NAT"} {
+		if got := strings.Count(string(b), jump+"\n"); got != 1 {
+			t.Errorf("%d copies of %q", got, jump)
+		}
+	}
 }

@@ -3,12 +3,16 @@ package network
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // specialRanges are the IPv4 ranges an outbound sandbox may not reach by
@@ -47,9 +51,13 @@ func (m *Manager) ensureRules(ctx context.Context) error {
 	if err := writeSysctl("/proc/sys/net/ipv4/ip_forward", "1"); err != nil {
 		return fmt.Errorf("enable ip_forward: %w", err)
 	}
+	unlock, err := lockHostRules()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	deny := m.deny
 	if deny == nil {
-		var err error
 		if deny, err = defaultDeny(m.linkPrefix); err != nil {
 			return err
 		}
@@ -73,6 +81,35 @@ func (m *Manager) ensureRules(ctx context.Context) error {
 	}
 	m.rulesOK = true
 	return nil
+}
+
+// rulesLockFile serialises installing chains and jumps among the processes
+// (and Managers) of the host: the check for a jump and its insertion are
+// two iptables commands, and servers that did both at once inserted the
+// jump twice (a rule no one removes).
+const rulesLockFile = "/run/evalbox/iptables.lock"
+
+// lockHostRules takes the host-wide lock (flock, released with the file)
+// and returns its release.
+func lockHostRules() (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(rulesLockFile), 0o755); err != nil {
+		return nil, fmt.Errorf("network: rules lock: %w", err)
+	}
+	f, err := os.OpenFile(rulesLockFile, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("network: rules lock: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("network: rules lock: %w", err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // ruleset renders the evalbox chains for iptables-restore --noflush
