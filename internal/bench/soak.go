@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -100,6 +99,7 @@ type soakCycle struct {
 	id               string
 	d                map[string]time.Duration
 	err              error
+	retries          []string // creates answered 503 unavailable, tried again
 }
 
 // soakRuntime accumulates one runtime's cycles.
@@ -110,53 +110,7 @@ type soakRuntime struct {
 	phases   map[string]sample
 	busy     time.Duration // sum of cycle times
 	leaks    int           // found by the id of one of its sandboxes
-}
-
-// growth is the server's RSS or fd count, at warm-up and at the end.
-type growth struct {
-	Warm  float64 `json:"warm"`
-	End   float64 `json:"end"`
-	Delta float64 `json:"growth"`
-	Bound float64 `json:"bound"`
-}
-
-type soakReport struct {
-	Date         string    `json:"date"`
-	Host         string    `json:"host"`
-	Cores        int       `json:"cores"`
-	N            int       `json:"n"`
-	CheckEvery   int       `json:"check_every"`
-	Concurrency  int       `json:"concurrency"`
-	Runtimes     []soakRow `json:"runtimes"`
-	Checks       int       `json:"checks"`
-	CheckP50Ms   float64   `json:"check_p50_ms"`
-	WallS        float64   `json:"wall_s"`
-	GrowthFrom   int       `json:"growth_from_cycle"`
-	RSSMiB       growth    `json:"server_rss_mib"`
-	FDs          growth    `json:"server_fds"`
-	Baseline     string    `json:"baseline"`
-	Leaks        []string  `json:"leaks"`
-	ServerErrors []string  `json:"server_log_errors"`
-	// ChainRewrites counts the checks that found the evalbox chains'
-	// rules rewritten by another process (see check).
-	ChainRewrites int    `json:"chain_rewrites"`
-	Error         string `json:"error,omitempty"`
-}
-
-// soakRow is one runtime's line of the report.
-type soakRow struct {
-	Runtime    string                `json:"runtime"`
-	Cycles     int                   `json:"cycles"`
-	Networks   map[string]int        `json:"networks"`
-	CyclesPerS float64               `json:"cycles_per_s"`
-	Phases     map[string]phaseStats `json:"phases"`
-	// Leaks counts the leaks found by the id of one of its sandboxes.
-	Leaks int `json:"leaks"`
-}
-
-type phaseStats struct {
-	P50Ms float64 `json:"p50_ms"`
-	P99Ms float64 `json:"p99_ms"`
+	retries  []string      // creates tried again (their errors)
 }
 
 // serverSample is the server's RSS and open fds at a check.
@@ -336,6 +290,7 @@ func (k *soaker) run(ctx context.Context) (soakReport, error) {
 			if r.id != "" {
 				ids = append(ids, r.id)
 			}
+			k.stats[r.runtime].retries = append(k.stats[r.runtime].retries, r.retries...)
 			if r.err != nil {
 				cycleErr = errors.Join(cycleErr, fmt.Errorf("%s cycle %d (%s) %s: %w", r.runtime, r.seq, r.network, r.id, r.err))
 				continue
@@ -396,55 +351,6 @@ func (k *soaker) run(ctx context.Context) (soakReport, error) {
 	return rep, nil
 }
 
-// fill completes the report from the runtimes' stats and the samples.
-func (k *soaker) fill(rep *soakReport, samples []serverSample, checks sample, start time.Time) {
-	rep.WallS = time.Since(start).Seconds()
-	rep.ChainRewrites = k.rewrites
-	rep.CheckP50Ms = float64(checks.pct(50)) / float64(time.Millisecond)
-	rep.Runtimes = rep.Runtimes[:0]
-	for _, rt := range k.o.runtimes {
-		st := k.stats[rt]
-		r := soakRow{Runtime: rt, Cycles: st.cycles, Networks: st.networks, Phases: map[string]phaseStats{}, Leaks: st.leaks}
-		if st.busy > 0 {
-			r.CyclesPerS = float64(st.cycles) / st.busy.Seconds()
-		}
-		for _, ph := range soakPhases {
-			s := st.phases[ph]
-			r.Phases[ph] = phaseStats{P50Ms: float64(s.pct(50)) / float64(time.Millisecond), P99Ms: float64(s.pct(99)) / float64(time.Millisecond)}
-		}
-		rep.Runtimes = append(rep.Runtimes, r)
-	}
-	rep.GrowthFrom = k.o.warmup
-	rep.RSSMiB.Bound, rep.FDs.Bound = k.o.rssSlackMB, float64(k.o.fdSlack)
-	var after []serverSample
-	for _, sm := range samples {
-		if sm.cycles > k.o.warmup {
-			after = append(after, sm)
-		}
-	}
-	if len(after) == 0 {
-		// A run shorter than its warm-up: from the first sample.
-		after, rep.GrowthFrom = samples, 0
-	}
-	if len(after) == 0 {
-		return
-	}
-	w := max(1, len(after)/5)
-	minOf := func(ss []serverSample, f func(serverSample) float64) float64 {
-		m := f(ss[0])
-		for _, s := range ss[1:] {
-			m = min(m, f(s))
-		}
-		return m
-	}
-	rss := func(s serverSample) float64 { return s.rss }
-	fds := func(s serverSample) float64 { return s.fds }
-	rep.RSSMiB.Warm, rep.RSSMiB.End = minOf(after[:w], rss), minOf(after[len(after)-w:], rss)
-	rep.FDs.Warm, rep.FDs.End = minOf(after[:w], fds), minOf(after[len(after)-w:], fds)
-	rep.RSSMiB.Delta = rep.RSSMiB.End - rep.RSSMiB.Warm
-	rep.FDs.Delta = rep.FDs.End - rep.FDs.Warm
-}
-
 // soakProgram is the cycle's command: a file, a daemon that outlives the
 // command (a session of its own, so only teardown ends it) and a plain
 // background process, then the file's content on stdout.
@@ -473,9 +379,18 @@ func (k *soaker) cycle(ctx context.Context, rt, network string, seq int) (c soak
 	}
 	var sb *client.Sandbox
 	phase("create", func() (err error) {
-		sb, err = k.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: k.o.template, Runtime: rt, Network: network,
-			Timeout: 600, Metadata: map[string]string{"soak": strconv.Itoa(seq)}})
-		return err
+		// A start that failed (503 unavailable: e.g. runsc killed at the
+		// start timeout on an overloaded host) says to try again, as a
+		// client does: the check after the batch finds whatever it left.
+		for attempt := 0; ; attempt++ {
+			sb, err = k.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: k.o.template, Runtime: rt, Network: network,
+				Timeout: 600, Metadata: map[string]string{"soak": strconv.Itoa(seq)}})
+			if client.ErrorCode(err) != client.CodeUnavailable || attempt == 4 || ctx.Err() != nil {
+				return err
+			}
+			c.retries = append(c.retries, err.Error())
+			time.Sleep(time.Duration(1<<attempt) * time.Second)
+		}
 	})
 	if sb == nil {
 		return c
@@ -640,67 +555,4 @@ func (k *soaker) serverSample() (serverSample, error) {
 	}
 	sm.fds = float64(len(fds))
 	return sm, nil
-}
-
-// serverLogErrors returns the server log's error lines (at most 20).
-func serverLogErrors(path string) []string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil
-	}
-	out := []string{}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, "level=ERROR") && len(out) < 20 {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-func printSoak(w io.Writer, rep soakReport) {
-	fmt.Fprintf(w, "evalbox bench soak — %s, %d cores, %s, n=%d per runtime, check every %d cycle(s), concurrency %d, %.0f s\n\n",
-		rep.Host, rep.Cores, rep.Date, rep.N, rep.CheckEvery, rep.Concurrency, rep.WallS)
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprint(tw, "| runtime\t| cycles\t| none / outbound\t| cycles/s\t|")
-	for _, ph := range soakPhases {
-		fmt.Fprintf(tw, " %s p50 / p99 ms\t|", ph)
-	}
-	fmt.Fprintln(tw, " leaks by id\t|")
-	fmt.Fprint(tw, "|---\t|---\t|---\t|---\t|")
-	for range soakPhases {
-		fmt.Fprint(tw, "---\t|")
-	}
-	fmt.Fprintln(tw, "---\t|")
-	for _, r := range rep.Runtimes {
-		fmt.Fprintf(tw, "| %s\t| %d\t| %d / %d\t| %.1f\t|", r.Runtime, r.Cycles, r.Networks[client.NetworkNone], r.Networks[client.NetworkOutbound], r.CyclesPerS)
-		for _, ph := range soakPhases {
-			fmt.Fprintf(tw, " %.1f / %.1f\t|", r.Phases[ph].P50Ms, r.Phases[ph].P99Ms)
-		}
-		fmt.Fprintf(tw, " %d\t|\n", r.Leaks)
-	}
-	_ = tw.Flush()
-	fmt.Fprintf(w, "\n| server (from cycle %d per runtime to the end) | after warm-up | end | growth | bound |\n|---|---|---|---|---|\n", rep.GrowthFrom)
-	fmt.Fprintf(w, "| RSS, MiB (min of window) | %.1f | %.1f | %+.1f | %.0f |\n", rep.RSSMiB.Warm, rep.RSSMiB.End, rep.RSSMiB.Delta, rep.RSSMiB.Bound)
-	fmt.Fprintf(w, "| open fds (min of window) | %.0f | %.0f | %+.0f | %.0f |\n", rep.FDs.Warm, rep.FDs.End, rep.FDs.Delta, rep.FDs.Bound)
-	fmt.Fprintf(w, "\n%d host checks (p50 %.1f ms). Baseline: %s.\n", rep.Checks, rep.CheckP50Ms, rep.Baseline)
-	if rep.ChainRewrites > 0 {
-		fmt.Fprintf(w, "The evalbox chains' rules were rewritten by another process %d time(s) (not a leak of this server; the new rules became the baseline).\n", rep.ChainRewrites)
-	}
-	if len(rep.ServerErrors) > 0 {
-		fmt.Fprintf(w, "Server log errors (%d):\n", len(rep.ServerErrors))
-		for _, l := range rep.ServerErrors {
-			fmt.Fprintln(w, "  "+l)
-		}
-	}
-	if rep.Error != "" {
-		fmt.Fprintln(w, "Error:", rep.Error)
-	}
-	if len(rep.Leaks) > 0 {
-		fmt.Fprintf(w, "Leaks (%d):\n", len(rep.Leaks))
-		for _, l := range rep.Leaks {
-			fmt.Fprintln(w, "  "+l)
-		}
-	} else {
-		fmt.Fprintln(w, "Leaks: none.")
-	}
 }

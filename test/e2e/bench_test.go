@@ -169,7 +169,8 @@ func TestSoak(t *testing.T) {
 				P50Ms float64 `json:"p50_ms"`
 				P99Ms float64 `json:"p99_ms"`
 			}
-			Leaks int
+			Leaks         int
+			CreateRetries []string `json:"create_retries"`
 		}
 		Checks int
 		RSS    struct{ Warm, End, Growth, Bound float64 } `json:"server_rss_mib"`
@@ -185,8 +186,19 @@ func TestSoak(t *testing.T) {
 	if runErr != nil || rep.Error != "" || len(rep.Leaks) > 0 {
 		t.Fatalf("bench soak: %v, error %q, leaks:\n  %s\n%s", runErr, rep.Error, strings.Join(rep.Leaks, "\n  "), stderr.String())
 	}
-	if len(rep.Errors) > 0 {
-		t.Errorf("server log errors:\n  %s", strings.Join(rep.Errors, "\n  "))
+	// A start that failed (runsc killed at the start timeout on an
+	// overloaded host) is tried again by the soak and logged by the
+	// server; any other error line is a failure.
+	retried := 0
+	for _, r := range rep.Runtimes {
+		retried += len(r.CreateRetries)
+	}
+	for _, l := range rep.Errors {
+		if retried > 0 && (strings.Contains(l, `msg="sandbox failed to start"`) || strings.Contains(l, "status=503")) {
+			t.Logf("server log (a start tried again): %s", l)
+			continue
+		}
+		t.Errorf("server log error: %s", l)
 	}
 	if len(rep.Runtimes) != len(runtimes) || rep.Checks != n*len(runtimes) {
 		t.Fatalf("runtimes %+v, %d checks", rep.Runtimes, rep.Checks)
