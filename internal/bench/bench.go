@@ -27,7 +27,7 @@ func Command() *cobra.Command {
 		Use:   "bench",
 		Short: "Benchmark evalbox on this machine (starts its own server)",
 	}
-	cmd.AddCommand(sandboxCommand(), templatesCommand(), humanevalCommand())
+	cmd.AddCommand(sandboxCommand(), templatesCommand(), humanevalCommand(), soakCommand())
 	return cmd
 }
 
@@ -40,11 +40,21 @@ type server struct {
 }
 
 func startServer(ctx context.Context, templatesDir string, extra ...string) (*server, error) {
-	exe, err := os.Executable()
+	dir, err := os.MkdirTemp("", "evalbox-bench-")
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "evalbox-bench-")
+	s, err := startServerIn(ctx, dir, templatesDir, extra...)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+	}
+	return s, err
+}
+
+// startServerIn starts a server on data dir dir (a restart when it holds
+// an earlier server's state).
+func startServerIn(ctx context.Context, dir, templatesDir string, extra ...string) (*server, error) {
+	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
@@ -54,7 +64,7 @@ func startServer(ctx context.Context, templatesDir string, extra ...string) (*se
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	logf, err := os.Create(filepath.Join(dir, "serve.log"))
+	logf, err := os.OpenFile(filepath.Join(dir, "serve.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +84,7 @@ func startServer(ctx context.Context, templatesDir string, extra ...string) (*se
 			b, _ := os.ReadFile(filepath.Join(dir, "serve.log"))
 			return nil, fmt.Errorf("server exited (%v): %s", err, lastLines(string(b), 5))
 		case <-ctx.Done():
-			s.stop()
+			s.shutdown()
 			return nil, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
@@ -90,7 +100,15 @@ func startServer(ctx context.Context, templatesDir string, extra ...string) (*se
 	}
 }
 
+// stop shuts the server down and removes its data dir.
 func (s *server) stop() {
+	s.shutdown()
+	_ = os.RemoveAll(s.dataDir)
+}
+
+// shutdown shuts the server down gracefully (SIGTERM; SIGKILL to its
+// process group after a minute) and keeps its data dir.
+func (s *server) shutdown() {
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-s.exited:
@@ -98,7 +116,6 @@ func (s *server) stop() {
 		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 		<-s.exited
 	}
-	_ = os.RemoveAll(s.dataDir)
 }
 
 func lastLines(s string, n int) string {

@@ -1,14 +1,14 @@
 package bench
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/evalbox/evalbox/internal/instance"
 )
 
 // cpuacctRoot is the cgroup v1 cpuacct hierarchy.
@@ -51,15 +51,9 @@ func newCPUMeter() (*cpuMeter, error) {
 	return m, nil
 }
 
-// watchServer adds the gVisor cgroup parent of a server on dataDir, named
-// as internal/server names it (a hash of the absolute data dir).
+// watchServer adds the gVisor cgroup parent of the server on dataDir.
 func (m *cpuMeter) watchServer(dataDir string) {
-	abs, err := filepath.Abs(dataDir)
-	if err != nil {
-		abs = dataDir
-	}
-	sum := sha256.Sum256([]byte(abs))
-	m.parents = append(m.parents, filepath.Join(cpuacctRoot, "evalbox-gv-"+hex.EncodeToString(sum[:4])))
+	m.parents = append(m.parents, filepath.Join(cpuacctRoot, instance.GVisorCgroupParent(instance.ID(dataDir))))
 }
 
 // usage returns the CPU time counted so far, and false when nothing is

@@ -184,7 +184,7 @@ func (s *Service) Recover(ctx context.Context) error {
 	now := time.Now().UTC()
 	for _, r := range refs {
 		b := r.Build
-		b.State, b.Error, b.FinishedAt = client.BuildStateFailed, "the server restarted during the build", &now
+		b.State, b.Error, b.FinishedAt = client.BuildStateFailed, "the server stopped during the build (it was not resumed when the server restarted)", &now
 		if err := s.store.UpdateBuild(ctx, b); err != nil {
 			return fmt.Errorf("catalog: %w", err)
 		}

@@ -5,8 +5,6 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +19,7 @@ import (
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/evalrun"
+	"github.com/evalbox/evalbox/internal/instance"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/quota"
@@ -198,9 +197,9 @@ func Run(ctx context.Context, cfg Config) error {
 
 	// Host-wide names (cgroup parents, link aliases) carry the instance,
 	// so that two servers on one host never sweep each other's sandboxes.
-	instance := instanceID(cfg.DataDir)
+	inst := instance.ID(cfg.DataDir)
 	// One outbound network for all drivers: one address pool.
-	netm, err := network.New(network.Config{Scope: instance, Logger: log})
+	netm, err := network.New(network.Config{Scope: inst, Logger: log})
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
@@ -210,14 +209,14 @@ func Run(ctx context.Context, cfg Config) error {
 		switch name {
 		case client.RuntimeGVisor:
 			gv, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, RootDir: filepath.Join(cfg.DataDir, "runsc"),
-				CgroupParent: "evalbox-gv-" + instance, Network: netm, Logger: log})
+				CgroupParent: instance.GVisorCgroupParent(inst), Network: netm, Logger: log})
 			if err != nil {
 				return fmt.Errorf("server: %w", err)
 			}
 			runtimes = append(runtimes, gv)
 			closers = append(closers, gv)
 		case client.RuntimeNamespaces:
-			ns, err := namespaces.New(namespaces.Config{CgroupParent: "evalbox-ns-" + instance, Network: netm, Logger: log})
+			ns, err := namespaces.New(namespaces.Config{CgroupParent: instance.NamespacesCgroupParent(inst), Network: netm, Logger: log})
 			if err != nil {
 				return fmt.Errorf("server: %w", err)
 			}
@@ -400,17 +399,6 @@ func logCapacity(ctx context.Context, log *slog.Logger, n *node.Node, svc *sandb
 // shutdownGrace is how long in-flight requests may run on after a
 // shutdown begins, before their sandboxes are ended under them.
 const shutdownGrace = 10 * time.Second
-
-// instanceID names this server instance on the host: a short hash of its
-// absolute data dir.
-func instanceID(dataDir string) string {
-	abs, err := filepath.Abs(dataDir)
-	if err != nil {
-		abs = dataDir
-	}
-	sum := sha256.Sum256([]byte(abs))
-	return hex.EncodeToString(sum[:4])
-}
 
 // ociImporter imports images with internal/template/oci.
 type ociImporter struct{ im *oci.Importer }

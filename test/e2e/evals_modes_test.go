@@ -407,79 +407,12 @@ func TestEvalModesBadInput(t *testing.T) {
 	}
 }
 
-// TestEvalBatchResumesAfterKill kills the server hard in the middle of a
-// batch run and restarts it: the run resumes in batch mode with its slice,
-// runs only the unfinished samples, and its results are complete.
+// TestEvalBatchResumesAfterKill kills the server hard three times during
+// a batch run on namespaces and restarts it: the run resumes in batch mode
+// with its slice, runs only the unfinished samples, and finishes with every
+// sample judged once, as a clean run judges it, nothing left
+// (testEvalResumesAfterKills).
 func TestEvalBatchResumesAfterKill(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	s1, err := startServer(serverOptions{dataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prob := client.EvalProblem{TaskID: "t/0", Prompt: "def f():\n", EntryPoint: "f", Test: "def check(c):\n    assert c() == 1\n"}
-	req := client.CreateEvalRequest{Problems: []client.EvalProblem{prob}, Runtime: client.RuntimeNamespaces, Concurrency: 2, K: []int{1, 5},
-		Mode: client.EvalModeBatch, Slice: 4}
-	for i := range 16 {
-		body := pyBody("import time", "time.sleep(0.2)", "return 1")
-		if i%4 == 0 {
-			body = pyBody("return 2")
-		}
-		req.Samples = append(req.Samples, client.EvalSample{TaskID: "t/0", Completion: &body})
-	}
-	run, err := s1.admin.CreateEval(ctxT(t, time.Minute), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		r, err := s1.admin.GetEval(ctxT(t, time.Minute), run.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.Done >= 3 {
-			break
-		}
-		if r.State != client.EvalStateRunning {
-			t.Fatalf("run ended before the kill: %+v", r)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err := s1.kill(); err != nil {
-		t.Fatal(err)
-	}
-	s2, err := startServer(serverOptions{dataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := s2.stop(); err != nil {
-			t.Error(err)
-		}
-	}()
-	before := map[int]client.EvalResult{}
-	if err := s2.admin.EvalResults(ctxT(t, time.Minute), run.ID, func(r client.EvalResult) error { before[r.CompletionID] = r; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	got := waitEval(t, s2.admin, run.ID, 2*time.Minute)
-	if got.State != client.EvalStateSucceeded || got.Mode != client.EvalModeBatch || got.Slice != 4 || got.Done != 16 ||
-		got.Summary.Counts["passed"] != 12 || got.Summary.PassAtK["pass@5"] != 1 {
-		t.Fatalf("after restart: %+v summary %+v", got, got.Summary)
-	}
-	for _, r := range evalResults(t, s2.admin, run.ID) {
-		if b, ok := before[r.CompletionID]; ok && b != r {
-			t.Errorf("sample %d changed across the restart: %+v then %+v", r.CompletionID, b, r)
-		}
-	}
-	sbs, err := s2.admin.ListSandboxes(ctxT(t, time.Minute), client.ListOptions{Metadata: map[string]string{"eval_run": run.ID}, All: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// 16 samples in slices of 4: 4 slices before the kill (some cut
-	// short), and slices of the unfinished ones after it.
-	if len(before) < 3 || len(sbs) > 4+2+(16-len(before)+3)/4 {
-		t.Errorf("%d results before the restart, %d sandboxes", len(before), len(sbs))
-	}
-	for _, sb := range sbs {
-		assertGone(t, s2, sb.ID)
-	}
+	testEvalResumesAfterKills(t, client.EvalModeBatch, client.RuntimeNamespaces)
 }

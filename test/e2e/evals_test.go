@@ -155,80 +155,13 @@ func TestEvalHumanEvalCanonical(t *testing.T) {
 	assertNoSandboxes(t, c)
 }
 
-// TestEvalResumesAfterKill kills the server hard mid-run and restarts it:
-// the run resumes, finished trials are not run again, and the results are
-// complete.
+// TestEvalResumesAfterKill kills the server hard three times during a
+// trial-mode run on gVisor and restarts it: the run resumes and finishes
+// with every sample judged once, as a clean run judges it, finished trials
+// not run again, nothing left (testEvalResumesAfterKills).
 func TestEvalResumesAfterKill(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	s1, err := startServer(serverOptions{dataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prob := client.EvalProblem{TaskID: "t/0", Prompt: "def f():\n", EntryPoint: "f", Test: "def check(c):\n    assert c() == 1\n"}
-	req := client.CreateEvalRequest{Problems: []client.EvalProblem{prob}, Runtime: client.RuntimeNamespaces, Concurrency: 2, K: []int{1, 5}}
-	for i := range 16 {
-		body := "    import time\n    time.sleep(0.2)\n    return 1\n"
-		if i%4 == 0 {
-			body = "    return 2\n"
-		}
-		req.Samples = append(req.Samples, client.EvalSample{TaskID: "t/0", Completion: &body})
-	}
-	run, err := s1.admin.CreateEval(ctxT(t, time.Minute), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		r, err := s1.admin.GetEval(ctxT(t, time.Minute), run.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.Done >= 4 {
-			break
-		}
-		if r.State != client.EvalStateRunning {
-			t.Fatalf("run ended before the kill: %+v", r)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err := s1.kill(); err != nil {
-		t.Fatal(err)
-	}
-	before := map[int]client.EvalResult{}
-	s2, err := startServer(serverOptions{dataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := s2.stop(); err != nil {
-			t.Error(err)
-		}
-	}()
-	if err := s2.admin.EvalResults(ctxT(t, time.Minute), run.ID, func(r client.EvalResult) error { before[r.CompletionID] = r; return nil }); err != nil {
-		t.Fatal(err)
-	}
-	got := waitEval(t, s2.admin, run.ID, 2*time.Minute)
-	if got.State != client.EvalStateSucceeded || got.Done != 16 || got.Summary.Counts["passed"] != 12 || got.Summary.PassAtK["pass@5"] != 1 {
-		t.Fatalf("after restart: %+v summary %+v", got, got.Summary)
-	}
-	rs := evalResults(t, s2.admin, run.ID)
-	for _, r := range rs {
-		if b, ok := before[r.CompletionID]; ok && b != r {
-			t.Errorf("trial %d changed across the restart: %+v then %+v", r.CompletionID, b, r)
-		}
-	}
-	// Every trial ran in its own sandbox; those finished before the kill
-	// did not run again (only the ones in flight at the kill did).
-	sbs, err := s2.admin.ListSandboxes(ctxT(t, time.Minute), client.ListOptions{Metadata: map[string]string{"eval_run": run.ID}, All: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(before) < 4 || len(sbs) < 16 || len(sbs) > 16+req.Concurrency {
-		t.Errorf("%d results before the restart, %d sandboxes for 16 trials at concurrency %d", len(before), len(sbs), req.Concurrency)
-	}
-	for _, sb := range sbs {
-		assertGone(t, s2, sb.ID)
-	}
+	testEvalResumesAfterKills(t, client.EvalModeTrial, client.RuntimeGVisor)
 }
 
 // TestEvalCancel cancels a run: it stops, keeps its finished results, and

@@ -4,13 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/leaks"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -88,57 +87,10 @@ func assertGone(t *testing.T, s *server, id string) {
 	}
 }
 
-func hostLeftovers(s *server, id string) []string {
-	var left []string
-	procs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, p := range procs {
-		cg, _ := os.ReadFile(filepath.Join(p, "cgroup"))
-		cmd, _ := os.ReadFile(filepath.Join(p, "cmdline"))
-		if strings.Contains(string(cg), id) || strings.Contains(string(cmd), id) {
-			left = append(left, fmt.Sprintf("process %s: %s", filepath.Base(p), strings.ReplaceAll(string(cmd), "\x00", " ")))
-		}
-	}
-	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		for _, line := range strings.Split(string(mi), "\n") {
-			if strings.Contains(line, id) {
-				left = append(left, "mount: "+line)
-			}
-		}
-	}
-	for _, pat := range []string{"/sys/fs/cgroup/*/*/" + id, "/sys/fs/cgroup/*/" + id, "/sys/fs/cgroup/*/*/*/" + id} {
-		m, _ := filepath.Glob(pat)
-		for _, d := range m {
-			left = append(left, "cgroup: "+d)
-		}
-	}
-	for _, pat := range []string{"/var/run/netns/*" + id + "*", "/run/netns/*" + id + "*",
-		filepath.Join(s.dataDir, "sandboxes", id), filepath.Join(s.dataDir, "runsc", "*"+id+"*"),
-		filepath.Join(s.dataDir, "runsc", "netns", id)} {
-		m, _ := filepath.Glob(pat)
-		for _, d := range m {
-			left = append(left, "file: "+d)
-		}
-	}
-	links, _ := os.ReadDir("/sys/class/net")
-	for _, l := range links {
-		// Outbound sandboxes' links are named evb<N>, with the id in
-		// their alias.
-		alias, _ := os.ReadFile(filepath.Join("/sys/class/net", l.Name(), "ifalias"))
-		if strings.Contains(l.Name(), shortID(id)) || strings.Contains(string(alias), id) {
-			left = append(left, "link: "+l.Name()+" "+strings.TrimSpace(string(alias)))
-		}
-	}
-	return left
-}
-
-// shortID is the part of an id used in names with length limits (veth).
-func shortID(id string) string {
-	id = strings.TrimPrefix(id, "sb-")
-	if len(id) > 8 {
-		id = id[:8]
-	}
-	return id
-}
+// hostLeftovers lists what the host still holds of sandbox id of server s
+// (internal/leaks: processes, mounts, cgroups, links, netns and state
+// files).
+func hostLeftovers(s *server, id string) []string { return leaks.ByID(s.dataDir, id) }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)

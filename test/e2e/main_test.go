@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/runtime/network"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -49,6 +50,10 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	// The servers install the host's evalbox iptables chains and leave
+	// them for the next server; the suite removes them at its end if they
+	// were not there at its start.
+	chainsExisted := exec.Command("iptables", "--wait", "-t", "filter", "-S", network.ChainFwd).Run() == nil
 	var err error
 	srv, err = startServer(serverOptions{})
 	if err != nil {
@@ -60,7 +65,20 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "e2e: stopping server:", err)
 		code = 1
 	}
+	if !chainsExisted {
+		removeChains()
+	}
 	os.Exit(code)
+}
+
+// removeChains deletes the evalbox iptables chains and the jumps to them.
+func removeChains() {
+	for _, c := range [][3]string{{"filter", "FORWARD", network.ChainFwd}, {"filter", "INPUT", network.ChainIn}, {"nat", "POSTROUTING", network.ChainNAT}} {
+		for exec.Command("iptables", "--wait", "-t", c[0], "-D", c[1], "-j", c[2]).Run() == nil {
+		}
+		_ = exec.Command("iptables", "--wait", "-t", c[0], "-F", c[2]).Run()
+		_ = exec.Command("iptables", "--wait", "-t", c[0], "-X", c[2]).Run()
+	}
 }
 
 type serverOptions struct {
@@ -192,6 +210,19 @@ func (s *server) stop() error {
 // kill kills the server hard (SIGKILL), leaving its sandboxes behind.
 func (s *server) kill() error {
 	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	select {
+	case <-s.exited:
+	case <-time.After(10 * time.Second):
+		return errors.New("server did not die")
+	}
+	return nil
+}
+
+// crash kills the server process alone with SIGKILL, as `kill -9 <pid>`
+// or the OOM killer do: the processes it started (runsc commands in
+// flight, sandboxes) are orphaned, not killed with it.
+func (s *server) crash() error {
+	_ = s.cmd.Process.Signal(syscall.SIGKILL)
 	select {
 	case <-s.exited:
 	case <-time.After(10 * time.Second):

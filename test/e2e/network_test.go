@@ -20,8 +20,8 @@ import (
 // listens on every address), private ranges, or another sandbox; a
 // sandbox without network reaches nothing.
 func TestNetwork(t *testing.T) {
-	// First, so that its cleanup (the iptables chains the server installs)
-	// runs after the server has stopped.
+	// First, so that its cleanup runs after the server has stopped. The
+	// chains the server installs are the suite's (TestMain).
 	inet := networktest.Setup(t)
 	s, err := startServer(serverOptions{listenAll: true})
 	if err != nil {

@@ -3,8 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"io"
 	"os"
 	"path/filepath"
@@ -13,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/instance"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -117,8 +116,7 @@ func TestServerLimitsAndShutdown(t *testing.T) {
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), s.dataDir) {
 		t.Errorf("after shutdown, mounts under %s are left", s.dataDir)
 	}
-	sum := sha256.Sum256([]byte(s.dataDir))
-	parents, _ := filepath.Glob("/sys/fs/cgroup/*/evalbox-*-" + hex.EncodeToString(sum[:4]))
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/evalbox-*-" + instance.ID(s.dataDir))
 	if len(parents) > 0 {
 		t.Errorf("after shutdown, cgroup parents are left: %v", parents)
 	}

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -866,20 +867,32 @@ func TestTemplateBuildQueueAndTimeout(t *testing.T) {
 	}
 }
 
-// TestTemplatesAcrossRestart kills the server during a build: after the
-// restart, built templates still work, and the interrupted build is
-// recorded as failed with nothing of it left on the host.
+// TestTemplatesAcrossRestart kills the server during builds, at three
+// points, restarting it on the same data dir each time: while a second run
+// step runs on an overlay mount of the first's layer, while a first run
+// step runs, and at a random moment (seeded) after a build was asked for
+// (queued, starting its build sandbox, exporting a layer, …). After each
+// restart the interrupted build is recorded as failed with a reason that
+// says the server stopped, no template of it exists, no work dir, mount,
+// build sandbox or half-made layer or template of it remains, and the
+// templates built before still work. At the end the same spec builds.
 func TestTemplatesAcrossRestart(t *testing.T) {
 	t.Parallel()
+	rng := crashRand(t)
 	dir := t.TempDir()
+	sweepOnCleanup(t, dir)
 	s1, err := startServer(serverOptions{dataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := ctxT(t, 3*time.Minute)
+	ctx := ctxT(t, 5*time.Minute)
 	c := s1.admin
-	spec := func(cmd string) client.TemplateSpec {
-		return client.TemplateSpec{From: "base", Network: client.NetworkNone, Steps: []client.TemplateStep{{Run: cmd}}}
+	spec := func(cmds ...string) client.TemplateSpec {
+		sp := client.TemplateSpec{From: "base", Network: client.NetworkNone}
+		for _, cmd := range cmds {
+			sp.Steps = append(sp.Steps, client.TemplateStep{Run: cmd})
+		}
+		return sp
 	}
 	b, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "keep", Spec: spec("echo kept > /kept")}, nil)
 	if err != nil {
@@ -888,60 +901,142 @@ func TestTemplatesAcrossRestart(t *testing.T) {
 	if end, err := c.FollowBuild(ctx, "keep", b.ID, nil); err != nil || end.State != client.BuildStateSucceeded {
 		t.Fatalf("build keep: %+v %v", end, err)
 	}
-	// Its second step runs on an overlay mount of the first's layer.
-	interrupted := spec("echo a > /a")
-	interrupted.Steps = append(interrupted.Steps, client.TemplateStep{Run: "sleep 60"})
-	slow, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "interrupted", Spec: interrupted}, nil)
-	if err != nil {
-		t.Fatal(err)
+	// twoSteps's second step runs on an overlay mount of the first's layer.
+	twoSteps := spec("echo a > /a", "sleep 8; echo two > /two")
+	oneStep := spec("sleep 8; echo one > /one")
+	stepRuns := func(s *server, buildID string, step int) func() bool {
+		sbID := strings.ReplaceAll(buildID, "_", "-") + "-" + strconv.Itoa(step)
+		return func() bool { return len(hostLeftovers(s, sbID)) > 0 }
 	}
-	// Wait until the second step runs (its build sandbox exists).
-	sbID := strings.ReplaceAll(slow.ID, "_", "-") + "-2"
-	for deadline := time.Now().Add(time.Minute); len(hostLeftovers(s1, sbID)) == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the build step never started")
-		}
+	points := []struct {
+		name string
+		spec client.TemplateSpec
+		// wait returns once the kill point is reached.
+		wait func(s *server, buildID string)
+	}{
+		{"second step running", twoSteps, func(s *server, id string) {
+			runs := stepRuns(s, id, 2)
+			for deadline := time.Now().Add(time.Minute); !runs(); time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the second step never started")
+				}
+			}
+			if mi, _ := os.ReadFile("/proc/self/mountinfo"); !strings.Contains(string(mi), filepath.Join(dir, "images", "tmp")) {
+				t.Fatal("no overlay mount while the second step runs")
+			}
+		}},
+		{"first step running", oneStep, func(s *server, id string) {
+			runs := stepRuns(s, id, 1)
+			for deadline := time.Now().Add(time.Minute); !runs(); time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the first step never started")
+				}
+			}
+		}},
+		{"random moment", twoSteps, func(*server, string) {
+			time.Sleep(time.Duration(rng.Int64N(int64(1500 * time.Millisecond))))
+		}},
 	}
-	if mi, _ := os.ReadFile("/proc/self/mountinfo"); !strings.Contains(string(mi), filepath.Join(dir, "images", "tmp")) {
-		t.Fatal("no overlay mount while the second step runs")
-	}
-	if err := s1.kill(); err != nil {
-		t.Fatal(err)
-	}
-	s2, err := startServer(serverOptions{dataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := s1
+	killed := false // s was killed and not restarted
 	defer func() {
-		if err := s2.stop(); err != nil {
-			t.Error(err)
+		if !killed {
+			if err := s.stop(); err != nil {
+				t.Error(err)
+			}
 		}
 	}()
-	c = s2.admin
-	end, err := c.GetBuild(ctx, "interrupted", slow.ID)
-	if err != nil || end.State != client.BuildStateFailed || !strings.Contains(end.Error, "restarted") {
-		t.Errorf("interrupted build after the restart: %+v %v", end, err)
+	for round, p := range points {
+		c = s.admin
+		slow, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "interrupted", Spec: p.spec}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		began := time.Now()
+		p.wait(s, slow.ID)
+		at := time.Since(began)
+		state := "?"
+		if cur, err := c.GetBuild(ctx, "interrupted", slow.ID); err == nil {
+			state = cur.State
+		}
+		killed = true
+		killHard(t, s, round)
+		t.Logf("round %d: killed (%s) at %s, %v after the build was asked for, while it was %s",
+			round, map[bool]string{true: "server alone", false: "process group"}[round%2 == 0], p.name, at.Round(time.Millisecond), state)
+		restarted, err := startServer(serverOptions{dataDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, killed = restarted, false
+		c = s.admin
+		end, err := c.GetBuild(ctx, "interrupted", slow.ID)
+		if state == client.BuildStateSucceeded {
+			// The random moment came after the build's end.
+			if err != nil || end.State != client.BuildStateSucceeded {
+				t.Errorf("round %d: a finished build after the restart: %+v %v", round, end, err)
+			}
+			if err := c.DeleteTemplate(ctx, "interrupted"); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			if err != nil || end.State != client.BuildStateFailed || !strings.Contains(end.Error, "server stopped") || !strings.Contains(end.Error, "restarted") {
+				t.Errorf("round %d: interrupted build after the restart: %+v %v", round, end, err)
+			}
+			if _, err := c.GetTemplate(ctx, "interrupted"); !client.IsNotFound(err) {
+				t.Errorf("round %d: template of the interrupted build: %v", round, err)
+			}
+		}
+		for step := 1; step <= len(p.spec.Steps); step++ {
+			assertGone(t, s, strings.ReplaceAll(slow.ID, "_", "-")+"-"+strconv.Itoa(step))
+		}
+		if entries, _ := os.ReadDir(filepath.Join(dir, "images", "tmp")); len(entries) > 0 {
+			t.Errorf("round %d: work dirs left: %v", round, entries)
+		}
+		mi, _ := os.ReadFile("/proc/self/mountinfo")
+		if strings.Contains(string(mi), filepath.Join(dir, "images")) {
+			t.Errorf("round %d: mounts left under %s", round, filepath.Join(dir, "images"))
+		}
+		// Every stored template is whole: its rootfs and its metadata.
+		tdirs, _ := os.ReadDir(filepath.Join(dir, "images", "templates"))
+		for _, d := range tdirs {
+			for _, f := range []string{"rootfs", "template.json"} {
+				if _, err := os.Stat(filepath.Join(dir, "images", "templates", d.Name(), f)); err != nil {
+					t.Errorf("round %d: stored template %s is not whole: %v", round, d.Name(), err)
+				}
+			}
+		}
+		if left, _ := waitSwept(s, 30*time.Second); len(left) > 0 {
+			t.Errorf("round %d: left on the host after the restart:\n  %s", round, strings.Join(left, "\n  "))
+		}
+		sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "keep", Runtime: client.RuntimeNamespaces})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "cat /kept"}); err != nil || res.Stdout != "kept\n" {
+			t.Errorf("round %d: template after the restart: %+v %v", round, res, err)
+		}
+		if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		assertGone(t, s, sb.ID)
 	}
-	if _, err := c.GetTemplate(ctx, "interrupted"); !client.IsNotFound(err) {
-		t.Errorf("template of the interrupted build: %v", err)
+	// The same spec builds, and the template works.
+	again, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "interrupted", Spec: twoSteps}, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	assertGone(t, s2, sbID)
-	if entries, _ := os.ReadDir(filepath.Join(dir, "images", "tmp")); len(entries) > 0 {
-		t.Errorf("work dirs left: %v", entries)
+	if end, err := c.FollowBuild(ctx, "interrupted", again.ID, nil); err != nil || end.State != client.BuildStateSucceeded {
+		t.Fatalf("the interrupted spec built again: %+v %v", end, err)
 	}
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	if strings.Contains(string(mi), filepath.Join(dir, "images")) {
-		t.Errorf("mounts left under %s", filepath.Join(dir, "images"))
-	}
-	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "keep", Runtime: client.RuntimeNamespaces})
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "interrupted", Runtime: client.RuntimeNamespaces})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
 		_ = c.DeleteSandbox(context.Background(), sb.ID)
-		assertGone(t, s2, sb.ID)
+		assertGone(t, s, sb.ID)
 	}()
-	if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "cat /kept"}); err != nil || res.Stdout != "kept\n" {
-		t.Errorf("template after the restart: %+v %v", res, err)
+	if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "cat /a /two"}); err != nil || res.Stdout != "a\ntwo\n" {
+		t.Errorf("template built after the restarts: %+v %v", res, err)
 	}
 }

@@ -41,11 +41,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/cgroups"
@@ -570,9 +573,20 @@ func rssOf(pid int) int64 {
 // Sweep implements runtime.Runtime: it force-deletes every container in
 // runsc's root that keep rejects, any cgroup left under CgroupParent, and
 // the network namespace files and links of outbound sandboxes.
+//
+// First it ends the runsc processes of its root that are no container's
+// of keep's and not this process's commands: those of a server on this
+// data dir that died (killed, crashed) with commands in flight. A `runsc
+// run` orphaned so goes on creating its container, state files and
+// cgroups after its server is gone; ended before the sweep looks, it
+// cannot make one after it (else that container would stay until the next
+// sweep).
 func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]string, error) {
 	var removed []string
 	var errs []error
+	if err := r.endStrays(ctx, keep); err != nil {
+		errs = append(errs, err)
+	}
 	ids := map[string]bool{}
 	out, err := exec.CommandContext(ctx, r.cfg.Runsc, "--root", r.cfg.RootDir, "list", "--quiet").Output()
 	if err == nil {
@@ -622,6 +636,117 @@ func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]strin
 		removed = append(removed, id)
 	}
 	return removed, errors.Join(errs...)
+}
+
+// runscProc is a runsc process of the driver's root.
+type runscProc struct {
+	pid, ppid int
+	// id is the container it serves: its last argument, the container id
+	// of run, boot, gofer, delete, tar and the other commands; "" when
+	// that is not an id (list).
+	id string
+}
+
+// runscProcs lists the processes of runsc (CLI, sandbox, gofer) whose
+// --root is the driver's.
+func (r *Runtime) runscProcs() []runscProc {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	self := os.Getpid()
+	var out []runscProc
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(cmdline) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		if !strings.HasSuffix(args[0], "runsc") && !strings.Contains(args[0], "runsc-") {
+			continue
+		}
+		ours := false
+		for i, a := range args {
+			if a == "--root="+r.cfg.RootDir || (a == "--root" && i+1 < len(args) && args[i+1] == r.cfg.RootDir) {
+				ours = true
+			}
+		}
+		if !ours {
+			continue
+		}
+		p := runscProc{pid: pid, ppid: ppidOf(pid)}
+		if last := args[len(args)-1]; validID(last) {
+			p.id = last
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func ppidOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// pid (comm) state ppid …; comm may hold spaces and parentheses.
+	if i := bytes.LastIndexByte(b, ')'); i > 0 {
+		if f := strings.Fields(string(b[i+1:])); len(f) >= 2 {
+			ppid, _ := strconv.Atoi(f[1])
+			return ppid
+		}
+	}
+	return 0
+}
+
+// endStrays SIGKILLs the runsc processes of the driver's root that serve
+// no container keep accepts and are not this process's own commands, and
+// waits (up to 10 s) for them to be gone.
+func (r *Runtime) endStrays(ctx context.Context, keep func(id string) bool) error {
+	self := os.Getpid()
+	var pidfds []int
+	defer func() {
+		for _, fd := range pidfds {
+			unix.Close(fd)
+		}
+	}()
+	for _, p := range r.runscProcs() {
+		if p.ppid == self || (p.id != "" && keep(p.id)) {
+			continue
+		}
+		// Through a pidfd, so that a pid reused meanwhile is not hit.
+		fd, err := unix.PidfdOpen(p.pid, 0)
+		if err != nil {
+			continue // gone
+		}
+		if !slices.ContainsFunc(r.runscProcs(), func(q runscProc) bool { return q == p }) {
+			unix.Close(fd)
+			continue // exited and its pid reused before the pidfd
+		}
+		r.log.Warn("gvisor: ending a runsc process of no live sandbox (a previous server's?)", "pid", p.pid, "sandbox", p.id)
+		if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			unix.Close(fd)
+			return fmt.Errorf("gvisor: kill runsc process %d: %w", p.pid, err)
+		}
+		pidfds = append(pidfds, fd)
+	}
+	// A pidfd polls readable once its process has exited.
+	deadline := time.Now().Add(10 * time.Second)
+	for _, fd := range pidfds {
+		for {
+			n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 50)
+			if n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
+				break
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return errors.New("gvisor: runsc processes of a previous server did not end")
+			}
+		}
+	}
+	return nil
 }
 
 // Leftovers implements runtime.Runtime.

@@ -132,15 +132,12 @@ func (s *sbx) dial(t *testing.T, addr string) string {
 func TestOutbound(t *testing.T) {
 	runsc, agent, rootfs := testBinaries(t)
 	inet := networktest.Setup(t)
-	netm, err := network.New(network.Config{
+	netm := networktest.Manager(t, network.Config{
 		Scope: fmt.Sprintf("evalbox-gv-test-%d", os.Getpid()),
 		Pool:  netip.MustParsePrefix("10.233.0.0/24"),
 		DNS:   []netip.Addr{},
 		// EgressDeny: the default, as the server uses it.
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: t.TempDir(), netm: netm}
 	r := e.newRuntime(t)
 	t.Cleanup(func() {
@@ -256,11 +253,8 @@ func TestOutbound(t *testing.T) {
 func TestOutboundStartFailure(t *testing.T) {
 	runsc, agent, _ := testBinaries(t)
 	networktest.Setup(t)
-	netm, err := network.New(network.Config{Scope: fmt.Sprintf("evalbox-gv-test-%d", os.Getpid()),
+	netm := networktest.Manager(t, network.Config{Scope: fmt.Sprintf("evalbox-gv-test-%d", os.Getpid()),
 		Pool: netip.MustParsePrefix("10.233.0.0/24"), DNS: []netip.Addr{}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	e := &testEnv{runsc: runsc, agent: agent, rootDir: t.TempDir(), netm: netm}
 	r := e.newRuntime(t)
 	t.Cleanup(func() {
@@ -268,7 +262,7 @@ func TestOutboundStartFailure(t *testing.T) {
 			t.Errorf("close runtime: %v", err)
 		}
 	})
-	_, err = r.Start(context.Background(), runtime.Spec{ID: "gv-fail", RootFS: "/nonexistent-rootfs", AgentPath: agent,
+	_, err := r.Start(context.Background(), runtime.Spec{ID: "gv-fail", RootFS: "/nonexistent-rootfs", AgentPath: agent,
 		StateDir: t.TempDir(), MemoryMB: 128, DiskMB: 16, Network: runtime.NetworkOutbound})
 	if err == nil {
 		t.Fatal("Start with a missing root filesystem succeeded")
@@ -288,11 +282,8 @@ func BenchmarkStart(b *testing.B) {
 		b.Run(netMode, func(b *testing.B) {
 			runsc, agent, rootfs := testBinaries(b)
 			networktest.Setup(b)
-			netm, err := network.New(network.Config{Scope: fmt.Sprintf("evalbox-gv-test-%d", os.Getpid()),
+			netm := networktest.Manager(b, network.Config{Scope: fmt.Sprintf("evalbox-gv-test-%d", os.Getpid()),
 				Pool: netip.MustParsePrefix("10.233.0.0/24"), DNS: []netip.Addr{}})
-			if err != nil {
-				b.Fatal(err)
-			}
 			e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: b.TempDir(), netm: netm}
 			r := e.newRuntime(b)
 			b.Cleanup(func() {

@@ -20,15 +20,12 @@ import (
 
 func TestOutbound(t *testing.T) {
 	inet := networktest.Setup(t)
-	netm, err := network.New(network.Config{
+	netm := networktest.Manager(t, network.Config{
 		Scope:      fmt.Sprintf("evalbox-ns-test-%d", os.Getpid()),
 		Pool:       netip.MustParsePrefix("10.231.0.0/24"),
 		DNS:        []netip.Addr{},
 		EgressDeny: network.SpecialRanges(), // not the host's subnets
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := newRuntime(t, Config{Network: netm})
 
 	// A host service on every address.
@@ -50,9 +47,9 @@ func TestOutbound(t *testing.T) {
 	hostPort := hostLn.Addr().(*net.TCPAddr).Port
 
 	// A stale link holding the first name: its block is skipped. (Another
-	// evalbox process of the host, e.g. the e2e suite's server running at
-	// the same time, may hold it already: that is a stale name too.)
-	first := network.HostIfPrefix + "0"
+	// test process of the host using the test Managers' names may hold it
+	// already: that is a stale name too.)
+	first := networktest.LinkPrefix + "0"
 	stale := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: first}, PeerName: "evxstale1"}
 	if err := netlink.LinkAdd(stale); err == nil {
 		defer netlink.LinkDel(stale)
@@ -115,10 +112,7 @@ func TestOutbound(t *testing.T) {
 
 func BenchmarkColdStartOutbound(b *testing.B) {
 	networktest.Setup(b)
-	netm, err := network.New(network.Config{Scope: fmt.Sprintf("evalbox-ns-test-%d", os.Getpid()),
+	netm := networktest.Manager(b, network.Config{Scope: fmt.Sprintf("evalbox-ns-test-%d", os.Getpid()),
 		Pool: netip.MustParsePrefix("10.231.0.0/24"), DNS: []netip.Addr{}})
-	if err != nil {
-		b.Fatal(err)
-	}
 	benchColdStart(b, newRuntime(b, Config{Network: netm}), runtime.NetworkOutbound)
 }

@@ -7,9 +7,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	goruntime "runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,10 +121,7 @@ func TestAttach(t *testing.T) {
 	pool := netip.MustParsePrefix("10.232.0.0/24")
 	scope := fmt.Sprintf("nettest-%d", os.Getpid())
 	// Default egress deny list: the fake internet's server is not in it.
-	m, err := network.New(network.Config{Scope: scope, Pool: pool, DNS: []netip.Addr{}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := networktest.Manager(t, network.Config{Scope: scope, Pool: pool, DNS: []netip.Addr{}})
 	ga, err := m.Links("drv-a")
 	if err != nil {
 		t.Fatal(err)
@@ -132,10 +131,7 @@ func TestAttach(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another instance on the host, with the same pool.
-	other, err := network.New(network.Config{Scope: scope + "-other", Pool: pool, DNS: []netip.Addr{}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := networktest.Manager(t, network.Config{Scope: scope + "-other", Pool: pool, DNS: []netip.Addr{}})
 	go2, err := other.Links("drv-a")
 	if err != nil {
 		t.Fatal(err)
@@ -275,5 +271,132 @@ func TestAttach(t *testing.T) {
 	}
 	if ids, _ := ga.IDs(); len(ids) != 0 || m.BlocksInUse() != 0 {
 		t.Fatalf("after a failed Attach: links of %v, %d blocks taken", ids, m.BlocksInUse())
+	}
+}
+
+// evalboxRules returns the rules of the filter and nat tables that name
+// the evalbox chains every server shares.
+func evalboxRules(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, table := range []string{"filter", "nat"} {
+		b, err := exec.Command("iptables-save", "-t", table).Output()
+		if err != nil {
+			t.Fatalf("iptables-save: %v", err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "-A ") && strings.Contains(l, "EVALBOX") {
+				out = append(out, table+": "+l)
+			}
+		}
+	}
+	return out
+}
+
+// TestOwnNamesLeaveServersRules: a Manager with names of its own and
+// another pool, no resolvers and its own deny list (a test's) installs
+// its chains beside the evalbox chains, matching its links only, and
+// leaves the evalbox chains, which every server on the host shares, as
+// they were. (Tests used to install theirs under the shared names,
+// replacing every running server's rules with their pool's.)
+func TestOwnNamesLeaveServersRules(t *testing.T) {
+	networktest.Exclusive(t)
+	if got := mustNew(t, network.Config{Scope: "s"}).Chains(); fmt.Sprint(got) != "[[filter FORWARD EVALBOX-FWD] [filter INPUT EVALBOX-IN] [nat POSTROUTING EVALBOX-NAT]]" {
+		t.Fatalf("default chains %v", got)
+	}
+	for _, bad := range []network.Config{{Scope: "s", LinkPrefix: "EVB"}, {Scope: "s", LinkPrefix: "toolongname"}, {Scope: "s", ChainPrefix: "x y"}} {
+		if _, err := network.New(bad); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+	before := evalboxRules(t)
+	m := networktest.Manager(t, network.Config{Scope: fmt.Sprintf("own-%d", os.Getpid()), Pool: netip.MustParsePrefix("10.234.0.0/24"),
+		DNS: []netip.Addr{}, EgressDeny: network.SpecialRanges()})
+	links, err := m.Links("drv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := links.Attach(context.Background(), "sb-own", newNetns(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer links.Detach(lease)
+	if !strings.HasPrefix(lease.HostLink(), networktest.LinkPrefix) {
+		t.Errorf("host link %s", lease.HostLink())
+	}
+	if after := evalboxRules(t); !slices.Equal(after, before) {
+		t.Errorf("the evalbox chains changed:\nbefore:\n%s\nafter:\n%s", strings.Join(before, "\n"), strings.Join(after, "\n"))
+	}
+	b, err := exec.Command("iptables-save").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"-A FORWARD -j " + networktest.ChainPrefix + "-FWD",
+		"-A " + networktest.ChainPrefix + "-FWD ! -s 10.234.0.0/24 -i " + networktest.LinkPrefix + "+ -j DROP",
+		"-A " + networktest.ChainPrefix + "-NAT -s 10.234.0.0/24 ! -o " + networktest.LinkPrefix + "+ -j MASQUERADE",
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("rules lack %q", want)
+		}
+	}
+	if strings.Contains(string(b), "10.234.0.0/24 ! -o evb+") || strings.Contains(string(b), "10.234.0.0/24 -i evb+") {
+		t.Errorf("a rule of the test's pool matches the servers' links:\n%s", b)
+	}
+}
+
+func mustNew(t *testing.T, cfg network.Config) *network.Manager {
+	t.Helper()
+	m, err := network.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestConcurrentInstallOneJump: Managers installing the rules at once
+// (servers starting together) leave one jump to each chain. The check for
+// a jump and its insertion are two iptables commands: without the
+// host-wide lock around them, several servers inserted it several times.
+func TestConcurrentInstallOneJump(t *testing.T) {
+	networktest.Exclusive(t)
+	// Each Manager takes its first link name, evt0, and the others'
+	// Attach skip it (at most 3 times).
+	const n = 4
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		m := networktest.Manager(t, network.Config{Scope: fmt.Sprintf("jump-%d-%d", os.Getpid(), i),
+			Pool: netip.MustParsePrefix("10.235.0.0/24"), DNS: []netip.Addr{}, EgressDeny: network.SpecialRanges()})
+		links, err := m.Links("drv")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns := newNetns(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lease, err := links.Attach(context.Background(), fmt.Sprintf("sb-j%d", i), ns)
+			if err == nil {
+				links.Detach(lease)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := exec.Command("iptables-save").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, jump := range []string{"-A FORWARD -j " + networktest.ChainPrefix + "-FWD", "-A INPUT -j " + networktest.ChainPrefix + "-IN",
+		"-A POSTROUTING -j " + networktest.ChainPrefix + "-NAT"} {
+		if got := strings.Count(string(b), jump+"\n"); got != 1 {
+			t.Errorf("%d copies of %q", got, jump)
+		}
 	}
 }

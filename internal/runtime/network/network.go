@@ -82,6 +82,17 @@ type Config struct {
 	// IPv4 subnet the host is attached to (when the rules are installed).
 	// Traffic to the host itself is always refused.
 	EgressDeny []netip.Prefix
+	// LinkPrefix and ChainPrefix name the Manager's host-wide objects: the
+	// host ends of its links are <LinkPrefix><N> (default HostIfPrefix,
+	// at most 8 lowercase letters) and its chains <ChainPrefix>-FWD, -IN
+	// and -NAT (default "EVALBOX": ChainFwd, ChainIn, ChainNAT; at most 20
+	// of A-Z, 0-9 and -), whose rules match its links only. Every evalbox
+	// server uses the defaults and shares them, since the rules depend
+	// only on the host. A Manager with another pool, resolvers or deny
+	// list (a test) must use its own names: installing its rules under
+	// the shared names would replace those of every server on the host.
+	LinkPrefix  string
+	ChainPrefix string
 	// Logger receives operational logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -95,6 +106,10 @@ type Manager struct {
 	dns   []netip.Addr
 	deny  []netip.Prefix // nil: SpecialRanges + host subnets
 	log   *slog.Logger
+	// linkPrefix starts the names of its host links; chainFwd, chainIn
+	// and chainNAT are its chains (Config.LinkPrefix, Config.ChainPrefix).
+	linkPrefix                  string
+	chainFwd, chainIn, chainNAT string
 
 	rulesMu sync.Mutex
 	rulesOK bool
@@ -114,7 +129,18 @@ func New(cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}
-	m := &Manager{scope: cfg.Scope, pool: pool.Masked(), alloc: alloc, dns: cfg.DNS, deny: cfg.EgressDeny, log: cfg.Logger}
+	linkPrefix, chainPrefix := cfg.LinkPrefix, cfg.ChainPrefix
+	if linkPrefix == "" {
+		linkPrefix = HostIfPrefix
+	}
+	if chainPrefix == "" {
+		chainPrefix = "EVALBOX"
+	}
+	if !validLinkPrefix(linkPrefix) || !validChainPrefix(chainPrefix) {
+		return nil, fmt.Errorf("network: invalid link or chain prefix %q, %q", linkPrefix, chainPrefix)
+	}
+	m := &Manager{scope: cfg.Scope, pool: pool.Masked(), alloc: alloc, dns: cfg.DNS, deny: cfg.EgressDeny, log: cfg.Logger,
+		linkPrefix: linkPrefix, chainFwd: chainPrefix + "-FWD", chainIn: chainPrefix + "-IN", chainNAT: chainPrefix + "-NAT"}
 	if m.log == nil {
 		m.log = slog.Default()
 	}
@@ -136,6 +162,36 @@ func validName(s string) bool {
 		}
 	}
 	return true
+}
+
+func validLinkPrefix(s string) bool {
+	if s == "" || len(s) > 8 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 'a' || s[i] > 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+func validChainPrefix(s string) bool {
+	if s == "" || len(s) > 20 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// Chains returns the Manager's iptables chains as table and chain name,
+// and the built-in chain that jumps to each.
+func (m *Manager) Chains() [][3]string {
+	return [][3]string{{"filter", "FORWARD", m.chainFwd}, {"filter", "INPUT", m.chainIn}, {"nat", "POSTROUTING", m.chainNAT}}
 }
 
 // hostResolvers returns the host's IPv4 nameservers that a sandbox can
@@ -232,7 +288,7 @@ func (l *Links) Attach(ctx context.Context, id string, ns netns.NsHandle) (_ *Le
 		if err != nil {
 			return nil, err
 		}
-		name := HostIfPrefix + strconv.Itoa(idx)
+		name := m.linkPrefix + strconv.Itoa(idx)
 		veth := &netlink.Veth{
 			LinkAttrs:     netlink.LinkAttrs{Name: name},
 			PeerName:      GuestIface,
@@ -326,7 +382,7 @@ func (l *Links) links() (map[string][]netlink.Link, error) {
 	out := map[string][]netlink.Link{}
 	for _, link := range all {
 		a := link.Attrs()
-		if id, ok := strings.CutPrefix(a.Alias, l.alias); ok && strings.HasPrefix(a.Name, HostIfPrefix) {
+		if id, ok := strings.CutPrefix(a.Alias, l.alias); ok && strings.HasPrefix(a.Name, l.m.linkPrefix) {
 			out[id] = append(out[id], link)
 		}
 	}

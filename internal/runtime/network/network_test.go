@@ -87,7 +87,7 @@ func TestRulesetParses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deny, err := defaultDeny()
+	deny, err := defaultDeny(HostIfPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,12 +3,16 @@ package network
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // specialRanges are the IPv4 ranges an outbound sandbox may not reach by
@@ -47,10 +51,14 @@ func (m *Manager) ensureRules(ctx context.Context) error {
 	if err := writeSysctl("/proc/sys/net/ipv4/ip_forward", "1"); err != nil {
 		return fmt.Errorf("enable ip_forward: %w", err)
 	}
+	unlock, err := lockHostRules()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	deny := m.deny
 	if deny == nil {
-		var err error
-		if deny, err = defaultDeny(); err != nil {
+		if deny, err = defaultDeny(m.linkPrefix); err != nil {
 			return err
 		}
 	}
@@ -60,11 +68,8 @@ func (m *Manager) ensureRules(ctx context.Context) error {
 	if out, err := restore.CombinedOutput(); err != nil {
 		return fmt.Errorf("iptables-restore: %w: %s", err, bytes.TrimSpace(out))
 	}
-	for _, j := range [][]string{
-		{"filter", "FORWARD", "-j", ChainFwd},
-		{"filter", "INPUT", "-j", ChainIn},
-		{"nat", "POSTROUTING", "-j", ChainNAT},
-	} {
+	for _, c := range m.Chains() {
+		j := []string{c[0], c[1], "-j", c[2]}
 		check := append([]string{"--wait", "-t", j[0], "-C", j[1]}, j[2:]...)
 		if exec.CommandContext(ctx, "iptables", check...).Run() == nil {
 			continue
@@ -78,50 +83,80 @@ func (m *Manager) ensureRules(ctx context.Context) error {
 	return nil
 }
 
+// rulesLockFile serialises installing chains and jumps among the processes
+// (and Managers) of the host: the check for a jump and its insertion are
+// two iptables commands, and servers that did both at once inserted the
+// jump twice (a rule no one removes).
+const rulesLockFile = "/run/evalbox/iptables.lock"
+
+// lockHostRules takes the host-wide lock (flock, released with the file)
+// and returns its release.
+func lockHostRules() (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(rulesLockFile), 0o755); err != nil {
+		return nil, fmt.Errorf("network: rules lock: %w", err)
+	}
+	f, err := os.OpenFile(rulesLockFile, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("network: rules lock: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("network: rules lock: %w", err)
+	}
+	return func() { f.Close() }, nil
+}
+
 // ruleset renders the evalbox chains for iptables-restore --noflush
 // (declaring a chain flushes it, so this replaces the previous version).
 func (m *Manager) ruleset(deny []netip.Prefix) string {
 	var b strings.Builder
 	w := func(f string, a ...any) { fmt.Fprintf(&b, f+"\n", a...) }
-	ifs := HostIfPrefix + "+"
+	ifs := m.linkPrefix + "+"
 	w("*filter")
-	w(":%s - [0:0]", ChainFwd)
-	w(":%s - [0:0]", ChainIn)
+	w(":%s - [0:0]", m.chainFwd)
+	w(":%s - [0:0]", m.chainIn)
 	// Into sandboxes: only replies; nothing between sandboxes.
-	w("-A %s -o %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", ChainFwd, ifs)
-	w("-A %s -i %s -o %s -j REJECT --reject-with icmp-admin-prohibited", ChainFwd, ifs, ifs)
-	w("-A %s -o %s -j DROP", ChainFwd, ifs)
+	w("-A %s -o %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", m.chainFwd, ifs)
+	w("-A %s -i %s -o %s -j REJECT --reject-with icmp-admin-prohibited", m.chainFwd, ifs, ifs)
+	w("-A %s -o %s -j DROP", m.chainFwd, ifs)
 	// Out of sandboxes.
-	w("-A %s -i %s ! -s %s -j DROP", ChainFwd, ifs, m.pool)
+	w("-A %s -i %s ! -s %s -j DROP", m.chainFwd, ifs, m.pool)
 	for _, d := range m.dns {
-		w("-A %s -i %s -d %s/32 -p udp --dport 53 -j ACCEPT", ChainFwd, ifs, d)
-		w("-A %s -i %s -d %s/32 -p tcp --dport 53 -j ACCEPT", ChainFwd, ifs, d)
+		w("-A %s -i %s -d %s/32 -p udp --dport 53 -j ACCEPT", m.chainFwd, ifs, d)
+		w("-A %s -i %s -d %s/32 -p tcp --dport 53 -j ACCEPT", m.chainFwd, ifs, d)
 	}
 	// Refused rather than dropped, so that a connect fails at once.
 	for _, p := range deny {
-		w("-A %s -i %s -d %s -j REJECT --reject-with icmp-admin-prohibited", ChainFwd, ifs, p)
+		w("-A %s -i %s -d %s -j REJECT --reject-with icmp-admin-prohibited", m.chainFwd, ifs, p)
 	}
-	w("-A %s -i %s -j ACCEPT", ChainFwd, ifs)
+	w("-A %s -i %s -j ACCEPT", m.chainFwd, ifs)
 	// The host itself is off limits.
-	w("-A %s -i %s -j REJECT --reject-with icmp-admin-prohibited", ChainIn, ifs)
+	w("-A %s -i %s -j REJECT --reject-with icmp-admin-prohibited", m.chainIn, ifs)
 	w("COMMIT")
 	w("*nat")
-	w(":%s - [0:0]", ChainNAT)
-	w("-A %s -s %s ! -o %s -j MASQUERADE", ChainNAT, m.pool, ifs)
+	w(":%s - [0:0]", m.chainNAT)
+	w("-A %s -s %s ! -o %s -j MASQUERADE", m.chainNAT, m.pool, ifs)
 	w("COMMIT")
 	return b.String()
 }
 
 // defaultDeny is specialRanges plus every IPv4 subnet the host has an
-// address in (its LANs), except sandbox links.
-func defaultDeny() ([]netip.Prefix, error) {
+// address in (its LANs), except sandbox links (evalbox's, and those named
+// linkPrefix).
+func defaultDeny(linkPrefix string) ([]netip.Prefix, error) {
 	deny := append([]netip.Prefix(nil), specialRanges...)
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		return nil, fmt.Errorf("list host addresses: %w", err)
 	}
 	for _, a := range addrs {
-		if a.IPNet == nil || strings.HasPrefix(a.Label, HostIfPrefix) {
+		if a.IPNet == nil || strings.HasPrefix(a.Label, HostIfPrefix) || strings.HasPrefix(a.Label, linkPrefix) {
 			continue
 		}
 		ip, ok := netip.AddrFromSlice(a.IP.To4())

@@ -1,8 +1,10 @@
 // Package networktest is what tests of outbound networking share: a fake
-// "internet" on this machine for sandboxes to reach, and exclusive use of
-// the host-wide evalbox iptables chains while a test runs (the test
-// binaries of several packages run at the same time, and one removing the
-// chains would break another). It needs root.
+// "internet" on this machine for sandboxes to reach, network Managers of
+// their own (Manager: their links and iptables chains have names of their
+// own, so that their pools, resolvers and deny lists never replace the
+// rules of the evalbox servers on the host, such as the e2e suite's), and
+// exclusive use of those chains while a test runs (the test binaries of
+// several packages run at the same time). It needs root.
 package networktest
 
 import (
@@ -57,12 +59,26 @@ type FakeInternet struct {
 	Port int
 }
 
-// Setup takes exclusive use of the host-wide evalbox chains for the rest
-// of t and returns a running fake internet. At the end of t it removes the
-// fake internet, the evalbox chains and the jumps to them unless they
-// existed before t (then they belong to someone else), and restores
-// net.ipv4.ip_forward.
+// The names of the links and chains of test Managers (Manager).
+const (
+	LinkPrefix  = "evt"
+	ChainPrefix = "EVBTEST"
+)
+
+// Setup takes exclusive use of the test chains for the rest of t
+// (Exclusive) and returns a running fake internet.
 func Setup(t testing.TB) *FakeInternet {
+	t.Helper()
+	Exclusive(t)
+	return newFakeInternet(t)
+}
+
+// Exclusive takes, for the rest of t, exclusive use of the chains of test
+// Managers and of the right to compare the host's evalbox chains against a
+// baseline: no other test that takes it (every test of outbound
+// networking does) installs or removes rules meanwhile. At the end of t it
+// restores net.ipv4.ip_forward.
+func Exclusive(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("outbound networking needs root")
@@ -77,18 +93,54 @@ func Setup(t testing.TB) *FakeInternet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	existed := exec.Command("iptables", "--wait", "-t", "filter", "-S", network.ChainFwd).Run() == nil
 	t.Cleanup(func() {
-		if existed {
-			t.Logf("the evalbox iptables chains existed before the test: left in place")
-		} else {
-			removeRules(t)
-		}
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", fwd, 0o644); err != nil {
 			t.Error(err)
 		}
 	})
-	return newFakeInternet(t)
+}
+
+// Manager returns a network Manager of cfg with the test names (LinkPrefix,
+// ChainPrefix): the rules it installs match its links only and leave the
+// evalbox chains alone. At the end of t its chains and the jumps to them
+// are removed. Call Setup or Exclusive first.
+func Manager(t testing.TB, cfg network.Config) *network.Manager {
+	t.Helper()
+	cfg.LinkPrefix, cfg.ChainPrefix = LinkPrefix, ChainPrefix
+	m, err := network.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { RemoveChains(t, m) })
+	return m
+}
+
+// RemoveChains deletes m's chains and the jumps to them, and fails t if
+// any is left.
+func RemoveChains(t testing.TB, m *network.Manager) {
+	chains := m.Chains()
+	for _, c := range chains {
+		// Every copy of the jump; absent rules and chains (nothing was
+		// installed) are fine.
+		for exec.Command("iptables", "--wait", "-t", c[0], "-D", c[1], "-j", c[2]).Run() == nil {
+		}
+	}
+	for _, c := range chains {
+		_ = exec.Command("iptables", "--wait", "-t", c[0], "-F", c[2]).Run()
+		_ = exec.Command("iptables", "--wait", "-t", c[0], "-X", c[2]).Run()
+	}
+	for _, table := range []string{"filter", "nat"} {
+		out, err := exec.Command("iptables", "--wait", "-t", table, "-S").CombinedOutput()
+		if err != nil {
+			t.Errorf("iptables %s after cleanup: %v\n%s", table, err, out)
+			continue
+		}
+		for _, c := range chains {
+			if strings.Contains(string(out), c[2]) {
+				t.Errorf("iptables %s after cleanup still has %s:\n%s", table, c[2], out)
+			}
+		}
+	}
 }
 
 // lock binds the lock socket, waiting for another holder to finish, and
@@ -105,27 +157,6 @@ func lock(t testing.TB) {
 			t.Fatalf("networktest lock: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// removeRules deletes the evalbox chains and the jumps to them.
-func removeRules(t testing.TB) {
-	for _, args := range [][]string{
-		{"-t", "filter", "-D", "FORWARD", "-j", network.ChainFwd},
-		{"-t", "filter", "-D", "INPUT", "-j", network.ChainIn},
-		{"-t", "nat", "-D", "POSTROUTING", "-j", network.ChainNAT},
-		{"-t", "filter", "-F", network.ChainFwd}, {"-t", "filter", "-X", network.ChainFwd},
-		{"-t", "filter", "-F", network.ChainIn}, {"-t", "filter", "-X", network.ChainIn},
-		{"-t", "nat", "-F", network.ChainNAT}, {"-t", "nat", "-X", network.ChainNAT},
-	} {
-		// Absent rules and chains (nothing was installed) are fine.
-		_ = exec.Command("iptables", append([]string{"--wait"}, args...)...).Run()
-	}
-	for _, table := range []string{"filter", "nat"} {
-		out, err := exec.Command("iptables", "--wait", "-t", table, "-S").CombinedOutput()
-		if err != nil || strings.Contains(string(out), "EVALBOX") {
-			t.Errorf("iptables %s after cleanup: %v\n%s", table, err, out)
-		}
 	}
 }
 
