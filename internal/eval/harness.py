@@ -199,12 +199,13 @@ def scan(uid, gid):
 
 def ident(st):
     # What must not change of an entry the slice started with: the same
-    # inode, mode and owner; for a non-directory its size and time too (a
-    # directory's change as new entries in it is seen on its own listing
-    # when it is writable, and cannot happen when it is not).
+    # inode, mode and owner; for a non-directory its size and times too,
+    # the ctime included, which no program can set back (a directory's
+    # change as new entries in it is seen on its own listing when it is
+    # writable, and cannot happen when it is not).
     if stat.S_ISDIR(st.st_mode):
-        return (st.st_dev, st.st_ino, st.st_mode, st.st_uid)
-    return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns)
+        return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid)
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class Snapshot:

@@ -266,3 +266,50 @@ func TestHarnessUndoesPlanting(t *testing.T) {
 		t.Fatalf("verdicts %v; stderr %s", got, stderr)
 	}
 }
+
+// TestHarnessSeesRewrites: a program that rewrites a file it may write,
+// keeping its size and setting its times back, is seen (its ctime moved):
+// the slice stops after it.
+func TestHarnessSeesRewrites(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("runs programs as another user: needs root")
+	}
+	root, err := os.MkdirTemp("", "evalbox-harness-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(root, "helper.py")
+	if err := os.WriteFile(target, []byte("VALUE = 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(target, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	one := Problem{TaskID: "t", Prompt: "def f():\n", EntryPoint: "f", Test: "def check(c):\n    assert c() == 1\n"}
+	rewrite := fmt.Sprintf("    import os\n    st = os.stat(%[1]q)\n    open(%[1]q, 'w').write('VALUE = 2\\n')\n"+
+		"    os.utime(%[1]q, ns=(st.st_atime_ns, st.st_mtime_ns))\n    return 1\n", target)
+	honest := "    return 1\n"
+	prog := filepath.Join(root, "prog")
+	if err := os.Mkdir(prog, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	in := HarnessInput{Nonce: "n", Timeout: 5, Dir: prog, File: "program.py", User: 65534, StderrCap: HarnessStderrCap,
+		Writable: &HarnessScan{Files: []string{target}}}
+	for i, body := range []string{honest, rewrite, honest} {
+		in.Programs = append(in.Programs, HarnessProgram{ID: i, Source: Program(one, Sample{TaskID: "t", Completion: &body}, testPassCode)})
+	}
+	lines, stderr := runHarness(t, in, time.Minute)
+	ran := 0
+	for _, l := range lines {
+		if !l.Start {
+			ran++
+		}
+	}
+	if ran != 2 || !strings.Contains(stderr, "cannot undo what program 1 did") || !strings.Contains(stderr, "helper.py changed") {
+		t.Fatalf("%d programs ran; stderr %s", ran, stderr)
+	}
+}
