@@ -296,12 +296,23 @@ func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResul
 	}()
 	in := eval.HarnessInput{Nonce: rand.Text(), Timeout: run.Timeout, Dir: path.Dir(programPath), File: path.Base(programPath), User: sampleUID,
 		StderrCap: eval.HarnessStderrCap, Sandboxed: true}
-	key := scanKey{digest: sb.TemplateDigest, runtime: sb.Runtime}
-	switch v, ok := s.scans.Load(key); {
+	// scanned records this slice's scan of its template (nil: not the
+	// scanner).
+	var scanned func(*eval.HarnessScan)
+	switch {
 	case s.hostHarness:
 		in.Sandboxed, in.Dir = false, "/tmp/.evalbox"
-	case ok && sb.TemplateDigest != "":
-		in.Writable = v.(*eval.HarnessScan)
+	case sb.TemplateDigest != "":
+		scan, done, err := s.scans.get(ctx, scanKey{digest: sb.TemplateDigest, runtime: sb.Runtime})
+		if err != nil {
+			return out, err
+		}
+		if scan != nil {
+			in.Writable = scan
+			break
+		}
+		in.Scan, scanned = true, done
+		defer done(nil) // no scan came: another slice makes it
 	default:
 		in.Scan = true
 	}
@@ -327,8 +338,8 @@ func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResul
 		if l.Scan != nil {
 			// Only the harness's own scan, before any sample ran, is
 			// what the template offers.
-			if in.Scan && !started && sb.TemplateDigest != "" {
-				s.scans.Store(key, l.Scan)
+			if scanned != nil && !started {
+				scanned(l.Scan)
 			}
 			return
 		}

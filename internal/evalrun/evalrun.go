@@ -118,19 +118,14 @@ type Service struct {
 	mu      sync.Mutex
 	running map[string]*liveRun
 
-	// scans holds, per template digest and runtime, what the batch
-	// harness found a sample may write to in such a sandbox (it restores
-	// those places after every sample); each is scanned once, by the first
-	// slice that runs there, before any sample ran in it.
-	scans sync.Map // scanKey → *eval.HarnessScan
+	// scans holds what batch slices found a sample may write to, per
+	// template digest and runtime.
+	scans scanCache
 	// hostHarness is set by tests whose "sandboxes" are host processes:
 	// the harness then neither scans nor restores the host's writable
 	// places, and makes its directories below /tmp (the fake sandbox's).
 	hostHarness bool
 }
-
-// scanKey names a sandbox filesystem as a batch slice sees it.
-type scanKey struct{ digest, runtime string }
 
 // New returns the service. Call Recover once at start and Close at the end.
 // output bounds the command output its trials hold (nil: no bound);
