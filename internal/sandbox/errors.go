@@ -26,6 +26,12 @@ func (e *Error) Unwrap() error { return e.Err }
 // the code's doing, unlike a sandbox killed from outside.
 var ErrOutOfMemory = errors.New("sandbox out of memory")
 
+// ErrStoppedDuringCall is wrapped by the error of a call during which the
+// sandbox stopped (its agent's session ended) for a reason that is not
+// known to be its memory limit: the code running in it may have done it,
+// or the host.
+var ErrStoppedDuringCall = errors.New("sandbox stopped during the call")
+
 func errorf(code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }

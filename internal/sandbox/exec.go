@@ -167,7 +167,7 @@ func (s *Service) agentErr(e *entry, err error) error {
 			return &Error{Code: client.CodeSandboxNotRunning, Err: fmt.Errorf("%w: %w", ErrOutOfMemory, err),
 				Message: fmt.Sprintf("sandbox %s went past its memory limit (memory_mb=%d) while the call ran and was stopped", e.row.ID, e.row.MemoryMB)}
 		}
-		return &Error{Code: client.CodeSandboxNotRunning, Err: err,
+		return &Error{Code: client.CodeSandboxNotRunning, Err: fmt.Errorf("%w: %w", ErrStoppedDuringCall, err),
 			Message: fmt.Sprintf("sandbox %s stopped while the call ran (it exited, was killed or ran out of memory)", e.row.ID)}
 	}
 	return fromAgent(e.row.ID, err)

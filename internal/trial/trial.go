@@ -100,6 +100,7 @@ func New(sb Sandboxes, log *slog.Logger) *Runner {
 func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, error) {
 	start := time.Now()
 	var last error
+	stopped := 0 // attempts whose sandbox stopped while the script ran
 	backoff := r.Backoff
 	for attempt := 1; attempt <= max(1, r.Attempts); attempt++ {
 		if attempt > 1 {
@@ -126,6 +127,18 @@ func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, er
 		}
 		r.log.Warn("trial infra failure", "team", teamID, "attempt", attempt, "err", err)
 		last = err
+		if errors.Is(err, errStoppedRunning) {
+			stopped++
+		}
+	}
+	if stopped == r.Attempts && stopped > 1 {
+		// Every fresh sandbox stopped while the script ran in it: that is
+		// the script's doing (e.g. it took down gVisor's Sentry), not an
+		// infra failure, which would leave it out of pass@k.
+		return Outcome{Attempts: stopped, Duration: time.Since(start), Result: client.ExecResult{
+			Status: client.StatusKilled, ExitCode: -1,
+			Error: fmt.Sprintf("the sandbox stopped while the script ran, in each of %d fresh sandboxes: %v", stopped, last),
+		}}, nil
 	}
 	return Outcome{Attempts: max(1, r.Attempts), Duration: time.Since(start), Result: client.ExecResult{
 		Status: client.StatusError, ExitCode: -1,
@@ -179,6 +192,9 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 		res = client.ExecResult{Status: client.StatusKilled, ExitCode: -1, Signal: int(syscall.SIGKILL), Error: "out-of-memory killer: " + msg}
 		err = nil
 	}
+	if errors.Is(err, sandbox.ErrStoppedDuringCall) {
+		return out, fmt.Errorf("exec: %w: %w", errStoppedRunning, err)
+	}
 	if err != nil {
 		return out, fmt.Errorf("exec: %w", err)
 	}
@@ -187,6 +203,10 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 	out.Result = res
 	return out, nil
 }
+
+// errStoppedRunning marks an attempt whose sandbox stopped while the
+// script ran in it.
+var errStoppedRunning = errors.New("the sandbox stopped while the script ran")
 
 // lap returns the time since t and now.
 func lap(t time.Time) (time.Duration, time.Time) {

@@ -189,3 +189,42 @@ func TestPhases(t *testing.T) {
 		t.Errorf("attempts %d, duration %v for phases summing to %v", out.Attempts, out.Duration, sum)
 	}
 }
+
+// TestStoppedWhileRunningIsTheScripts: when the sandbox stops while the
+// script runs, in every one of the fresh sandboxes it is tried in, the
+// script did it: the result is the script's (killed, saying so), not an
+// infra error that pass@k would leave out. A sandbox that stops once, or
+// before the script ran, is an infra failure, retried as before.
+func TestStoppedWhileRunningIsTheScripts(t *testing.T) {
+	stopped := func() error {
+		return &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "sandbox sb-a stopped while the call ran",
+			Err: fmt.Errorf("%w: session closed", sandbox.ErrStoppedDuringCall)}
+	}
+	f := &flaky{execErrs: []error{stopped(), stopped(), stopped()}}
+	out, err := newRunner(f).Run(t.Context(), "t1", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Result.Status != client.StatusKilled || out.Attempts != 3 || !strings.Contains(out.Result.Error, "in each of 3 fresh sandboxes") || len(f.deleted) != 3 {
+		t.Fatalf("outcome %+v, deleted %v", out, f.deleted)
+	}
+
+	// Two stops and a sandbox found stopped before the script ran: not
+	// every attempt ran the script to a stop, so it is an infra error.
+	f = &flaky{execErrs: []error{stopped(), &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "died"}, stopped()}}
+	out, err = newRunner(f).Run(t.Context(), "t1", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Result.Status != client.StatusError {
+		t.Fatalf("outcome %+v, want an infra error", out)
+	}
+
+	// With one attempt, one stop says nothing about the script.
+	f = &flaky{execErrs: []error{stopped()}}
+	r := newRunner(f)
+	r.Attempts = 1
+	if out, err = r.Run(t.Context(), "t1", spec); err != nil || out.Result.Status != client.StatusError {
+		t.Fatalf("outcome %+v, %v, want an infra error", out, err)
+	}
+}

@@ -153,9 +153,10 @@ func TestEvalBatchHumanEvalCanonical(t *testing.T) {
 }
 
 // TestEvalBatchHostileSamples: samples that try to kill their sandbox's
-// init, their harness or every process they see, or leave a daemon behind,
-// share a slice with normal samples: every sample gets the verdict it gets
-// alone in trial mode, none an infra error, on both runtimes.
+// init, their harness or every process they see, leave a daemon behind or
+// fork-bomb share a slice with normal samples: every sample gets the
+// verdict it gets alone in trial mode, none an infra error, on both
+// runtimes.
 func TestEvalBatchHostileSamples(t *testing.T) {
 	t.Parallel()
 	prob := client.EvalProblem{TaskID: "t/0", Prompt: "def f():\n", EntryPoint: "f", Test: "def check(c):\n    assert c() == 1\n"}
@@ -192,15 +193,19 @@ func TestEvalBatchHostileSamples(t *testing.T) {
 			run, rs := runEvalWait(t, c, batch, 3*time.Minute)
 			trun, trs := runEvalWait(t, c, req, 3*time.Minute)
 			// The fork bomb may take its sandbox down (gVisor), in both
-			// modes: then, alone in fresh sandboxes, it ends as an infra
-			// error, and the samples that shared its slice are unaffected.
+			// modes: then, alone in fresh sandboxes, it fails (the sandbox
+			// stopped while it ran, in each of them) and is never an infra
+			// error, which pass@k would leave out; the samples that shared
+			// its slice are unaffected.
 			for i, r := range rs {
-				if r.Status == "infra_error" && i != forkBomb {
+				if r.Status == "infra_error" {
 					t.Errorf("sample %d: %+v", i, r)
 				}
 			}
-			if fb := rs[forkBomb]; fb.Status == "passed" {
-				t.Errorf("fork bomb: %+v", fb)
+			for mode, fb := range map[string]client.EvalResult{"batch": rs[forkBomb], "trial": trs[forkBomb]} {
+				if fb.Status != "failed" && fb.Status != "timed_out" {
+					t.Errorf("fork bomb in %s mode: %+v", mode, fb)
+				}
 			}
 			t.Logf("fork bomb: batch %s %q, trial %s %q", rs[forkBomb].Status, rs[forkBomb].Detail, trs[forkBomb].Status, trs[forkBomb].Detail)
 			rs[forkBomb], trs[forkBomb] = client.EvalResult{}, client.EvalResult{}

@@ -71,6 +71,39 @@ func TestExecute(t *testing.T) {
 	}
 }
 
+// TestExecuteScriptStopsItsSandbox: a script that stops its sandbox (on
+// gVisor root can kill the agent, its init) does so in each of its 3 fresh
+// sandboxes: the result is the script's (killed, saying so), not an infra
+// error. On namespaces the kernel drops the signal to the pid namespace's
+// init: the script just ends.
+func TestExecuteScriptStopsItsSandbox(t *testing.T) {
+	t.Parallel()
+	c, _, _ := newTeam(t, srv, client.Limits{MaxSandboxes: 4, MaxConcurrentExec: 4})
+	kill := "import os, signal, time\nos.kill(1, signal.SIGKILL)\ntime.sleep(5)\nprint('alive')"
+	for _, rt := range runtimes {
+		res, err := c.Execute(ctxT(t, 2*time.Minute), client.ExecuteRequest{Scripts: []string{kill, "print('next')"},
+			Language: client.LanguagePython, Timeout: 10, Runtime: rt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := res.Results[0]
+		switch rt {
+		case client.RuntimeGVisor:
+			if r.Status != client.StatusKilled || !strings.Contains(r.Error, "in each of 3 fresh sandboxes") {
+				t.Errorf("%s: %+v, want killed: the sandbox stopped while the script ran, 3 times", rt, r)
+			}
+		default:
+			if r.Status != client.StatusExited || r.Stdout != "alive\n" {
+				t.Errorf("%s: %+v, want the script to run on", rt, r)
+			}
+		}
+		if n := res.Results[1]; n.Status != client.StatusExited || n.Stdout != "next\n" {
+			t.Errorf("%s: the next script: %+v", rt, n)
+		}
+	}
+	assertNoSandboxes(t, c)
+}
+
 func TestExecuteBash(t *testing.T) {
 	c := defaultTeam(t)
 	res, err := c.Execute(ctxT(t, time.Minute), client.ExecuteRequest{Scripts: []string{"echo $0", "exit 4"}, Language: client.LanguageBash, Runtime: client.RuntimeNamespaces})
