@@ -168,19 +168,8 @@ func TestHarnessKilled(t *testing.T) {
 // directory as it was. A change the harness cannot undo (a file the slice
 // started with, replaced) ends the slice after the program's own result.
 func TestHarnessUndoesPlanting(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("runs programs as another user: needs root")
-	}
-	// Not t.TempDir: its parent is not searchable by other users.
-	root, err := os.MkdirTemp("", "evalbox-harness-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
+	root := harnessRoot(t)
 	shared := filepath.Join(root, "shared")
-	if err := os.Chmod(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	if err := os.Mkdir(shared, 0o777); err != nil {
 		t.Fatal(err)
 	}
@@ -267,10 +256,11 @@ func TestHarnessUndoesPlanting(t *testing.T) {
 	}
 }
 
-// TestHarnessSeesRewrites: a program that rewrites a file it may write,
-// keeping its size and setting its times back, is seen (its ctime moved):
-// the slice stops after it.
-func TestHarnessSeesRewrites(t *testing.T) {
+// harnessRoot returns a directory for a test that runs programs as
+// another user (it skips unless root): not t.TempDir, whose parent is not
+// searchable by other users.
+func harnessRoot(t *testing.T) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("runs programs as another user: needs root")
 	}
@@ -282,6 +272,14 @@ func TestHarnessSeesRewrites(t *testing.T) {
 	if err := os.Chmod(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return root
+}
+
+// TestHarnessSeesRewrites: a program that rewrites a file it may write,
+// keeping its size and setting its times back, is seen (its ctime moved):
+// the slice stops after it.
+func TestHarnessSeesRewrites(t *testing.T) {
+	root := harnessRoot(t)
 	target := filepath.Join(root, "helper.py")
 	if err := os.WriteFile(target, []byte("VALUE = 1\n"), 0o644); err != nil {
 		t.Fatal(err)

@@ -521,12 +521,32 @@ func (s *sandbox) Usage(ctx context.Context) (runtime.Usage, error) {
 // pidsOf lists host processes that belong to container id: runsc's sandbox
 // and gofer processes carry the container id and our --root in argv.
 func (r *Runtime) pidsOf(id string) []int {
+	var pids []int
+	for _, c := range r.runscCmds() {
+		if slices.ContainsFunc(c.args, func(a string) bool {
+			return a == id || strings.HasSuffix(a, "="+id) || strings.HasSuffix(a, "/"+id)
+		}) {
+			pids = append(pids, c.pid)
+		}
+	}
+	return pids
+}
+
+// runscCmd is a runsc process (CLI, sandbox or gofer) and its argv.
+type runscCmd struct {
+	pid  int
+	args []string
+}
+
+// runscCmds lists the runsc processes, but this one, whose --root is the
+// driver's.
+func (r *Runtime) runscCmds() []runscCmd {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
-	var pids []int
 	self := os.Getpid()
+	var out []runscCmd
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == self {
@@ -540,20 +560,14 @@ func (r *Runtime) pidsOf(id string) []int {
 		if !strings.HasSuffix(args[0], "runsc") && !strings.Contains(args[0], "runsc-") {
 			continue
 		}
-		var hasRoot, hasID bool
 		for i, a := range args {
-			if a == r.cfg.RootDir || a == "--root="+r.cfg.RootDir || (a == "--root" && i+1 < len(args) && args[i+1] == r.cfg.RootDir) {
-				hasRoot = true
+			if a == "--root="+r.cfg.RootDir || (a == "--root" && i+1 < len(args) && args[i+1] == r.cfg.RootDir) {
+				out = append(out, runscCmd{pid: pid, args: args})
+				break
 			}
-			if a == id || strings.HasSuffix(a, "="+id) || strings.HasSuffix(a, "/"+id) {
-				hasID = true
-			}
-		}
-		if hasRoot && hasID {
-			pids = append(pids, pid)
 		}
 	}
-	return pids
+	return out
 }
 
 func rssOf(pid int) int64 {
@@ -648,38 +662,12 @@ type runscProc struct {
 }
 
 // runscProcs lists the processes of runsc (CLI, sandbox, gofer) whose
-// --root is the driver's.
+// --root is the driver's, with their parents and container ids.
 func (r *Runtime) runscProcs() []runscProc {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	self := os.Getpid()
 	var out []runscProc
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == self {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || len(cmdline) == 0 {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
-		if !strings.HasSuffix(args[0], "runsc") && !strings.Contains(args[0], "runsc-") {
-			continue
-		}
-		ours := false
-		for i, a := range args {
-			if a == "--root="+r.cfg.RootDir || (a == "--root" && i+1 < len(args) && args[i+1] == r.cfg.RootDir) {
-				ours = true
-			}
-		}
-		if !ours {
-			continue
-		}
-		p := runscProc{pid: pid, ppid: ppidOf(pid)}
-		if last := args[len(args)-1]; validID(last) {
+	for _, c := range r.runscCmds() {
+		p := runscProc{pid: c.pid, ppid: ppidOf(c.pid)}
+		if last := c.args[len(c.args)-1]; validID(last) {
 			p.id = last
 		}
 		out = append(out, p)
