@@ -82,6 +82,8 @@ type Runner struct {
 	Backoff time.Duration
 	// CreateWait is how long a create queues at the team's sandbox limit.
 	CreateWait time.Duration
+	// now is the clock of the phases and durations (tests set it).
+	now func() time.Time
 }
 
 // New returns a Runner with 3 attempts, 100 ms first backoff and creates
@@ -98,7 +100,7 @@ func New(sb Sandboxes, log *slog.Logger) *Runner {
 // run at all (bad input, unknown template, ctx ended); infra failures end
 // as an Outcome with status "error".
 func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, error) {
-	start := time.Now()
+	start := r.clock()
 	var last error
 	stopped := 0 // attempts whose sandbox stopped while the script ran
 	backoff := r.Backoff
@@ -116,7 +118,7 @@ func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, er
 		out, err := r.once(ctx, teamID, spec)
 		out.Attempts = attempt
 		if err == nil {
-			out.Duration = time.Since(start)
+			out.Duration = r.clock().Sub(start)
 			return out, nil
 		}
 		if ctx.Err() != nil {
@@ -135,12 +137,12 @@ func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, er
 		// Every fresh sandbox stopped while the script ran in it: that is
 		// the script's doing (e.g. it took down gVisor's Sentry), not an
 		// infra failure, which would leave it out of pass@k.
-		return Outcome{Attempts: stopped, Duration: time.Since(start), Result: client.ExecResult{
+		return Outcome{Attempts: stopped, Duration: r.clock().Sub(start), Result: client.ExecResult{
 			Status: client.StatusKilled, ExitCode: -1,
 			Error: fmt.Sprintf("the sandbox stopped while the script ran, in each of %d fresh sandboxes: %v", stopped, last),
 		}}, nil
 	}
-	return Outcome{Attempts: max(1, r.Attempts), Duration: time.Since(start), Result: client.ExecResult{
+	return Outcome{Attempts: max(1, r.Attempts), Duration: r.clock().Sub(start), Result: client.ExecResult{
 		Status: client.StatusError, ExitCode: -1,
 		Error: fmt.Sprintf("infrastructure failure after %d attempts: %v", max(1, r.Attempts), last),
 	}}, nil
@@ -149,7 +151,7 @@ func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, er
 // once runs one attempt in one fresh sandbox, deleting it afterwards, and
 // times each step.
 func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcome, err error) {
-	t := time.Now()
+	t := r.clock()
 	sb, err := r.sb.Create(ctx, teamID, client.CreateSandboxRequest{
 		Template: spec.Template, Runtime: spec.Runtime, Metadata: spec.Metadata,
 		WaitSeconds: int(r.CreateWait / time.Second),
@@ -158,21 +160,21 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 		return Outcome{}, fmt.Errorf("create: %w", err)
 	}
 	out.Sandbox = sb
-	out.Phases.Create, t = lap(t)
+	out.Phases.Create, t = r.lap(t)
 	defer func() {
 		// Deleting must happen even when ctx ended.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		t := time.Now()
+		t := r.clock()
 		if err := r.sb.Delete(dctx, teamID, sb.ID); err != nil && !isCode(err, client.CodeNotFound) {
 			r.log.Warn("trial: delete sandbox", "sandbox", sb.ID, "err", err)
 		}
-		out.Phases.Delete = time.Since(t)
+		out.Phases.Delete = r.clock().Sub(t)
 	}()
 	if _, err := r.sb.WriteFile(ctx, teamID, sb.ID, spec.Path, "0644", strings.NewReader(spec.Script)); err != nil {
 		return out, fmt.Errorf("write %s: %w", spec.Path, err)
 	}
-	out.Phases.Write, t = lap(t)
+	out.Phases.Write, t = r.lap(t)
 	var bufOut, bufErr strings.Builder
 	var stdout, stderr io.Writer = &bufOut, &bufErr
 	if spec.Output != nil {
@@ -198,7 +200,7 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 	if err != nil {
 		return out, fmt.Errorf("exec: %w", err)
 	}
-	out.Phases.Run, _ = lap(t)
+	out.Phases.Run, _ = r.lap(t)
 	res.Stdout, res.Stderr = bufOut.String(), bufErr.String()
 	out.Result = res
 	return out, nil
@@ -208,9 +210,16 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 // script ran in it.
 var errStoppedRunning = errors.New("the sandbox stopped while the script ran")
 
+func (r *Runner) clock() time.Time {
+	if r.now != nil {
+		return r.now()
+	}
+	return time.Now()
+}
+
 // lap returns the time since t and now.
-func lap(t time.Time) (time.Duration, time.Time) {
-	now := time.Now()
+func (r *Runner) lap(t time.Time) (time.Duration, time.Time) {
+	now := r.clock()
 	return now.Sub(t), now
 }
 

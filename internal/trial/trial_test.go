@@ -24,9 +24,35 @@ type flaky struct {
 	created, deleted []string
 	wrote            string
 	pause            map[string]time.Duration // per step: create, write, exec, delete
+	// clock, when set, is advanced by the pauses instead of sleeping.
+	clock *fakeClock
 }
 
-func (f *flaky) sleep(step string) { time.Sleep(f.pause[step]) }
+func (f *flaky) sleep(step string) {
+	if f.clock != nil {
+		f.clock.advance(f.pause[step])
+		return
+	}
+	time.Sleep(f.pause[step])
+}
+
+// fakeClock is a Runner's clock that only the fake's steps move.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
 
 func pop(errs *[]error) error {
 	if len(*errs) == 0 {
@@ -170,23 +196,22 @@ func TestDeletesAfterCancel(t *testing.T) {
 func TestPhases(t *testing.T) {
 	ms := time.Millisecond
 	died := &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "died"}
-	f := &flaky{execErrs: []error{died}, pause: map[string]time.Duration{"create": 60 * ms, "write": 10 * ms, "exec": 120 * ms, "delete": 90 * ms}}
-	out, err := newRunner(f).Run(t.Context(), "t1", spec)
+	clock := &fakeClock{now: time.Unix(1e9, 0)}
+	f := &flaky{execErrs: []error{died}, clock: clock, pause: map[string]time.Duration{"create": 60 * ms, "write": 10 * ms, "exec": 120 * ms, "delete": 90 * ms}}
+	r := newRunner(f)
+	r.now = clock.Now
+	out, err := r.Run(t.Context(), "t1", spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := out.Phases
-	// Each phase is its step's pause plus scheduling noise, never another step's.
-	for name, c := range map[string][2]time.Duration{
-		"create": {p.Create, 60 * ms}, "write": {p.Write, 10 * ms}, "run": {p.Run, 120 * ms}, "delete": {p.Delete, 90 * ms},
-	} {
-		if c[0] < c[1] || c[0] > c[1]+50*ms {
-			t.Errorf("%s phase %v, want about %v", name, c[0], c[1])
-		}
+	// Each phase is its own step's time, never another step's.
+	want := Phases{Create: 60 * ms, Write: 10 * ms, Run: 120 * ms, Delete: 90 * ms}
+	if out.Phases != want {
+		t.Errorf("phases %+v, want %+v", out.Phases, want)
 	}
-	// The trial covers both attempts: the failed one, the backoff and the second.
-	if sum := p.Create + p.Write + p.Run + p.Delete; out.Attempts != 2 || out.Duration < 2*sum-p.Run {
-		t.Errorf("attempts %d, duration %v for phases summing to %v", out.Attempts, out.Duration, sum)
+	// The trial covers both attempts: the failed one and the second.
+	if out.Attempts != 2 || out.Duration != 2*280*ms {
+		t.Errorf("attempts %d, duration %v, want 2 and %v", out.Attempts, out.Duration, 2*280*ms)
 	}
 }
 
