@@ -140,13 +140,16 @@ def sweep(keep, uid):
     for _ in range(200):
         live = live_pids()
         stray = [p for p in live if p not in keep]
-        if not stray:
-            reap()
-            return True
-        # kill(-1) as the program's uid ends a chain that forks faster than
+        # A root harness runs its programs as uid: any process of uid is
+        # theirs, also one that got the pid of a kept process that exited.
+        # kill(-1) as uid ends them all, and a chain that forks faster than
         # it can be killed pid by pid. (An unprivileged harness runs its
         # programs as itself: its own processes are kept.)
-        if uid > 0 and os.geteuid() == 0 and any(live[p] == uid for p in stray):
+        mine = uid > 0 and os.geteuid() == 0 and uid in live.values()
+        if not stray and not mine:
+            reap()
+            return True
+        if mine:
             kill_user(uid)
         for pid in stray:
             try:

@@ -303,7 +303,7 @@ func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResul
 	case s.hostHarness:
 		in.Sandboxed, in.Dir = false, "/tmp/.evalbox"
 	case sb.TemplateDigest != "":
-		scan, done, err := s.scans.get(ctx, scanKey{digest: sb.TemplateDigest, runtime: sb.Runtime})
+		scan, done, err := s.scans.get(ctx, scanKey{team: run.TeamID, digest: sb.TemplateDigest, runtime: sb.Runtime}, scanWait)
 		if err != nil {
 			return out, err
 		}

@@ -167,6 +167,12 @@ func (s *Service) agentErr(e *entry, err error) error {
 			return &Error{Code: client.CodeSandboxNotRunning, Err: fmt.Errorf("%w: %w", ErrOutOfMemory, err),
 				Message: fmt.Sprintf("sandbox %s went past its memory limit (memory_mb=%d) while the call ran and was stopped", e.row.ID, e.row.MemoryMB)}
 		}
+		if !e.died {
+			// The server ended it meanwhile (a delete, its TTL, a
+			// shutdown): not the doing of the code that ran in it.
+			return &Error{Code: client.CodeSandboxNotRunning, Err: err,
+				Message: fmt.Sprintf("sandbox %s was ended while the call ran", e.row.ID)}
+		}
 		return &Error{Code: client.CodeSandboxNotRunning, Err: fmt.Errorf("%w: %w", ErrStoppedDuringCall, err),
 			Message: fmt.Sprintf("sandbox %s stopped while the call ran (it exited, was killed or ran out of memory)", e.row.ID)}
 	}

@@ -163,8 +163,10 @@ type entry struct {
 	endOnce sync.Once
 	oomSeen atomic.Int64 // OOM kills already reported on an exec
 	// oomEnded is set, before endOnce is done, when the sandbox ended
-	// lost after the OOM killer acted in it.
-	oomEnded bool
+	// lost after the OOM killer acted in it; died when it ended because
+	// its agent went away (not ended by the server: a delete, its TTL, a
+	// shutdown).
+	oomEnded, died bool
 }
 
 // New returns the service. Call Recover once before serving and Close at
@@ -506,6 +508,7 @@ func (s *Service) end(ctx context.Context, e *entry, state, reason string) {
 	e.endOnce.Do(func() {
 		close(e.ended)
 		ctx = context.WithoutCancel(ctx)
+		e.died = state == client.StateLost && reason == reasonDied
 		if state == client.StateLost && e.sb.OOMKills() > 0 {
 			e.oomEnded = true
 			reason = fmt.Sprintf("out of memory: the sandbox went past its memory limit (memory_mb=%d)", e.row.MemoryMB)

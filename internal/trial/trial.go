@@ -3,7 +3,10 @@
 // failures — a create that fails, a sandbox that dies, an agent that stops
 // answering — are retried on a fresh sandbox with backoff, a bounded number
 // of times; the script's own failures (non-zero exit, timeout) are results,
-// never retried. It is the unit of work of POST /v1/execute and eval runs.
+// never retried. A sandbox that stops while the script runs, in every
+// attempt, when a control script runs to its end in a fresh sandbox of the
+// same kind, is the script's doing: a result (killed), not an infra
+// failure. It is the unit of work of POST /v1/execute and eval runs.
 package trial
 
 import (
@@ -12,6 +15,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"math"
 	"strings"
 	"syscall"
 	"time"
@@ -103,6 +108,7 @@ func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, er
 	start := r.clock()
 	var last error
 	stopped := 0 // attempts whose sandbox stopped while the script ran
+	var lastSandbox client.Sandbox
 	backoff := r.Backoff
 	for attempt := 1; attempt <= max(1, r.Attempts); attempt++ {
 		if attempt > 1 {
@@ -131,16 +137,32 @@ func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, er
 		last = err
 		if errors.Is(err, errStoppedRunning) {
 			stopped++
+			lastSandbox = out.Sandbox
 		}
 	}
 	if stopped == r.Attempts && stopped > 1 {
-		// Every fresh sandbox stopped while the script ran in it: that is
-		// the script's doing (e.g. it took down gVisor's Sentry), not an
-		// infra failure, which would leave it out of pass@k.
-		return Outcome{Attempts: stopped, Duration: r.clock().Sub(start), Result: client.ExecResult{
-			Status: client.StatusKilled, ExitCode: -1,
-			Error: fmt.Sprintf("the sandbox stopped while the script ran, in each of %d fresh sandboxes: %v", stopped, last),
-		}}, nil
+		// Every fresh sandbox stopped while the script ran in it. If one
+		// of the same kind runs an empty script to its end, the sandboxes
+		// are sound: the script did it (e.g. it took down gVisor's
+		// Sentry), its result, not an infra failure that would leave it
+		// out of pass@k.
+		control := spec
+		control.Script, control.Output, control.Metadata = "", nil, maps.Clone(spec.Metadata)
+		if control.Metadata == nil {
+			control.Metadata = map[string]string{}
+		}
+		control.Metadata["trial_control"] = "1"
+		_, cerr := r.once(ctx, teamID, control)
+		switch {
+		case cerr == nil:
+			return Outcome{Attempts: stopped, Duration: r.clock().Sub(start), Sandbox: lastSandbox, Result: client.ExecResult{
+				Status: client.StatusKilled, ExitCode: -1,
+				Error: fmt.Sprintf("the sandbox stopped while the script ran, in each of %d fresh sandboxes (an empty script runs to its end in another): %v", stopped, last),
+			}}, nil
+		case ctx.Err() != nil:
+			return Outcome{}, ctx.Err()
+		}
+		last = fmt.Errorf("%w; a control script's sandbox failed too: %w", last, cerr)
 	}
 	return Outcome{Attempts: max(1, r.Attempts), Duration: r.clock().Sub(start), Result: client.ExecResult{
 		Status: client.StatusError, ExitCode: -1,
@@ -154,6 +176,8 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 	t := r.clock()
 	sb, err := r.sb.Create(ctx, teamID, client.CreateSandboxRequest{
 		Template: spec.Template, Runtime: spec.Runtime, Metadata: spec.Metadata,
+		// It outlives the run: its TTL never ends it under the script.
+		Timeout:     int(math.Ceil(spec.Timeout)) + 60,
 		WaitSeconds: int(r.CreateWait / time.Second),
 	})
 	if err != nil {

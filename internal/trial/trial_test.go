@@ -216,10 +216,11 @@ func TestPhases(t *testing.T) {
 }
 
 // TestStoppedWhileRunningIsTheScripts: when the sandbox stops while the
-// script runs, in every one of the fresh sandboxes it is tried in, the
-// script did it: the result is the script's (killed, saying so), not an
-// infra error that pass@k would leave out. A sandbox that stops once, or
-// before the script ran, is an infra failure, retried as before.
+// script runs, in every one of the fresh sandboxes it is tried in, and an
+// empty script runs to its end in another, the script did it: the result
+// is the script's (killed, saying so), not an infra error that pass@k
+// would leave out. A sandbox that stops once, or before the script ran,
+// or a control that stops too, is an infra failure, as before.
 func TestStoppedWhileRunningIsTheScripts(t *testing.T) {
 	stopped := func() error {
 		return &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "sandbox sb-a stopped while the call ran",
@@ -230,8 +231,21 @@ func TestStoppedWhileRunningIsTheScripts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out.Result.Status != client.StatusKilled || out.Attempts != 3 || !strings.Contains(out.Result.Error, "in each of 3 fresh sandboxes") || len(f.deleted) != 3 {
-		t.Fatalf("outcome %+v, deleted %v", out, f.deleted)
+	// Three attempts and the control, an empty script, which ran.
+	if out.Result.Status != client.StatusKilled || out.Attempts != 3 || !strings.Contains(out.Result.Error, "in each of 3 fresh sandboxes") ||
+		out.Sandbox.ID != "sb-c" || len(f.deleted) != 4 || f.wrote != "/tmp/main.py:" {
+		t.Fatalf("outcome %+v, deleted %v, wrote %q", out, f.deleted, f.wrote)
+	}
+
+	// When the control's sandbox stops too, the sandboxes are at fault:
+	// an infra error.
+	f = &flaky{execErrs: []error{stopped(), stopped(), stopped(), stopped()}}
+	out, err = newRunner(f).Run(t.Context(), "t1", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Result.Status != client.StatusError || !strings.Contains(out.Result.Error, "control script") || len(f.deleted) != 4 {
+		t.Fatalf("outcome %+v, deleted %v, want an infra error", out, f.deleted)
 	}
 
 	// Two stops and a sandbox found stopped before the script ran: not
