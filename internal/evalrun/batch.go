@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"path"
 	"strconv"
 	"time"
@@ -280,7 +279,7 @@ func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResul
 	}
 	defer lease.Close()
 	sb, err := s.sb.Create(ctx, run.TeamID, client.CreateSandboxRequest{
-		Template: run.Template, Runtime: run.Runtime, Timeout: int(math.Ceil(sec)) + 60,
+		Template: run.Template, Runtime: run.Runtime, Timeout: s.trials.SandboxTTL(sec),
 		Metadata:    map[string]string{"eval_run": run.ID, "eval_mode": client.EvalModeBatch},
 		WaitSeconds: int(s.trials.CreateWait / time.Second),
 	})

@@ -529,6 +529,9 @@ func (s *Service) end(ctx context.Context, e *entry, state, reason string) {
 	})
 }
 
+// MaxTimeout is the longest TTL a sandbox may have.
+func (s *Service) MaxTimeout() time.Duration { return s.cfg.MaxTimeout }
+
 // reaper ends sandboxes whose TTL passed.
 func (s *Service) reaper() {
 	defer s.wg.Done()

@@ -176,8 +176,7 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 	t := r.clock()
 	sb, err := r.sb.Create(ctx, teamID, client.CreateSandboxRequest{
 		Template: spec.Template, Runtime: spec.Runtime, Metadata: spec.Metadata,
-		// It outlives the run: its TTL never ends it under the script.
-		Timeout:     int(math.Ceil(spec.Timeout)) + 60,
+		Timeout:     r.SandboxTTL(spec.Timeout),
 		WaitSeconds: int(r.CreateWait / time.Second),
 	})
 	if err != nil {
@@ -233,6 +232,17 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 // errStoppedRunning marks an attempt whose sandbox stopped while the
 // script ran in it.
 var errStoppedRunning = errors.New("the sandbox stopped while the script ran")
+
+// SandboxTTL is the TTL, in seconds, of a sandbox that runs something for
+// up to timeout seconds: a minute more, so that its TTL never ends it under
+// the run, within the service's maximum when it tells it.
+func (r *Runner) SandboxTTL(timeout float64) int {
+	ttl := int(math.Ceil(timeout)) + 60
+	if m, ok := r.sb.(interface{ MaxTimeout() time.Duration }); ok {
+		ttl = min(ttl, max(1, int(m.MaxTimeout()/time.Second)))
+	}
+	return ttl
+}
 
 func (r *Runner) clock() time.Time {
 	if r.now != nil {

@@ -267,3 +267,22 @@ func TestStoppedWhileRunningIsTheScripts(t *testing.T) {
 		t.Fatalf("outcome %+v, %v, want an infra error", out, err)
 	}
 }
+
+// maxed is a sandbox service that says its longest TTL.
+type maxed struct {
+	*flaky
+	max time.Duration
+}
+
+func (m maxed) MaxTimeout() time.Duration { return m.max }
+
+// TestSandboxTTL: a trial's sandbox outlives its run by a minute, within
+// the service's maximum TTL when the service says it.
+func TestSandboxTTL(t *testing.T) {
+	if got := newRunner(&flaky{}).SandboxTTL(2.5); got != 63 {
+		t.Errorf("ttl %d, want 63", got)
+	}
+	if got := New(maxed{&flaky{}, 30 * time.Second}, nil).SandboxTTL(2.5); got != 30 {
+		t.Errorf("ttl %d, want the maximum 30", got)
+	}
+}
