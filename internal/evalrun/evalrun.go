@@ -119,7 +119,7 @@ type Service struct {
 	running map[string]*liveRun
 
 	// scans holds what batch slices found a sample may write to, per
-	// template digest and runtime.
+	// team, template digest and runtime.
 	scans scanCache
 	// hostHarness is set by tests whose "sandboxes" are host processes:
 	// the harness then neither scans nor restores the host's writable

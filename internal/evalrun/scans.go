@@ -17,9 +17,9 @@ type scanKey struct{ team, digest, runtime string }
 // scans for itself (and keeps its scan to itself).
 const scanWait = 20 * time.Second
 
-// scanCache holds, per team, template digest and runtime, what the batch harness
-// found a sample may write to in such a sandbox (it restores those places
-// after every sample). Each is scanned once, by one slice, before any
+// scanCache holds, per team, template digest and runtime, what the batch
+// harness found a sample may write to in such a sandbox (it restores those
+// places after every sample). Each is scanned once, by one slice, before any
 // sample ran in its sandbox: the slices that start meanwhile wait for that
 // scan instead of walking the same tree at once (for up to wait), and when
 // the scanning slice ends without one, one of them scans.
