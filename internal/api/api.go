@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/evalrun"
@@ -226,8 +227,8 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 }
 
 // apiError is an error with a stable code raised by the API layer itself.
-func errorf(code, format string, args ...any) *sandbox.Error {
-	return &sandbox.Error{Code: code, Message: fmt.Sprintf(format, args...)}
+func errorf(code, format string, args ...any) *apierr.Error {
+	return &apierr.Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
 var statusOf = map[string]int{
@@ -255,7 +256,7 @@ var statusOf = map[string]int{
 // errorDetail maps err to its status, body and Retry-After seconds. Unknown
 // errors are internal and their text is not shown to the caller.
 func errorDetail(err error) (int, client.ErrorDetail, int) {
-	var se *sandbox.Error
+	var se *apierr.Error
 	switch {
 	case errors.As(err, &se):
 		status, ok := statusOf[se.Code]

@@ -7,8 +7,8 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/outbuf"
-	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -21,7 +21,7 @@ import (
 // budgetError is the answer to a request whose output the budget cannot
 // hold.
 func budgetError() error {
-	return &sandbox.Error{Code: client.CodeOutputBudgetExhausted, RetryAfter: 1, Err: outbuf.ErrExhausted,
+	return &apierr.Error{Code: client.CodeOutputBudgetExhausted, RetryAfter: 1, Err: outbuf.ErrExhausted,
 		Message: "the server's memory for buffered command output is in use by other requests: " +
 			"stream the output (Accept: application/x-ndjson), lower max_output_bytes, or retry later"}
 }

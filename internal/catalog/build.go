@@ -13,8 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/quota"
-	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template"
 	"github.com/evalbox/evalbox/pkg/client"
@@ -456,7 +456,7 @@ func unpackContext(p, dir string, spec client.TemplateSpec, lim template.Context
 }
 
 func isNotFound(err error) bool {
-	var se *sandbox.Error
+	var se *apierr.Error
 	return errors.Is(err, template.ErrNotFound) || (errors.As(err, &se) && se.Code == client.CodeNotFound)
 }
 

@@ -21,8 +21,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/quota"
-	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template"
 	"github.com/evalbox/evalbox/pkg/client"
@@ -227,8 +227,8 @@ func (s *Service) Close() {
 	s.wg.Wait()
 }
 
-func errorf(code, format string, a ...any) *sandbox.Error {
-	return &sandbox.Error{Code: code, Message: fmt.Sprintf(format, a...)}
+func errorf(code, format string, a ...any) *apierr.Error {
+	return &apierr.Error{Code: code, Message: fmt.Sprintf(format, a...)}
 }
 
 // Acquire resolves a team's template for a new sandbox or a build and

@@ -12,8 +12,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/eval"
-	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/trial"
 	"github.com/evalbox/evalbox/pkg/client"
@@ -435,6 +435,6 @@ func (t *tail) bytes() []byte {
 }
 
 func isNotFound(err error) bool {
-	var se *sandbox.Error
+	var se *apierr.Error
 	return errors.As(err, &se) && se.Code == client.CodeNotFound
 }

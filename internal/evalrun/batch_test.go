@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/evalbox/evalbox/internal/sandbox"
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -131,7 +131,7 @@ func TestCreateRefused(t *testing.T) {
 		}
 		edit(&req)
 		_, err := s.Create(ctx, team.ID, req)
-		var se *sandbox.Error
+		var se *apierr.Error
 		if !errors.As(err, &se) || se.Code != client.CodeBadRequest {
 			t.Errorf("%+v: %v, want bad_request", req, err)
 		}

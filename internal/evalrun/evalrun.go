@@ -38,10 +38,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/eval"
 	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/quota"
-	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/trial"
 	"github.com/evalbox/evalbox/pkg/client"
@@ -146,7 +146,7 @@ type input struct {
 }
 
 func badRequest(format string, args ...any) error {
-	return &sandbox.Error{Code: client.CodeBadRequest, Message: fmt.Sprintf(format, args...)}
+	return &apierr.Error{Code: client.CodeBadRequest, Message: fmt.Sprintf(format, args...)}
 }
 
 // validate checks a request's input and fills in its defaults.
@@ -157,7 +157,7 @@ func validate(req *client.CreateEvalRequest) error {
 	case len(req.Samples) == 0:
 		return badRequest("samples is empty")
 	case len(req.Samples) > MaxSamples:
-		return &sandbox.Error{Code: client.CodePayloadTooLarge, Message: fmt.Sprintf("%d samples; at most %d per run", len(req.Samples), MaxSamples)}
+		return &apierr.Error{Code: client.CodePayloadTooLarge, Message: fmt.Sprintf("%d samples; at most %d per run", len(req.Samples), MaxSamples)}
 	case req.Timeout < 0 || req.Timeout > MaxTimeout:
 		return badRequest("timeout must be in [0, %g] seconds (0: %g), got %g", MaxTimeout, DefaultTimeout, req.Timeout)
 	case req.Concurrency < 0:
@@ -216,7 +216,7 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateEv
 	}
 	limit := min(team.Limits.MaxSandboxes, team.Limits.MaxConcurrentExec)
 	if limit <= 0 {
-		return client.EvalRun{}, &sandbox.Error{Code: client.CodeTooManySandboxes, Message: fmt.Sprintf("team %s may not run sandboxes (its limits are 0)", team.Name)}
+		return client.EvalRun{}, &apierr.Error{Code: client.CodeTooManySandboxes, Message: fmt.Sprintf("team %s may not run sandboxes (its limits are 0)", team.Name)}
 	}
 	if req.Concurrency == 0 {
 		req.Concurrency = min(limit, 4*runtime.NumCPU())
@@ -251,7 +251,7 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateEv
 	}
 	var qe *quota.StorageError
 	if errors.As(err, &qe) {
-		return client.EvalRun{}, &sandbox.Error{Code: client.CodeStorageQuotaExceeded,
+		return client.EvalRun{}, &apierr.Error{Code: client.CodeStorageQuotaExceeded,
 			Message: fmt.Sprintf("the run's input is %d bytes: %v (templates, uploads and build contexts being processed, eval inputs); delete eval runs (DELETE /v1/evals/{id}) or templates, or ask an admin to raise the team's max_storage_mb", len(in), qe)}
 	}
 	if err != nil {
@@ -334,7 +334,7 @@ func (s *Service) withProgress(ctx context.Context, r client.EvalRun) (client.Ev
 func (s *Service) getRun(ctx context.Context, teamID, id string) (client.EvalRun, error) {
 	r, err := s.st.GetEval(ctx, teamID, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return r, &sandbox.Error{Code: client.CodeNotFound, Message: fmt.Sprintf("eval run %s not found", id), Err: err}
+		return r, &apierr.Error{Code: client.CodeNotFound, Message: fmt.Sprintf("eval run %s not found", id), Err: err}
 	}
 	return r, err
 }
@@ -379,7 +379,7 @@ func (s *Service) Delete(ctx context.Context, teamID, id string) error {
 		return err
 	}
 	if run.State == client.EvalStateRunning {
-		return &sandbox.Error{Code: client.CodeConflict, Message: fmt.Sprintf("eval run %s is running; cancel it first", id)}
+		return &apierr.Error{Code: client.CodeConflict, Message: fmt.Sprintf("eval run %s is running; cancel it first", id)}
 	}
 	s.mu.Lock()
 	live := s.running[id]
@@ -389,7 +389,7 @@ func (s *Service) Delete(ctx context.Context, teamID, id string) error {
 		select {
 		case <-live.done:
 		case <-time.After(30 * time.Second):
-			return &sandbox.Error{Code: client.CodeConflict, Message: fmt.Sprintf("eval run %s is still stopping; try again", id)}
+			return &apierr.Error{Code: client.CodeConflict, Message: fmt.Sprintf("eval run %s is still stopping; try again", id)}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -397,9 +397,9 @@ func (s *Service) Delete(ctx context.Context, teamID, id string) error {
 	err = s.st.DeleteEval(ctx, teamID, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return &sandbox.Error{Code: client.CodeNotFound, Message: fmt.Sprintf("eval run %s not found", id)}
+		return &apierr.Error{Code: client.CodeNotFound, Message: fmt.Sprintf("eval run %s not found", id)}
 	case errors.Is(err, store.ErrConflict):
-		return &sandbox.Error{Code: client.CodeConflict, Message: fmt.Sprintf("eval run %s is running; cancel it first", id)}
+		return &apierr.Error{Code: client.CodeConflict, Message: fmt.Sprintf("eval run %s is running; cancel it first", id)}
 	case err != nil:
 		return err
 	}
@@ -440,7 +440,7 @@ func (s *Service) run(ctx context.Context, run client.EvalRun, live *liveRun) {
 	}
 	if err != nil {
 		state, errText = client.EvalStateFailed, err.Error()
-		var se *sandbox.Error
+		var se *apierr.Error
 		if errors.As(err, &se) {
 			errText = se.Message
 		}

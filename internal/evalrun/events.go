@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/evalbox/evalbox/internal/sandbox"
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -23,11 +23,11 @@ const (
 )
 
 // errTooSlow ends a follower that fell followBuffer verdicts behind.
-var errTooSlow = &sandbox.Error{Code: client.CodeUnavailable,
+var errTooSlow = &apierr.Error{Code: client.CodeUnavailable,
 	Message: fmt.Sprintf("client too slow: the event stream fell %d results behind; read the results and follow again", followBuffer)}
 
 // errDraining ends the event streams of a server that is shutting down.
-var errDraining = &sandbox.Error{Code: client.CodeUnavailable,
+var errDraining = &apierr.Error{Code: client.CodeUnavailable,
 	Message: "the server is shutting down: the run goes on when it starts again; follow it again then"}
 
 // liveRun is a run this process is running: how to stop it, its retries

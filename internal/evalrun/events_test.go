@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evalbox/evalbox/internal/sandbox"
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -207,7 +207,7 @@ func TestFollowSlowClient(t *testing.T) {
 	endRun(t, s, team, run.ID, client.EvalStateSucceeded, live)
 	wg.Wait()
 
-	var se *sandbox.Error
+	var se *apierr.Error
 	if !errors.As(slow.err, &se) || se.Code != client.CodeUnavailable {
 		t.Errorf("slow follower ended with %v", slow.err)
 	}
@@ -239,7 +239,7 @@ func TestFollowEndedAndScoped(t *testing.T) {
 
 	var f followed
 	err := s.Follow(ctx, "other-team", run.ID, true, func(ev client.EvalEvent) error { f.events = append(f.events, ev); return nil })
-	var se *sandbox.Error
+	var se *apierr.Error
 	if !errors.As(err, &se) || se.Code != client.CodeNotFound || len(f.events) != 0 {
 		t.Errorf("other team: %v, %d events", err, len(f.events))
 	}
@@ -370,7 +370,7 @@ func TestFollowDrain(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Follow still running after Drain")
 	}
-	var se *sandbox.Error
+	var se *apierr.Error
 	if !errors.As(f.err, &se) || se.Code != client.CodeUnavailable || !strings.HasSuffix(f.types(), "x") {
 		t.Fatalf("events %s, err %v", f.types(), f.err)
 	}

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evalbox/evalbox/internal/sandbox"
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -64,7 +64,7 @@ func (h *hostSandboxes) dir(id string) (string, error) {
 	defer h.mu.Unlock()
 	d, ok := h.dirs[id]
 	if !ok {
-		return "", &sandbox.Error{Code: client.CodeNotFound, Message: "no sandbox " + id}
+		return "", &apierr.Error{Code: client.CodeNotFound, Message: "no sandbox " + id}
 	}
 	return d, nil
 }
@@ -88,7 +88,7 @@ func (h *hostSandboxes) Exec(ctx context.Context, teamID, id string, req client.
 	}
 	harness := len(req.Argv) > 1 && req.Argv[1] == "-I"
 	if harness && h.failHarness.Add(-1) >= 0 || h.failAll.Load() {
-		return client.ExecResult{}, &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "sandbox " + id + " died"}
+		return client.ExecResult{}, &apierr.Error{Code: client.CodeSandboxNotRunning, Message: "sandbox " + id + " died"}
 	}
 	argv, user := slices.Clone(req.Argv), req.User
 	if harness {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/evalbox/evalbox/internal/agentproto"
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -78,7 +79,7 @@ func (s *Service) execSlot(ctx context.Context, teamID string) (func(), error) {
 	}
 	release, err := s.execSlots.Acquire(ctx, teamID, team.Limits.MaxConcurrentExec, max(s.cfg.ExecWait, 0))
 	if errors.Is(err, quota.ErrLimit) {
-		return nil, &Error{Code: client.CodeRateLimited, RetryAfter: 1, Err: err,
+		return nil, &apierr.Error{Code: client.CodeRateLimited, RetryAfter: 1, Err: err,
 			Message: fmt.Sprintf("team %s is at its limit of %d concurrent execs", team.Name, team.Limits.MaxConcurrentExec)}
 	}
 	return release, err
@@ -158,22 +159,22 @@ func (c *capWriter) Write(p []byte) (int, error) {
 
 // agentErr maps an agent call error. A lost agent session means the
 // sandbox died: it is recorded as lost before the caller hears of it, and
-// the error wraps ErrOutOfMemory when its memory limit is what killed it.
+// the error wraps apierr.ErrOutOfMemory when its memory limit is what killed it.
 func (s *Service) agentErr(e *entry, err error) error {
 	if errors.Is(err, agentproto.ErrSessionClosed) {
 		s.end(context.Background(), e, client.StateLost, reasonDied)
 		// end has returned (endOnce is done): oomEnded is settled.
 		if e.oomEnded {
-			return &Error{Code: client.CodeSandboxNotRunning, Err: fmt.Errorf("%w: %w", ErrOutOfMemory, err),
+			return &apierr.Error{Code: client.CodeSandboxNotRunning, Err: fmt.Errorf("%w: %w", apierr.ErrOutOfMemory, err),
 				Message: fmt.Sprintf("sandbox %s went past its memory limit (memory_mb=%d) while the call ran and was stopped", e.row.ID, e.row.MemoryMB)}
 		}
 		if !e.died {
 			// The server ended it meanwhile (a delete, its TTL, a
 			// shutdown): not the doing of the code that ran in it.
-			return &Error{Code: client.CodeSandboxNotRunning, Err: err,
+			return &apierr.Error{Code: client.CodeSandboxNotRunning, Err: err,
 				Message: fmt.Sprintf("sandbox %s was ended while the call ran", e.row.ID)}
 		}
-		return &Error{Code: client.CodeSandboxNotRunning, Err: fmt.Errorf("%w: %w", ErrStoppedDuringCall, err),
+		return &apierr.Error{Code: client.CodeSandboxNotRunning, Err: fmt.Errorf("%w: %w", apierr.ErrStoppedDuringCall, err),
 			Message: fmt.Sprintf("sandbox %s stopped while the call ran (it exited, was killed or ran out of memory)", e.row.ID)}
 	}
 	return fromAgent(e.row.ID, err)

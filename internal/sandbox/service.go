@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/internal/store"
@@ -48,7 +49,7 @@ type Node interface {
 type Templates interface {
 	// Acquire returns the team's template name (a built-in or one of the
 	// team's; "" team: built-ins only) and keeps its files until release
-	// is called. An unknown name is a *Error with CodeNotFound.
+	// is called. An unknown name is a *apierr.Error with CodeNotFound.
 	Acquire(ctx context.Context, teamID, name string) (tpl *template.Template, release func(), err error)
 }
 
@@ -308,7 +309,7 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 	release, err := s.sandboxSlots.Acquire(ctx, teamID, team.Limits.MaxSandboxes, wait)
 	if err != nil {
 		if errors.Is(err, quota.ErrLimit) {
-			return client.Sandbox{}, &Error{Code: client.CodeTooManySandboxes, RetryAfter: 1, Err: err,
+			return client.Sandbox{}, &apierr.Error{Code: client.CodeTooManySandboxes, RetryAfter: 1, Err: err,
 				Message: fmt.Sprintf("team %s has %d active sandboxes (its limit); delete one, or pass wait_seconds to queue", team.Name, team.Limits.MaxSandboxes)}
 		}
 		return client.Sandbox{}, err
@@ -332,12 +333,12 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 			case cerr.Never:
 				hint = "ask for less memory_mb or disk_mb"
 			}
-			return client.Sandbox{}, &Error{Code: client.CodeInsufficientCapacity, RetryAfter: 1, Err: err,
+			return client.Sandbox{}, &apierr.Error{Code: client.CodeInsufficientCapacity, RetryAfter: 1, Err: err,
 				Message: fmt.Sprintf("the host has no room for this %s sandbox: %v; %s", key.Runtime, cerr, hint)}
 		}
 		// The detail (host paths, runsc's log) is for the operator only.
 		s.log.Error("sandbox failed to start", "team", teamID, "template", req.Template, "runtime", key.Runtime, "err", err)
-		return client.Sandbox{}, &Error{Code: client.CodeUnavailable, RetryAfter: 1, Err: err,
+		return client.Sandbox{}, &apierr.Error{Code: client.CodeUnavailable, RetryAfter: 1, Err: err,
 			Message: fmt.Sprintf("the %s sandbox failed to start; try again (the server log has the detail)", key.Runtime)}
 	}
 	now := time.Now().UTC()
@@ -597,7 +598,7 @@ func (s *Service) List(ctx context.Context, teamID string, metadata map[string]s
 func (s *Service) Delete(ctx context.Context, teamID, id string) error {
 	e, err := s.lookup(ctx, teamID, id)
 	if err != nil {
-		var ae *Error
+		var ae *apierr.Error
 		if errors.As(err, &ae) && ae.Code == client.CodeSandboxNotRunning {
 			return nil
 		}

@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/evalbox/evalbox/internal/sandbox"
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -206,18 +206,18 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 	res, err := r.sb.Exec(ctx, teamID, sb.ID, client.ExecRequest{
 		Argv: spec.Argv, Timeout: spec.Timeout, MaxOutputBytes: spec.MaxOutputBytes, User: spec.User,
 	}, stdout, stderr)
-	if errors.Is(err, sandbox.ErrOutOfMemory) {
+	if errors.Is(err, apierr.ErrOutOfMemory) {
 		// The script took the sandbox past its memory limit (gVisor: the
 		// OOM killer stops the whole sandbox): its result, not an infra
 		// failure, as when the OOM killer takes one process.
 		msg := err.Error()
-		if se := (*sandbox.Error)(nil); errors.As(err, &se) {
+		if se := (*apierr.Error)(nil); errors.As(err, &se) {
 			msg = se.Message
 		}
 		res = client.ExecResult{Status: client.StatusKilled, ExitCode: -1, Signal: int(syscall.SIGKILL), Error: "out-of-memory killer: " + msg}
 		err = nil
 	}
-	if errors.Is(err, sandbox.ErrStoppedDuringCall) {
+	if errors.Is(err, apierr.ErrStoppedDuringCall) {
 		return out, fmt.Errorf("exec: %w: %w", errStoppedRunning, err)
 	}
 	if err != nil {
@@ -260,7 +260,7 @@ func (r *Runner) lap(t time.Time) (time.Duration, time.Time) {
 // Retriable reports whether err is an infra failure worth a fresh sandbox:
 // not bad input, a missing template or a refused quota.
 func Retriable(err error) bool {
-	var se *sandbox.Error
+	var se *apierr.Error
 	if !errors.As(err, &se) {
 		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 	}
@@ -273,6 +273,6 @@ func Retriable(err error) bool {
 }
 
 func isCode(err error, code string) bool {
-	var se *sandbox.Error
+	var se *apierr.Error
 	return errors.As(err, &se) && se.Code == code
 }

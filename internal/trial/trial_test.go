@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evalbox/evalbox/internal/sandbox"
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -116,9 +116,9 @@ func newRunner(f *flaky) *Runner {
 }
 
 func TestRetriesInfraFailures(t *testing.T) {
-	died := &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "died"}
+	died := &apierr.Error{Code: client.CodeSandboxNotRunning, Message: "died"}
 	f := &flaky{
-		createErrs: []error{&sandbox.Error{Code: client.CodeInternal, Message: "boom"}},
+		createErrs: []error{&apierr.Error{Code: client.CodeInternal, Message: "boom"}},
 		execErrs:   []error{died},
 	}
 	out, err := newRunner(f).Run(t.Context(), "t1", spec)
@@ -137,7 +137,7 @@ func TestRetriesInfraFailures(t *testing.T) {
 }
 
 func TestGivesUpAsError(t *testing.T) {
-	died := &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "died"}
+	died := &apierr.Error{Code: client.CodeSandboxNotRunning, Message: "died"}
 	f := &flaky{execErrs: []error{died, died, died}}
 	out, err := newRunner(f).Run(t.Context(), "t1", spec)
 	if err != nil {
@@ -155,8 +155,8 @@ func TestGivesUpAsError(t *testing.T) {
 // script went past its memory limit is the script's result (killed, with
 // the reason), not an infra failure to retry.
 func TestOutOfMemoryIsTheScriptsResult(t *testing.T) {
-	oom := &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "sandbox sb-a went past its memory limit (memory_mb=512)",
-		Err: fmt.Errorf("%w: session closed", sandbox.ErrOutOfMemory)}
+	oom := &apierr.Error{Code: client.CodeSandboxNotRunning, Message: "sandbox sb-a went past its memory limit (memory_mb=512)",
+		Err: fmt.Errorf("%w: session closed", apierr.ErrOutOfMemory)}
 	f := &flaky{execErrs: []error{oom}}
 	out, err := newRunner(f).Run(t.Context(), "t1", spec)
 	if err != nil {
@@ -172,9 +172,9 @@ func TestOutOfMemoryIsTheScriptsResult(t *testing.T) {
 
 func TestNoRetryOnBadInput(t *testing.T) {
 	for _, code := range []string{client.CodeBadRequest, client.CodeNotFound, client.CodeTooManySandboxes} {
-		f := &flaky{createErrs: []error{&sandbox.Error{Code: code, Message: "no"}}}
+		f := &flaky{createErrs: []error{&apierr.Error{Code: code, Message: "no"}}}
 		_, err := newRunner(f).Run(t.Context(), "t1", spec)
-		var se *sandbox.Error
+		var se *apierr.Error
 		if !errors.As(err, &se) || se.Code != code || len(f.created) != 0 || len(f.createErrs) != 0 {
 			t.Errorf("%s: err %v, created %v", code, err, f.created)
 		}
@@ -195,7 +195,7 @@ func TestDeletesAfterCancel(t *testing.T) {
 
 func TestPhases(t *testing.T) {
 	ms := time.Millisecond
-	died := &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "died"}
+	died := &apierr.Error{Code: client.CodeSandboxNotRunning, Message: "died"}
 	clock := &fakeClock{now: time.Unix(1e9, 0)}
 	f := &flaky{execErrs: []error{died}, clock: clock, pause: map[string]time.Duration{"create": 60 * ms, "write": 10 * ms, "exec": 120 * ms, "delete": 90 * ms}}
 	r := newRunner(f)
@@ -223,8 +223,8 @@ func TestPhases(t *testing.T) {
 // or a control that stops too, is an infra failure, as before.
 func TestStoppedWhileRunningIsTheScripts(t *testing.T) {
 	stopped := func() error {
-		return &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "sandbox sb-a stopped while the call ran",
-			Err: fmt.Errorf("%w: session closed", sandbox.ErrStoppedDuringCall)}
+		return &apierr.Error{Code: client.CodeSandboxNotRunning, Message: "sandbox sb-a stopped while the call ran",
+			Err: fmt.Errorf("%w: session closed", apierr.ErrStoppedDuringCall)}
 	}
 	f := &flaky{execErrs: []error{stopped(), stopped(), stopped()}}
 	out, err := newRunner(f).Run(t.Context(), "t1", spec)
@@ -250,7 +250,7 @@ func TestStoppedWhileRunningIsTheScripts(t *testing.T) {
 
 	// Two stops and a sandbox found stopped before the script ran: not
 	// every attempt ran the script to a stop, so it is an infra error.
-	f = &flaky{execErrs: []error{stopped(), &sandbox.Error{Code: client.CodeSandboxNotRunning, Message: "died"}, stopped()}}
+	f = &flaky{execErrs: []error{stopped(), &apierr.Error{Code: client.CodeSandboxNotRunning, Message: "died"}, stopped()}}
 	out, err = newRunner(f).Run(t.Context(), "t1", spec)
 	if err != nil {
 		t.Fatal(err)
