@@ -469,9 +469,11 @@ func (p *proc) discard() {
 // or once a whole pipe buffer more has been read (the daemon keeps
 // writing).
 func drain(pipes [2]*os.File, read *[2]atomic.Int64, pumped <-chan struct{}) {
+	// A pump may hold a chunk it has read and not yet counted: the bound
+	// is a whole pipe buffer past that too.
 	var bound [2]int64
 	for i, f := range pipes {
-		bound[i] = read[i].Load() + pipeCapacity(f)
+		bound[i] = read[i].Load() + readChunk + pipeCapacity(f)
 	}
 	var cut [2]bool
 	timer := time.NewTimer(pipeGrace)

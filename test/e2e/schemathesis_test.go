@@ -139,12 +139,15 @@ func TestSchemathesis(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// One worker: schemathesis 4.32.5 on several threads shares
+	// Hypothesis's lambda-source cache between them, which once failed a
+	// run with a KeyError inside the tool (not an answer of ours).
 	runST := func(name, key string, examples int, extra ...string) {
 		t.Helper()
 		args := append([]string{"--config-file", cfgPath, "run", spec, "--url", s.url,
 			"--header", "Authorization: Bearer " + key, "--checks", schemathesisChecks,
 			"--max-examples", fmt.Sprint(examples), "--phases", "examples,coverage,fuzzing",
-			"--seed", "1", "--generation-database", "none", "--workers", "2", "--request-timeout", "60",
+			"--seed", "1", "--generation-database", "none", "--workers", "1", "--request-timeout", "60",
 			"--no-color", "--output-sanitize", "false"}, extra...)
 		cmd := exec.CommandContext(ctx, st, args...)
 		cmd.Dir = dir
