@@ -270,14 +270,7 @@ sleep 1000`, pidFile)
 	if took > 3*time.Second || exit.DurationMs < 400 {
 		t.Fatalf("took %v, duration %d ms", took, exit.DurationMs)
 	}
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pid := readPid(t, pidFile)
 	if alive(pid) {
 		t.Fatalf("daemon %d survived the timeout", pid)
 	}
@@ -1187,14 +1180,7 @@ func TestExecTimeoutKillsOtherUsersDaemons(t *testing.T) {
 	if exit.Status != agentproto.StatusTimedOut {
 		t.Fatalf("exit %+v", exit)
 	}
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pid := readPid(t, pidFile)
 	waitGone(t, pid)
 	// A command that ends on its own keeps its daemon; its cgroup stays
 	// until the daemon is gone, then the next process sweeps it.
@@ -1245,14 +1231,7 @@ time.sleep(1000)
 	if exit.Status != agentproto.StatusTimedOut {
 		t.Fatalf("exit %+v", exit)
 	}
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pid := readPid(t, pidFile)
 	for deadline := time.Now().Add(5 * time.Second); threadsAlive(pid); {
 		if time.Now().After(deadline) {
 			syscall.Kill(pid, syscall.SIGKILL)
@@ -1260,4 +1239,18 @@ time.sleep(1000)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// readPid reads the pid a test's daemon wrote to path.
+func readPid(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
 }

@@ -46,17 +46,7 @@ func TestHostCapacityForkBombs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("server log:\n%s", tail(s.logPath, 60))
-			if b, err := os.ReadFile(s.logPath); err == nil {
-				_ = os.WriteFile("/tmp/evcap-lastlog-"+t.Name(), b, 0o600)
-			}
-		}
-		if err := s.stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	stopOnCleanup(t, s)
 	teamA, _, _ := newTeam(t, s, client.Limits{MaxSandboxes: 20, MaxConcurrentExec: 20})
 	teamB, _, _ := newTeam(t, s, client.Limits{MaxSandboxes: 20, MaxConcurrentExec: 20})
 	ctx := ctxT(t, 10*time.Minute)
@@ -331,17 +321,7 @@ func TestHostCapacityMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("server log:\n%s", tail(s.logPath, 60))
-			if b, err := os.ReadFile(s.logPath); err == nil {
-				_ = os.WriteFile("/tmp/evcap-lastlog-"+t.Name(), b, 0o600)
-			}
-		}
-		if err := s.stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	stopOnCleanup(t, s)
 	ctx := ctxT(t, 5*time.Minute)
 	c, _, _ := newTeam(t, s, client.Limits{MaxSandboxes: 5, MaxConcurrentExec: 5})
 
@@ -491,4 +471,17 @@ func waitUntil(t *testing.T, d time.Duration, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// stopOnCleanup stops s at the end of t, after logging the end of its log
+// when t failed.
+func stopOnCleanup(t *testing.T, s *server) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("server log:\n%s", tail(s.logPath, 60))
+		}
+		if err := s.stop(); err != nil {
+			t.Error(err)
+		}
+	})
 }
