@@ -59,6 +59,13 @@ func run() int {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		log.Warn("cannot make the agent non-dumpable", "err", err)
 	}
+	// Before any process starts: the capabilities the runtime gave the
+	// agent alone stay the agent's. Failing that, the agent must not run
+	// its commands with them.
+	if err := agent.SealCapabilities(); err != nil {
+		log.Error("agent: capabilities", "err", err)
+		return 1
+	}
 	pid1 := os.Getpid() == 1
 	if !pid1 {
 		// Orphans of the processes we start are reparented to us, so that

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -214,6 +215,74 @@ func TestTimeoutKillsEveryUsersDaemons(t *testing.T) {
 			time.Sleep(500 * time.Millisecond)
 			if left := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: `cat /proc/[0-9]*/cmdline | tr '\0' ' '`}); !strings.Contains(left.Stdout, "sleep 3007") {
 				t.Fatalf("a daemon of a command that ended on its own was killed: %q", left.Stdout)
+			}
+		})
+	}
+}
+
+// TestRootForkBombKeepsItsSandbox: a fork bomb run as root (the agent's own
+// user) holds every task it can get while the agent is kept busy with
+// files and commands; the sandbox must live on and answer once the bomb's
+// timeout killed it. (On gVisor, before the agent kept CAP_SYS_RESOURCE to
+// itself, its Go runtime died there for want of one more thread.)
+func TestRootForkBombKeepsItsSandbox(t *testing.T) {
+	for _, rt := range runtimes {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			c := defaultTeam(t)
+			sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt})
+			ctx := ctxT(t, 3*time.Minute)
+			bomb := make(chan error, 1)
+			go func() {
+				// Each process forks two copies of itself and blocks: the
+				// tree holds every task it got until the timeout.
+				_, err := c.Exec(ctx, sb.ID, client.ExecRequest{Timeout: 20, User: "root", Argv: []string{"bash", "-c",
+					"exec 3< <(exec sleep 100000); bomb() { bomb & bomb & read -r -u 3; }; bomb"}})
+				bomb <- err
+			}()
+			// Until a root command can no longer fork.
+			deadline := time.Now().Add(time.Minute)
+			for {
+				r, err := c.Exec(ctx, sb.ID, client.ExecRequest{Timeout: 5, User: "root", Cmd: "(true) && echo forked"})
+				if err != nil {
+					t.Fatalf("exec during the bomb: %v", err)
+				}
+				if !strings.Contains(r.Stdout, "forked") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the bomb never took the last task")
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			var wg sync.WaitGroup
+			errs := make(chan error, 32)
+			for range 8 {
+				wg.Go(func() {
+					for range 4 {
+						if _, err := c.ListFiles(ctx, sb.ID, "/proc"); err != nil {
+							errs <- err
+							return
+						}
+						// The agent may fail to start it (no task left):
+						// an answer either way, never a lost sandbox.
+						if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Timeout: 5, Argv: []string{"true"}}); err != nil && client.IsSandboxNotRunning(err) {
+							errs <- err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Errorf("during the bomb: %v", err)
+			}
+			if err := <-bomb; err != nil {
+				t.Fatalf("the bomb's exec: %v", err)
+			}
+			if r := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: "echo alive"}); r.Stdout != "alive\n" {
+				t.Fatalf("after the bomb: %+v", r)
 			}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -63,6 +65,18 @@ func (e *testEnv) newRuntime(t testing.TB) *Runtime {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+// runtime is newRuntime, closed at cleanup.
+func (e *testEnv) runtime(t testing.TB) *Runtime {
+	t.Helper()
+	r := e.newRuntime(t)
+	t.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			t.Errorf("close runtime: %v", err)
+		}
+	})
 	return r
 }
 
@@ -139,12 +153,7 @@ func TestOutbound(t *testing.T) {
 		// EgressDeny: the default, as the server uses it.
 	})
 	e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: t.TempDir(), netm: netm}
-	r := e.newRuntime(t)
-	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
+	r := e.runtime(t)
 
 	// A host service on every address.
 	hostLn, err := net.Listen("tcp4", "0.0.0.0:0")
@@ -256,12 +265,7 @@ func TestOutboundStartFailure(t *testing.T) {
 	netm := networktest.Manager(t, network.Config{Scope: fmt.Sprintf("evalbox-gv-test-%d", os.Getpid()),
 		Pool: netip.MustParsePrefix("10.233.0.0/24"), DNS: []netip.Addr{}})
 	e := &testEnv{runsc: runsc, agent: agent, rootDir: t.TempDir(), netm: netm}
-	r := e.newRuntime(t)
-	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
-			t.Errorf("close runtime: %v", err)
-		}
-	})
+	r := e.runtime(t)
 	_, err := r.Start(context.Background(), runtime.Spec{ID: "gv-fail", RootFS: "/nonexistent-rootfs", AgentPath: agent,
 		StateDir: t.TempDir(), MemoryMB: 128, DiskMB: 16, Network: runtime.NetworkOutbound})
 	if err == nil {
@@ -285,12 +289,7 @@ func BenchmarkStart(b *testing.B) {
 			netm := networktest.Manager(b, network.Config{Scope: fmt.Sprintf("evalbox-gv-test-%d", os.Getpid()),
 				Pool: netip.MustParsePrefix("10.233.0.0/24"), DNS: []netip.Addr{}})
 			e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: b.TempDir(), netm: netm}
-			r := e.newRuntime(b)
-			b.Cleanup(func() {
-				if err := r.Close(); err != nil {
-					b.Errorf("close runtime: %v", err)
-				}
-			})
+			r := e.runtime(b)
 			ctx := context.Background()
 			var destroy time.Duration
 			for i := 0; b.Loop(); i++ {
@@ -336,12 +335,7 @@ func TestExportUpper(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: t.TempDir(), netm: netm}
-	r := e.newRuntime(t)
-	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
-			t.Errorf("close runtime: %v", err)
-		}
-	})
+	r := e.runtime(t)
 	s := e.start(t, r, "gv-upper", runtime.NetworkNone)
 	if out := s.sh(t, "set -e; echo new > /etc/added; chown 12:34 /etc/added; chmod 4750 /etc/added; rm /etc/hostname; "+
 		"rm -rf /var/cache; mkdir -p /var/cache/fresh; ln -s /etc/added /root/link; echo ok"); !strings.HasSuffix(out, "ok\n") {
@@ -390,12 +384,7 @@ func TestExportUpper(t *testing.T) {
 func TestDestroyWithoutRunsc(t *testing.T) {
 	runsc, agent, rootfs := testBinaries(t)
 	e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: t.TempDir()}
-	r := e.newRuntime(t)
-	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
-			t.Errorf("close runtime: %v", err)
-		}
-	})
+	r := e.runtime(t)
 	const id = "gv-destroy"
 	s := e.start(t, r, id, runtime.NetworkNone)
 	// Load the sandbox a little: processes inside, files in its overlay.
@@ -455,12 +444,7 @@ func TestDestroyWithoutRunsc(t *testing.T) {
 func TestForkBombContained(t *testing.T) {
 	runsc, agent, rootfs := testBinaries(t)
 	e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: t.TempDir()}
-	r := e.newRuntime(t)
-	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
-			t.Errorf("close runtime: %v", err)
-		}
-	})
+	r := e.runtime(t)
 	s := e.start(t, r, "gv-forkbomb", runtime.NetworkNone)
 	if out := s.sh(t, "bash -c 'ulimit -u'"); strings.TrimSpace(out) != "32" {
 		t.Fatalf("ulimit -u = %q, want a quarter of the sandbox's Pids (128)", out)
@@ -475,6 +459,106 @@ func TestForkBombContained(t *testing.T) {
 	t.Logf("fork bomb: %+v", res)
 	if res.Status != agentproto.StatusTimedOut {
 		t.Fatalf("fork bomb: %+v, want timed out (its tree killed)", res)
+	}
+	if got := s.sh(t, "echo alive"); got != "alive\n" {
+		t.Fatalf("after the fork bomb: %q", got)
+	}
+}
+
+// TestRootForkBombSparesTheAgent: a fork bomb run as root holds every task
+// the guest's RLIMIT_NPROC gives root, the agent's user, while the agent
+// is kept busy; the agent, which keeps CAP_SYS_RESOURCE for itself, still
+// gets the threads it needs and the sandbox lives on (without it the Go
+// runtime died with "fatal error: newosproc" whenever it wanted one more
+// thread: seen under a loaded host). Root commands hold neither that
+// capability nor a way to raise their limit.
+func TestRootForkBombSparesTheAgent(t *testing.T) {
+	runsc, agent, rootfs := testBinaries(t)
+	e := &testEnv{runsc: runsc, agent: agent, rootfs: rootfs, rootDir: t.TempDir()}
+	r := e.runtime(t)
+	s := e.start(t, r, "gv-rootbomb", runtime.NetworkNone)
+
+	const sysResource = 24 // CAP_SYS_RESOURCE
+	capOf := func(status, field string) uint64 {
+		t.Helper()
+		for _, l := range strings.Split(status, "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && k == field {
+				var c uint64
+				if _, err := fmt.Sscanf(strings.TrimSpace(v), "%x", &c); err != nil {
+					t.Fatalf("%s: %q: %v", field, v, err)
+				}
+				return c
+			}
+		}
+		t.Fatalf("no %s in %q", field, status)
+		return 0
+	}
+	agentStatus, self := s.sh(t, "cat /proc/1/status"), s.sh(t, "cat /proc/self/status")
+	if c := capOf(agentStatus, "CapEff"); c&(1<<sysResource) == 0 {
+		t.Errorf("the agent's CapEff %x lacks CAP_SYS_RESOURCE", c)
+	}
+	for _, f := range []string{"CapEff", "CapPrm", "CapBnd", "CapInh", "CapAmb"} {
+		if c := capOf(self, f); c&(1<<sysResource) != 0 {
+			t.Errorf("a root command's %s %x holds CAP_SYS_RESOURCE", f, c)
+		}
+	}
+	if out := s.sh(t, "bash -c 'ulimit -u 1000 2>&1 && echo RAISED; ulimit -u'"); strings.Contains(out, "RAISED") || !strings.HasSuffix(out, "32\n") {
+		t.Errorf("a root command raised its RLIMIT_NPROC: %q", out)
+	}
+
+	// Each process forks two copies of itself and blocks: the tree holds
+	// every task it got until its timeout kills it.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bombDone := make(chan error, 1)
+	go func() {
+		_, err := s.agent.Exec(ctx, agentproto.ExecRequest{
+			Argv:      []string{"bash", "-c", "exec 3< <(exec sleep 100000); bomb() { bomb & bomb & read -r -u 3; }; bomb"},
+			TimeoutMs: 15_000,
+		}, nil, io.Discard, io.Discard)
+		bombDone <- err
+	}()
+	// Until root's tasks are all taken: a root command cannot fork. (The
+	// agent can: it starts the command.)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var out bytes.Buffer
+		if _, err := s.agent.Exec(ctx, agentproto.ExecRequest{Shell: "(true) && echo forked", TimeoutMs: 5_000}, nil, &out, &out); err != nil {
+			t.Fatalf("exec during the bomb: %v", err)
+		}
+		if !strings.Contains(out.String(), "forked") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the bomb never took root's last task")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Keep the agent busy while the bomb holds the limit: every goroutine
+	// blocked in a syscall may make the Go runtime want another thread.
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for range 16 {
+		wg.Go(func() {
+			for range 4 {
+				if _, err := s.agent.ListDir(ctx, "/proc"); err != nil {
+					errs <- fmt.Errorf("list /proc: %w", err)
+					return
+				}
+				if _, err := s.agent.Exec(ctx, agentproto.ExecRequest{Argv: []string{"true"}, TimeoutMs: 5_000}, nil, io.Discard, io.Discard); err != nil {
+					errs <- fmt.Errorf("exec: %w", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("during the bomb: %v", err)
+	}
+	if err := <-bombDone; err != nil {
+		t.Fatalf("the bomb's exec: the sandbox was lost: %v", err)
 	}
 	if got := s.sh(t, "echo alive"); got != "alive\n" {
 		t.Fatalf("after the fork bomb: %q", got)

@@ -22,10 +22,14 @@ var oomScoreAdj = 800
 const agentCgroupEnv = "EVALBOX_AGENT_CGROUP"
 
 // capabilities granted to the agent (root inside the sandbox). They are
-// capabilities of the gVisor kernel, not of the host.
+// capabilities of the gVisor kernel, not of the host. The agent keeps
+// CAP_SYS_RESOURCE for itself (agent.AgentOnlyCaps): it exempts the agent
+// from RLIMIT_NPROC, which a fork bomb run as root would otherwise exhaust
+// for the agent's threads too; CAP_SETPCAP lets it take that capability out
+// of its bounding set, so that no command gains it.
 var capabilities = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
-	"CAP_SETGID", "CAP_SETUID", "CAP_NET_BIND_SERVICE",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_RESOURCE",
 }
 
 // ociSpec builds the OCI runtime spec runsc starts the sandbox from. With

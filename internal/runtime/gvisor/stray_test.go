@@ -39,12 +39,7 @@ func TestSweepEndsStrayRunsc(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &testEnv{runsc: runsc, agent: agent, rootDir: t.TempDir(), netm: netm}
-	r := e.newRuntime(t)
-	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
+	r := e.runtime(t)
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
