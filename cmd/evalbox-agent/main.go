@@ -39,6 +39,7 @@ func run() int {
 	flag.StringVar(&cfg.User, "user", "", "default user (name or uid) of processes and owner of written files (default: the agent's user)")
 	flag.Int64Var(&cfg.DefaultMaxOutput, "max-output", agent.DefaultMaxOutput, "default per-stream output cap in bytes")
 	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level (debug, info, warn, error)")
+	spare := flag.Int("spare-threads", 0, "threads to make at start and keep idle for later needs (for a runtime whose pids limit the agent shares with its commands)")
 	listen := flag.String("listen", "", "serve on a unix socket at this path instead of stdin/stdout (processes then outlive connections)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))
@@ -66,6 +67,7 @@ func run() int {
 		log.Error("agent: capabilities", "err", err)
 		return 1
 	}
+	agent.KeepSpareThreads(*spare)
 	pid1 := os.Getpid() == 1
 	if !pid1 {
 		// Orphans of the processes we start are reparented to us, so that

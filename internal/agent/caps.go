@@ -2,6 +2,8 @@ package agent
 
 import (
 	"fmt"
+	"runtime"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -44,4 +46,32 @@ func SealCapabilities() error {
 		}
 	}
 	return nil
+}
+
+// KeepSpareThreads makes n threads now and leaves them idle, for a runtime
+// whose sandbox has one pids limit for the agent and its commands (the
+// namespaces runtime's cgroup): a command that takes every pid left would
+// otherwise leave the agent's Go runtime unable to make a thread it needs
+// (fatal error: newosproc), which kills the agent and loses the sandbox.
+// The Go runtime never ends an idle thread, so these serve its later needs
+// (one per goroutine blocked in a syscall) instead of new ones.
+func KeepSpareThreads(n int) {
+	if n <= 0 {
+		return
+	}
+	var started, release sync.WaitGroup
+	release.Add(1)
+	for range n {
+		started.Add(1)
+		go func() {
+			// Locked, every goroutine holds a thread of its own until all
+			// of them run; unlocked before it returns, its thread stays.
+			runtime.LockOSThread()
+			started.Done()
+			release.Wait()
+			runtime.UnlockOSThread()
+		}()
+	}
+	started.Wait()
+	release.Done()
 }

@@ -44,6 +44,12 @@ const DefaultCgroupParent = "evalbox-namespaces"
 // stderr (and the init stage's, should it crash).
 const AgentLogName = "agent.log"
 
+// agentSpareThreads is the threads the agent keeps idle from its start
+// (agent.KeepSpareThreads): its commands share the sandbox's pids limit
+// with it, and a fork bomb that takes every pid left must not leave the
+// agent's Go runtime without a thread.
+const agentSpareThreads = 32
+
 // Config configures the namespaces runtime. The zero value is usable.
 type Config struct {
 	// CgroupParent is the parent cgroup of all sandboxes (relative to the
@@ -458,7 +464,8 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 	defer closeFDs()
 
 	icfg := initConfig{
-		AgentArgs:  spec.AgentArgs,
+		// The agent shares the sandbox's pids limit with its commands.
+		AgentArgs:  append(spec.AgentArgs[:len(spec.AgentArgs):len(spec.AgentArgs)], fmt.Sprintf("--spare-threads=%d", agentSpareThreads)),
 		Env:        spec.Env,
 		MountPoint: r.mntPoint,
 		DiskMB:     spec.DiskMB,

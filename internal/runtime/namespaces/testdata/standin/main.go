@@ -23,7 +23,9 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 {
+	// As the agent (no subcommand), flags the runtime passes the agent
+	// (--spare-threads) are accepted and ignored.
+	if len(os.Args) > 1 && !strings.HasPrefix(os.Args[1], "--") {
 		os.Exit(sub(os.Args[1], os.Args[2:]))
 	}
 	fmt.Fprintln(os.Stderr, "standin: started")
