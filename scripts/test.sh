@@ -58,5 +58,13 @@ if [ ! -x "$st_venv/bin/st" ]; then
 fi
 export EVALBOX_SCHEMATHESIS="$st_venv/bin/st"
 
+# internal/kubetest runs a real kube-apiserver and etcd, built from the Go
+# module versions pinned in scripts/kube-versions.txt and cached by version
+# (minutes, once). Its tests skip without EVALBOX_KUBE_BIN_DIR: here it is
+# always set.
+echo "== kube-apiserver and etcd (scripts/kube.sh)"
+EVALBOX_KUBE_BIN_DIR=$(bash scripts/kube.sh)
+export EVALBOX_KUBE_BIN_DIR
+
 echo "== go test -race ./..."
 CGO_ENABLED=1 go test -race -count=1 -timeout 25m ./...
