@@ -107,6 +107,13 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	return openSQLite(ctx, target)
 }
 
+// CheckDSN reports whether Open would know what dsn names, without opening
+// it: for a command line's usage errors.
+func CheckDSN(dsn string) error {
+	_, _, err := parseDSN(dsn)
+	return err
+}
+
 // Backends Open knows.
 const (
 	backendSQLite   = "sqlite"
