@@ -12,6 +12,26 @@ if ! command -v gcc >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc >/dev/null
 fi
 
+# The store's tests and the e2e suite run against real PostgreSQL servers
+# that internal/pgtest starts from Debian's binaries (its own data dir and
+# port; no systemd, no system cluster): install them if missing, with a
+# policy-rc.d that keeps the package from starting its cluster, and set
+# EVALBOX_PG_BIN_DIR, with which those tests fail instead of skipping.
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1; }
+if [ -z "${EVALBOX_PG_BIN_DIR:-}" ] && [ ! -x "$(pg_bin)/postgres" ]; then
+  echo "== installing PostgreSQL (Debian's postgresql)"
+  policy=/usr/sbin/policy-rc.d
+  own_policy=
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
+    trap 'rm -f "$policy"' EXIT
+  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  if [ -n "$own_policy" ]; then rm -f "$policy"; trap - EXIT; fi
+  [ -x "$(pg_bin)/postgres" ] || { echo "test: installing postgresql gave no /usr/lib/postgresql/*/bin/postgres" >&2; exit 1; }
+fi
+export EVALBOX_PG_BIN_DIR=${EVALBOX_PG_BIN_DIR:-$(pg_bin)}
+
 echo "== gofmt, go vet"
 unformatted=$(gofmt -l cmd internal pkg test)
 if [ -n "$unformatted" ]; then

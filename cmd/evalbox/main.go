@@ -30,7 +30,7 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		pools = append(pools, server.PoolSpec{Template: p.Template, Runtime: p.Runtime, Size: p.Size})
 	}
 	return server.Run(ctx, server.Config{
-		DataDir: c.DataDir, Listen: c.Listen, Runsc: c.RunscPath, Agent: c.AgentPath,
+		DataDir: c.DataDir, Database: c.Database, Listen: c.Listen, Runsc: c.RunscPath, Agent: c.AgentPath,
 		TemplatesDir: c.TemplatesDir, Mirror: c.Mirror,
 		Builtins: []string{"base", "python"}, Runtimes: c.Runtimes, Pools: pools,
 		Limits: client.Limits{MaxSandboxes: c.MaxSandboxes, MaxConcurrentExec: c.MaxConcurrentExecs, MaxStorageMB: c.MaxStorageMB},

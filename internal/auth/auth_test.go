@@ -352,3 +352,42 @@ func TestEnsureAdmin(t *testing.T) {
 		t.Fatalf("EnsureAdmin with a non-admin key in the file = %v, %v", created, err)
 	}
 }
+
+// lateStore is a store whose admin team another server creates just after
+// this one looked for it, as when two servers on one database start at
+// once.
+type lateStore struct {
+	*store.Store
+	once sync.Once
+}
+
+func (l *lateStore) GetTeamByName(ctx context.Context, name string) (client.Team, error) {
+	first := false
+	l.once.Do(func() { first = true })
+	if !first {
+		return l.Store.GetTeamByName(ctx, name)
+	}
+	if _, err := l.Store.CreateTeam(ctx, client.Team{Name: name}); err != nil {
+		return client.Team{}, err
+	}
+	return client.Team{}, store.ErrNotFound
+}
+
+// TestEnsureAdminRacingServer: a server that loses the race to create the
+// admin team uses the winner's.
+func TestEnsureAdminRacingServer(t *testing.T) {
+	dir := t.TempDir()
+	s := &lateStore{Store: openStore(t, dir)}
+	created, err := EnsureAdmin(t.Context(), s, dir, client.Limits{MaxSandboxes: 1, MaxConcurrentExec: 1})
+	if err != nil || !created {
+		t.Fatalf("EnsureAdmin = %v, %v", created, err)
+	}
+	teams, err := s.ListTeams(t.Context())
+	if err != nil || len(teams) != 1 || teams[0].Name != AdminTeam {
+		t.Fatalf("teams %+v, %v", teams, err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, AdminKeyFile))
+	if p, err := NewAuthenticator(s).AuthenticateKey(t.Context(), strings.TrimSpace(string(b))); err != nil || !p.Admin || p.TeamID != teams[0].ID {
+		t.Fatalf("admin principal = %+v, %v", p, err)
+	}
+}

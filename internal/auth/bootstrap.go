@@ -62,6 +62,11 @@ func EnsureAdmin(ctx context.Context, st BootstrapStore, dataDir string, limits 
 	team, err := st.GetTeamByName(ctx, AdminTeam)
 	if errors.Is(err, store.ErrNotFound) {
 		team, err = st.CreateTeam(ctx, client.Team{Name: AdminTeam, Limits: limits})
+		if errors.Is(err, store.ErrConflict) {
+			// Another server on the same database (a replica starting
+			// with this one) created it since the lookup.
+			team, err = st.GetTeamByName(ctx, AdminTeam)
+		}
 	}
 	if err != nil {
 		return false, fmt.Errorf("auth: admin team: %w", err)

@@ -451,7 +451,7 @@ func TestServe(t *testing.T) {
 			return errors.New("SIGINT did not cancel the context")
 		}
 	}
-	runCLI(t, "", "serve", "--data-dir", "/tmp/ebx", "--listen", "127.0.0.1:0", "--runsc", "/bin/runsc", "--agent", "/bin/agent",
+	runCLI(t, "", "serve", "--data-dir", "/tmp/ebx", "--database", "postgres://evalbox@db.internal/evalbox?sslmode=require", "--listen", "127.0.0.1:0", "--runsc", "/bin/runsc", "--agent", "/bin/agent",
 		"--templates-dir", "/tmp/tmpl", "--default-timeout", "600", "--max-timeout", "2h", "--max-sandboxes", "10", "--max-execs", "20",
 		"--max-file-bytes", "512MiB", "--pool", "base:gvisor=4, python:namespaces=2,node=1", "--log-level", "debug",
 		"--max-builds", "3", "--build-timeout", "10m", "--build-network", "none", "--exec-wait", "30",
@@ -459,7 +459,7 @@ func TestServe(t *testing.T) {
 		"--registry-allow", "registry.internal:5000,ghcr.io",
 		"--pids", "512", "--host-pids", "16996", "--host-reserve-memory-mb", "4096", "--memory-overcommit", "3.5").ok(t)
 	want := ServeConfig{
-		DataDir: "/tmp/ebx", Listen: "127.0.0.1:0", RunscPath: "/bin/runsc", AgentPath: "/bin/agent", TemplatesDir: "/tmp/tmpl",
+		DataDir: "/tmp/ebx", Database: "postgres://evalbox@db.internal/evalbox?sslmode=require", Listen: "127.0.0.1:0", RunscPath: "/bin/runsc", AgentPath: "/bin/agent", TemplatesDir: "/tmp/tmpl",
 		DefaultTimeout: 10 * time.Minute, MaxTimeout: 2 * time.Hour, MaxSandboxes: 10, MaxConcurrentExecs: 20, MaxFileBytes: 512 << 20,
 		Pool:      []PoolSpec{{"base", "gvisor", 4}, {"python", "namespaces", 2}, {"node", "", 1}},
 		MaxBuilds: 3, BuildTimeout: 10 * time.Minute, BuildNetwork: "none", ExecWait: 30 * time.Second,
@@ -478,7 +478,7 @@ func TestServe(t *testing.T) {
 	// Defaults.
 	ServeFunc = func(ctx context.Context, cfg ServeConfig) error { got = cfg; return nil }
 	runCLI(t, "", "serve").ok(t)
-	if got.DataDir != DefaultDataDir || got.Listen != DefaultListen || got.DefaultTimeout != DefaultTimeout ||
+	if got.DataDir != DefaultDataDir || got.Database != "" || got.Listen != DefaultListen || got.DefaultTimeout != DefaultTimeout ||
 		got.MaxTimeout != DefaultMaxTimeout || got.MaxFileBytes != DefaultMaxFileBytes || got.Pool != nil || got.LogLevel != 0 ||
 		got.OutputMemoryMB != DefaultOutputMemoryMB || got.ReadHeaderTimeout != DefaultReadHeader || got.IdleTimeout != DefaultIdleTimeout ||
 		got.MaxStorageMB != DefaultMaxStorageMB || got.RegistryAllow != nil ||
@@ -497,11 +497,17 @@ func TestServe(t *testing.T) {
 		{"--output-memory-mb", "8"}, {"--http-idle-timeout", "0"},
 		{"--default-timeout", "2h", "--max-timeout", "1h"}, {"--max-sandboxes", "0"}, {"extra-arg"},
 		{"--registry-allow", "https://ghcr.io"}, {"--registry-allow", "ghcr.io/x"}, {"--max-storage-mb", "-1"},
+		{"--database", "mysql://u@h/db"}, {"--database", "sqlite:"}, {"--database", "host=db password=pw"},
 		{"--pids", "10"}, {"--host-pids", "-1"}, {"--host-reserve-memory-mb", "-5"}, {"--memory-overcommit", "0.5"},
 		{"--host-pids", "20000", "--host-reserve-pids", "100"},
 	} {
 		if r := runCLI(t, "", append([]string{"serve"}, a...)...); r.code != 2 {
 			t.Errorf("serve %v: exit %d %q", a, r.code, r.stderr)
+		}
+	}
+	for _, db := range []string{"mysql://u:secretpw@h/db", "host=db password=secretpw"} {
+		if r := runCLI(t, "", "serve", "--database", db); r.code != 2 || strings.Contains(r.stderr, "secretpw") {
+			t.Errorf("serve --database %s: exit %d %q; want a usage error without the password", db, r.code, r.stderr)
 		}
 	}
 	ServeFunc = nil

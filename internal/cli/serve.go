@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template/oci"
 )
 
@@ -19,6 +20,9 @@ import (
 type ServeConfig struct {
 	// DataDir holds the server's state (database, sandboxes, templates).
 	DataDir string
+	// Database names the state database (a path, sqlite:PATH or
+	// postgres://…, see store.Open); empty = evalbox.db in DataDir.
+	Database string
 	// Listen is the API's TCP address (host:port).
 	Listen string
 	// RunscPath and AgentPath locate the runsc and guest agent binaries;
@@ -141,6 +145,12 @@ func newServeCmd() *cobra.Command {
 		Short: "Run the evalbox server (API, sandboxes, warm pools)",
 		Long: `Run the evalbox server: the REST API on --listen, with its state in --data-dir.
 
+--database keeps the state database elsewhere: a PostgreSQL database
+(postgres://USER@HOST/DB?sslmode=…; give the password through PGPASSWORD or
+~/.pgpass rather than in the URL, which other users of the host can read in
+the process list), or an SQLite file (a path or sqlite:PATH). Default: the
+SQLite file evalbox.db in --data-dir.
+
 SIGINT or SIGTERM shuts it down gracefully; a second signal kills it.
 
 --pool keeps warm sandboxes ready, as TEMPLATE[:RUNTIME]=SIZE pairs separated
@@ -197,6 +207,11 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			if cfg.MaxSandboxes <= 0 || cfg.MaxConcurrentExecs <= 0 || cfg.MaxFileBytes <= 0 {
 				return usagef(cmd, "--max-sandboxes, --max-execs and --max-file-bytes must be positive")
 			}
+			if cfg.Database != "" {
+				if err := store.CheckDSN(cfg.Database); err != nil {
+					return usagef(cmd, "--database: %v", strings.TrimPrefix(err.Error(), "store: "))
+				}
+			}
 			if cfg.MaxStorageMB < 0 || cfg.MaxStorageMB > 1<<30 {
 				return usagef(cmd, "--max-storage-mb must be between 0 (no limit) and %d", 1<<30)
 			}
@@ -214,6 +229,7 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", DefaultDataDir, "directory for the server's state")
+	f.StringVar(&cfg.Database, "database", "", "state database: postgres://USER@HOST/DB (password from PGPASSWORD or ~/.pgpass), or an SQLite file (PATH or sqlite:PATH) (default: evalbox.db in --data-dir)")
 	f.StringVar(&cfg.Listen, "listen", DefaultListen, "address of the API (host:port)")
 	f.StringVar(&cfg.RunscPath, "runsc", "", "path of the runsc binary (default: found by the server)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the guest agent binary (default: found by the server)")

@@ -1,6 +1,7 @@
-// Package server assembles the embedded single-machine evalbox: SQLite state
-// in the data dir, the node in-process with its runtimes and warm pools, the
-// control-plane services and the REST API. `evalbox serve` runs it.
+// Package server assembles the embedded single-machine evalbox: its state
+// database (SQLite in the data dir, or the PostgreSQL database of
+// Config.Database), the node in-process with its runtimes and warm pools,
+// the control-plane services and the REST API. `evalbox serve` runs it.
 package server
 
 import (
@@ -36,8 +37,15 @@ import (
 
 // Config configures the server.
 type Config struct {
+	// DataDir holds the server's files: the admin key, templates, build
+	// logs, sandbox state, and the SQLite database unless Database names
+	// another.
 	DataDir string
-	Listen  string
+	// Database names the state database, as store.Open takes it (a path,
+	// sqlite:PATH or postgres://…); empty: <DataDir>/evalbox.db. It is only
+	// ever logged through store.Redact.
+	Database string
+	Listen   string
 	// Runsc and Agent are the paths of the runsc and evalbox-agent
 	// binaries (default: next to the running executable).
 	Runsc string
@@ -166,11 +174,16 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Runtimes = []string{client.RuntimeGVisor, client.RuntimeNamespaces}
 	}
 
-	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "evalbox.db"))
+	dsn := cfg.Database
+	if dsn == "" {
+		dsn = filepath.Join(cfg.DataDir, "evalbox.db")
+	}
+	st, err := store.Open(ctx, dsn)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
 	defer st.Close()
+	log.Info("state database", "backend", st.Backend(), "database", store.Redact(dsn))
 	created, err := auth.EnsureAdmin(ctx, st, cfg.DataDir, cfg.Limits)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)

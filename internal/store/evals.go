@@ -42,11 +42,11 @@ func (s *Store) InsertEval(ctx context.Context, r EvalRow) (client.EvalRun, erro
 	if run.Mode == "" {
 		run.Mode = client.EvalModeTrial
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO eval_runs (id, team_id, state, settings, input, tasks, samples, created_at, mode, slice)
+	_, err = s.exec(ctx, `INSERT INTO eval_runs (id, team_id, state, settings, input, tasks, samples, created_at, mode, slice)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, run.ID, run.TeamID, run.State, string(set), r.Input, run.Tasks, run.Samples, toDB(run.CreatedAt),
 		run.Mode, run.Slice)
 	if err != nil {
-		return client.EvalRun{}, mapConstraint(err, "team")
+		return client.EvalRun{}, s.mapConstraint(err, "team")
 	}
 	return run, nil
 }
@@ -83,13 +83,13 @@ func scanEval(sc scanner) (client.EvalRun, error) {
 
 // GetEval returns a team's eval run (without progress counts).
 func (s *Store) GetEval(ctx context.Context, teamID, id string) (client.EvalRun, error) {
-	return scanEval(s.r.QueryRowContext(ctx, `SELECT `+evalCols+` FROM eval_runs WHERE id = ? AND team_id = ?`, id, teamID))
+	return scanEval(s.queryRow(ctx, `SELECT `+evalCols+` FROM eval_runs WHERE id = ? AND team_id = ?`, id, teamID))
 }
 
 // EvalInput returns a team's eval run's input.
 func (s *Store) EvalInput(ctx context.Context, teamID, id string) ([]byte, error) {
 	var in []byte
-	err := s.r.QueryRowContext(ctx, `SELECT input FROM eval_runs WHERE id = ? AND team_id = ?`, id, teamID).Scan(&in)
+	err := s.queryRow(ctx, `SELECT input FROM eval_runs WHERE id = ? AND team_id = ?`, id, teamID).Scan(&in)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -107,7 +107,7 @@ func (s *Store) ListEvalsByState(ctx context.Context, state string) ([]client.Ev
 }
 
 func (s *Store) queryEvals(ctx context.Context, q string, arg string) ([]client.EvalRun, error) {
-	rows, err := s.r.QueryContext(ctx, q, arg)
+	rows, err := s.query(ctx, q, arg)
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +135,7 @@ func (s *Store) FinishEval(ctx context.Context, teamID, id, state, errText strin
 		}
 		summary = string(b)
 	}
-	res, err := s.w.ExecContext(ctx, `UPDATE eval_runs SET state = ?, error = ?, summary = ?, finished_at = ?
+	res, err := s.exec(ctx, `UPDATE eval_runs SET state = ?, error = ?, summary = ?, finished_at = ?
 		WHERE id = ? AND team_id = ? AND state = ?`, state, errText, summary, toDB(now()), id, teamID, client.EvalStateRunning)
 	if err != nil {
 		return err
@@ -164,20 +164,20 @@ type TrialTimes struct {
 // PutEvalTrial records a finished trial of a run.
 func (s *Store) PutEvalTrial(ctx context.Context, teamID, runID string, r client.EvalResult, env TrialEnv) error {
 	tt := env.Times
-	_, err := s.w.ExecContext(ctx, `INSERT INTO eval_trials (run_id, team_id, completion_id, task_id, status, detail, result,
+	_, err := s.exec(ctx, `INSERT INTO eval_trials (run_id, team_id, completion_id, task_id, status, detail, result,
 		duration_ms, sandbox_id, template_digest, runtime, runtime_version,
 		create_us, write_us, run_us, delete_us, trial_us, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		runID, teamID, r.CompletionID, r.TaskID, r.Status, r.Detail, r.Result, r.DurationMs,
 		env.SandboxID, env.TemplateDigest, env.Runtime, env.RuntimeVersion,
 		tt.Create.Microseconds(), tt.Write.Microseconds(), tt.Run.Microseconds(), tt.Delete.Microseconds(), tt.Trial.Microseconds(), tt.Attempts)
-	return mapConstraint(err, "eval run")
+	return s.mapConstraint(err, "eval run")
 }
 
 // EvalTimes calls fn with the recorded times of each finished trial of a
 // team's run, in completion id order; trials without recorded times are
 // skipped.
 func (s *Store) EvalTimes(ctx context.Context, teamID, runID string, fn func(TrialTimes) error) error {
-	rows, err := s.r.QueryContext(ctx, `SELECT create_us, write_us, run_us, delete_us, trial_us, attempts FROM eval_trials
+	rows, err := s.query(ctx, `SELECT create_us, write_us, run_us, delete_us, trial_us, attempts FROM eval_trials
 		WHERE run_id = ? AND team_id = ? AND attempts > 0 ORDER BY completion_id`, runID, teamID)
 	if err != nil {
 		return err
@@ -185,11 +185,12 @@ func (s *Store) EvalTimes(ctx context.Context, teamID, runID string, fn func(Tri
 	defer rows.Close()
 	for rows.Next() {
 		var t TrialTimes
-		if err := rows.Scan(&t.Create, &t.Write, &t.Run, &t.Delete, &t.Trial, &t.Attempts); err != nil {
+		var us [5]int64
+		if err := rows.Scan(&us[0], &us[1], &us[2], &us[3], &us[4], &t.Attempts); err != nil {
 			return err
 		}
-		for _, d := range []*time.Duration{&t.Create, &t.Write, &t.Run, &t.Delete, &t.Trial} {
-			*d *= time.Microsecond
+		for i, d := range []*time.Duration{&t.Create, &t.Write, &t.Run, &t.Delete, &t.Trial} {
+			*d = time.Duration(us[i]) * time.Microsecond
 		}
 		if err := fn(t); err != nil {
 			return err
@@ -202,7 +203,7 @@ func (s *Store) EvalTimes(ctx context.Context, teamID, runID string, fn func(Tri
 // sandbox (zero when none did), without its Times.
 func (s *Store) EvalEnv(ctx context.Context, teamID, runID string) (TrialEnv, error) {
 	var e TrialEnv
-	err := s.r.QueryRowContext(ctx, `SELECT sandbox_id, template_digest, runtime, runtime_version FROM eval_trials
+	err := s.queryRow(ctx, `SELECT sandbox_id, template_digest, runtime, runtime_version FROM eval_trials
 		WHERE run_id = ? AND team_id = ? AND sandbox_id != '' ORDER BY completion_id LIMIT 1`, runID, teamID).
 		Scan(&e.SandboxID, &e.TemplateDigest, &e.Runtime, &e.RuntimeVersion)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -214,7 +215,7 @@ func (s *Store) EvalEnv(ctx context.Context, teamID, runID string) (TrialEnv, er
 // EvalTrials calls fn for each finished trial of a team's run, in
 // completion id order.
 func (s *Store) EvalTrials(ctx context.Context, teamID, runID string, fn func(client.EvalResult) error) error {
-	rows, err := s.r.QueryContext(ctx, `SELECT completion_id, task_id, status, detail, result, duration_ms FROM eval_trials
+	rows, err := s.query(ctx, `SELECT completion_id, task_id, status, detail, result, duration_ms FROM eval_trials
 		WHERE run_id = ? AND team_id = ? ORDER BY completion_id`, runID, teamID)
 	if err != nil {
 		return err
@@ -235,7 +236,7 @@ func (s *Store) EvalTrials(ctx context.Context, teamID, runID string, fn func(cl
 
 // EvalCounts returns a team's run's finished trials by status.
 func (s *Store) EvalCounts(ctx context.Context, teamID, runID string) (map[string]int, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT status, COUNT(*) FROM eval_trials WHERE run_id = ? AND team_id = ? GROUP BY status`, runID, teamID)
+	rows, err := s.query(ctx, `SELECT status, COUNT(*) FROM eval_trials WHERE run_id = ? AND team_id = ? GROUP BY status`, runID, teamID)
 	if err != nil {
 		return nil, err
 	}
@@ -254,10 +255,15 @@ func (s *Store) EvalCounts(ctx context.Context, teamID, runID string) (map[strin
 
 // DeleteEval removes a team's eval run that is no longer running, with
 // its trials. A running run is ErrConflict, an unknown one ErrNotFound.
+//
+// The run's row is read FOR UPDATE: a trial recorded meanwhile (its
+// foreign key check waits for that lock) fails as recorded for an unknown
+// run instead of landing between the two DELETEs, where it would make the
+// second fail.
 func (s *Store) DeleteEval(ctx context.Context, teamID, id string) error {
-	return s.inTx(ctx, func(tx *sql.Tx) error {
+	return s.inTx(ctx, func(tx *txn) error {
 		var state string
-		err := tx.QueryRowContext(ctx, `SELECT state FROM eval_runs WHERE id = ? AND team_id = ?`, id, teamID).Scan(&state)
+		err := tx.queryRow(ctx, `SELECT state FROM eval_runs WHERE id = ? AND team_id = ?`+s.d.lockClause(), id, teamID).Scan(&state)
 		if errors.Is(err, sql.ErrNoRows) {
 			return ErrNotFound
 		}
@@ -267,10 +273,10 @@ func (s *Store) DeleteEval(ctx context.Context, teamID, id string) error {
 		if state == client.EvalStateRunning {
 			return ErrConflict
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM eval_trials WHERE run_id = ? AND team_id = ?`, id, teamID); err != nil {
+		if _, err := tx.exec(ctx, `DELETE FROM eval_trials WHERE run_id = ? AND team_id = ?`, id, teamID); err != nil {
 			return fmt.Errorf("store: delete eval %s: %w", id, err)
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM eval_runs WHERE id = ? AND team_id = ?`, id, teamID); err != nil {
+		if _, err := tx.exec(ctx, `DELETE FROM eval_runs WHERE id = ? AND team_id = ?`, id, teamID); err != nil {
 			return fmt.Errorf("store: delete eval %s: %w", id, err)
 		}
 		return nil
@@ -281,8 +287,9 @@ func (s *Store) DeleteEval(ctx context.Context, teamID, id string) error {
 // what they count against its storage limit.
 func (s *Store) EvalInputBytes(ctx context.Context, teamID string) (int64, error) {
 	var n int64
-	// length() of a BLOB reads the record's header, not the blob.
-	err := s.r.QueryRowContext(ctx, `SELECT COALESCE(SUM(length(input)), 0) FROM eval_runs WHERE team_id = ?`, teamID).Scan(&n)
+	// length() of a BLOB reads the record's header, not the blob (of a
+	// BYTEA, its varlena header).
+	err := s.queryRow(ctx, `SELECT COALESCE(SUM(length(input)), 0) FROM eval_runs WHERE team_id = ?`, teamID).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("store: eval input bytes of %s: %w", teamID, err)
 	}

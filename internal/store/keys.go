@@ -55,11 +55,11 @@ func (s *Store) InsertKey(ctx context.Context, k Key) (Key, error) {
 		t := norm(*k.RevokedAt)
 		k.RevokedAt = &t
 	}
-	_, err := s.w.ExecContext(ctx,
+	_, err := s.exec(ctx,
 		`INSERT INTO api_keys (`+keyCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-		k.ID, k.TeamID, k.Name, k.Prefix, k.Hash, k.Admin, toDB(k.CreatedAt), nullTime(k.RevokedAt))
+		k.ID, k.TeamID, k.Name, k.Prefix, k.Hash, boolInt(k.Admin), toDB(k.CreatedAt), nullTime(k.RevokedAt))
 	if err != nil {
-		return Key{}, fmt.Errorf("store: insert key: %w", mapConstraint(err, "team"))
+		return Key{}, fmt.Errorf("store: insert key: %w", s.mapConstraint(err, "team"))
 	}
 	return k, nil
 }
@@ -67,15 +67,15 @@ func (s *Store) InsertKey(ctx context.Context, k Key) (Key, error) {
 // KeyByHash returns the non-revoked key with this hash and its team. A
 // revoked or unknown key is ErrNotFound.
 func (s *Store) KeyByHash(ctx context.Context, hash string) (Key, client.Team, error) {
-	row := s.r.QueryRowContext(ctx, `SELECT k.id, k.team_id, k.name, k.prefix, k.hash, k.admin, k.created_at, k.revoked_at,
+	row := s.queryRow(ctx, `SELECT k.id, k.team_id, k.name, k.prefix, k.hash, k.admin, k.created_at, k.revoked_at,
 		t.id, t.name, t.created_at, t.max_sandboxes, t.max_concurrent_execs, t.max_storage_mb
 		FROM api_keys k JOIN teams t ON t.id = k.team_id
 		WHERE k.hash = ? AND k.revoked_at IS NULL`, hash)
 	var k Key
 	var t client.Team
-	var kCreated, tCreated int64
+	var kCreated, tCreated, admin int64
 	var revoked sql.NullInt64
-	err := row.Scan(&k.ID, &k.TeamID, &k.Name, &k.Prefix, &k.Hash, &k.Admin, &kCreated, &revoked,
+	err := row.Scan(&k.ID, &k.TeamID, &k.Name, &k.Prefix, &k.Hash, &admin, &kCreated, &revoked,
 		&t.ID, &t.Name, &tCreated, &t.Limits.MaxSandboxes, &t.Limits.MaxConcurrentExec, &t.Limits.MaxStorageMB)
 	if errors.Is(err, sql.ErrNoRows) {
 		err = ErrNotFound
@@ -83,7 +83,7 @@ func (s *Store) KeyByHash(ctx context.Context, hash string) (Key, client.Team, e
 	if err != nil {
 		return Key{}, client.Team{}, fmt.Errorf("store: key by hash: %w", err)
 	}
-	k.CreatedAt, k.RevokedAt, t.CreatedAt = fromDB(kCreated), timePtr(revoked), fromDB(tCreated)
+	k.Admin, k.CreatedAt, k.RevokedAt, t.CreatedAt = admin != 0, fromDB(kCreated), timePtr(revoked), fromDB(tCreated)
 	return k, t, nil
 }
 
@@ -93,9 +93,9 @@ func (s *Store) ListKeys(ctx context.Context, teamID string) ([]Key, error) {
 	var rows *sql.Rows
 	var err error
 	if teamID == "" {
-		rows, err = s.r.QueryContext(ctx, `SELECT `+keyCols+` FROM api_keys ORDER BY created_at, id`)
+		rows, err = s.query(ctx, `SELECT `+keyCols+` FROM api_keys ORDER BY created_at, id`)
 	} else {
-		rows, err = s.r.QueryContext(ctx, `SELECT `+keyCols+` FROM api_keys WHERE team_id = ? ORDER BY created_at, id`, teamID)
+		rows, err = s.query(ctx, `SELECT `+keyCols+` FROM api_keys WHERE team_id = ? ORDER BY created_at, id`, teamID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("store: list keys: %w", err)
@@ -121,7 +121,7 @@ func (s *Store) ListKeys(ctx context.Context, teamID string) ([]Key, error) {
 // that cache authentication must then drop their cache (see
 // auth.Authenticator.Invalidate).
 func (s *Store) RevokeKey(ctx context.Context, teamID, id string) (Key, error) {
-	k, err := scanKey(s.w.QueryRowContext(ctx,
+	k, err := scanKey(s.writeRow(ctx,
 		`UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?)
 		WHERE id = ? AND (? = '' OR team_id = ?) RETURNING `+keyCols,
 		toDB(time.Now()), id, teamID, teamID))
@@ -133,15 +133,15 @@ func (s *Store) RevokeKey(ctx context.Context, teamID, id string) (Key, error) {
 
 func scanKey(sc scanner) (Key, error) {
 	var k Key
-	var created int64
+	var created, admin int64
 	var revoked sql.NullInt64
-	err := sc.Scan(&k.ID, &k.TeamID, &k.Name, &k.Prefix, &k.Hash, &k.Admin, &created, &revoked)
+	err := sc.Scan(&k.ID, &k.TeamID, &k.Name, &k.Prefix, &k.Hash, &admin, &created, &revoked)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Key{}, ErrNotFound
 	}
 	if err != nil {
 		return Key{}, err
 	}
-	k.CreatedAt, k.RevokedAt = fromDB(created), timePtr(revoked)
+	k.Admin, k.CreatedAt, k.RevokedAt = admin != 0, fromDB(created), timePtr(revoked)
 	return k, nil
 }

@@ -2,13 +2,15 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 )
 
-// migrations are the schema changes, applied in order. The database's
-// PRAGMA user_version is the number already applied. Append new entries;
-// never edit or reorder the existing ones.
+// migrations are the schema changes, applied in order, on both databases
+// (PostgreSQL gets them through postgresDialect.ddl: write the types as
+// SQLite's INTEGER, REAL, BLOB, TEXT, in upper case). The schema version
+// (SQLite: PRAGMA user_version; PostgreSQL: the table schema_version) is
+// the number already applied. Append new entries; never edit or reorder the
+// existing ones.
 var migrations = []string{
 	// 1: teams, API keys, sandboxes.
 	`CREATE TABLE teams (
@@ -131,11 +133,16 @@ var migrations = []string{
 }
 
 // migrate applies the pending migrations, all in one transaction, and
-// records the new schema version.
+// records the new schema version. Stores that open one database at once
+// (replicas starting together) migrate it one after the other: the first
+// applies the migrations, the others find them applied.
 func (s *Store) migrate(ctx context.Context) error {
-	return s.inTx(ctx, func(tx *sql.Tx) error {
-		var v int
-		if err := tx.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
+	return s.inTx(ctx, func(tx *txn) error {
+		if err := s.d.beginMigration(ctx, tx); err != nil {
+			return err
+		}
+		v, err := s.d.schemaVersion(ctx, tx)
+		if err != nil {
 			return fmt.Errorf("read schema version: %w", err)
 		}
 		if v > len(migrations) {
@@ -145,12 +152,11 @@ func (s *Store) migrate(ctx context.Context) error {
 			return nil
 		}
 		for i := v; i < len(migrations); i++ {
-			if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+			if _, err := tx.exec(ctx, s.d.ddl(migrations[i])); err != nil {
 				return fmt.Errorf("migration %d: %w", i+1, err)
 			}
 		}
-		// PRAGMA takes no parameters; the value is an int we control.
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, len(migrations))); err != nil {
+		if err := s.d.setSchemaVersion(ctx, tx, len(migrations)); err != nil {
 			return fmt.Errorf("set schema version: %w", err)
 		}
 		return nil
@@ -159,8 +165,8 @@ func (s *Store) migrate(ctx context.Context) error {
 
 // SchemaVersion returns the number of migrations applied to the database.
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
-	var v int
-	if err := s.r.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
+	v, err := s.d.schemaVersion(ctx, s)
+	if err != nil {
 		return 0, fmt.Errorf("store: schema version: %w", err)
 	}
 	return v, nil

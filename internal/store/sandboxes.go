@@ -69,13 +69,13 @@ func (s *Store) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sa
 			return client.Sandbox{}, fmt.Errorf("store: insert sandbox: %w", err)
 		}
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`)
+	_, err = s.exec(ctx, `INSERT INTO sandboxes (`+sandboxCols+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TeamID, sb.Template, sb.TemplateDigest, sb.Runtime, sb.RuntimeVersion, sb.State,
-		sb.CPU, sb.MemoryMB, sb.DiskMB, sb.Network, string(meta), string(envKeys), sb.FromPool,
+		sb.CPU, sb.MemoryMB, sb.DiskMB, sb.Network, string(meta), string(envKeys), boolInt(sb.FromPool),
 		toDB(sb.CreatedAt), toDB(sb.ExpiresAt), nullTime(sb.EndedAt), sb.EndReason)
 	if err != nil {
-		return client.Sandbox{}, fmt.Errorf("store: insert sandbox %s: %w", sb.ID, mapConstraint(err, "team"))
+		return client.Sandbox{}, fmt.Errorf("store: insert sandbox %s: %w", sb.ID, s.mapConstraint(err, "team"))
 	}
 	return sb, nil
 }
@@ -83,7 +83,7 @@ func (s *Store) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sa
 // GetSandbox returns the team's sandbox with this id; another team's is
 // ErrNotFound.
 func (s *Store) GetSandbox(ctx context.Context, teamID, id string) (client.Sandbox, error) {
-	sb, err := scanSandbox(s.r.QueryRowContext(ctx,
+	sb, err := scanSandbox(s.queryRow(ctx,
 		`SELECT `+sandboxCols+` FROM sandboxes WHERE id = ? AND team_id = ?`, id, teamID))
 	if err != nil {
 		return client.Sandbox{}, fmt.Errorf("store: get sandbox %s: %w", id, err)
@@ -105,8 +105,9 @@ func (s *Store) ListSandboxes(ctx context.Context, teamID string, f SandboxFilte
 	}
 	// json_each matches any key text exactly (json_extract paths would need
 	// quoting); metadata values are always JSON strings.
+	each := s.d.jsonEach("sandboxes.metadata")
 	for k, v := range f.Metadata {
-		q.WriteString(` AND EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) m WHERE m.key = ? AND m.value = ?)`)
+		q.WriteString(` AND EXISTS (SELECT 1 FROM ` + each + ` m WHERE m.key = ? AND m.value = ?)`)
 		args = append(args, k, v)
 	}
 	q.WriteString(` ORDER BY created_at DESC, id DESC`)
@@ -123,26 +124,43 @@ func (s *Store) ListSandboxes(ctx context.Context, teamID string, f SandboxFilte
 
 // SetExpiry sets when the team's running sandbox expires. An ended sandbox
 // is ErrNotRunning; another team's is ErrNotFound.
+//
+// The state is checked by the UPDATE itself, not by a read before it: a
+// sandbox that a concurrent MarkEnded ends (another replica's, on
+// PostgreSQL) is never given a new expiry.
 func (s *Store) SetExpiry(ctx context.Context, teamID, id string, t time.Time) error {
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		var state string
-		err := tx.QueryRowContext(ctx, `SELECT state FROM sandboxes WHERE id = ? AND team_id = ?`, id, teamID).Scan(&state)
-		if errors.Is(err, sql.ErrNoRows) {
-			return ErrNotFound
+	res, err := s.exec(ctx, `UPDATE sandboxes SET expires_at = ? WHERE id = ? AND team_id = ? AND state = ?`,
+		toDB(t), id, teamID, client.StateRunning)
+	if err == nil {
+		var n int64
+		if n, err = res.RowsAffected(); err == nil && n == 0 {
+			err = s.whyNotRunning(ctx, teamID, id)
 		}
-		if err != nil {
-			return err
-		}
-		if state != client.StateRunning {
-			return ErrNotRunning
-		}
-		_, err = tx.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ? WHERE id = ?`, toDB(t), id)
-		return err
-	})
+	}
 	if err != nil {
 		return fmt.Errorf("store: set expiry of %s: %w", id, err)
 	}
 	return nil
+}
+
+// whyNotRunning tells a sandbox that an UPDATE of the team's running
+// sandbox missed: ErrNotFound (unknown, or another team's) or
+// ErrNotRunning. A sandbox never returns to running, so this later read
+// cannot contradict the UPDATE.
+func (s *Store) whyNotRunning(ctx context.Context, teamID, id string) error {
+	var state string
+	err := s.queryRow(ctx, `SELECT state FROM sandboxes WHERE id = ? AND team_id = ?`, id, teamID).Scan(&state)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return ErrNotFound
+	case err != nil:
+		return err
+	case state == client.StateRunning:
+		// Rows are never made running again: only a concurrent insert of
+		// this id could get here, and ids are random.
+		return fmt.Errorf("sandbox %s is running but was not updated", id)
+	}
+	return ErrNotRunning
 }
 
 // MarkEnded moves a running sandbox to state (deleted, expired, lost) with
@@ -153,7 +171,7 @@ func (s *Store) MarkEnded(ctx context.Context, id, state, reason string, at time
 	if state == client.StateRunning || state == "" {
 		return false, fmt.Errorf("store: mark %s ended: invalid end state %q", id, state)
 	}
-	res, err := s.w.ExecContext(ctx,
+	res, err := s.exec(ctx,
 		`UPDATE sandboxes SET state = ?, end_reason = ?, ended_at = ? WHERE id = ? AND state = ?`,
 		state, reason, toDB(at), id, client.StateRunning)
 	if err != nil {
@@ -192,7 +210,7 @@ func (s *Store) ListExpired(ctx context.Context, now time.Time) ([]client.Sandbo
 // CountByState returns how many of the team's sandboxes are in state.
 func (s *Store) CountByState(ctx context.Context, teamID, state string) (int, error) {
 	var n int
-	err := s.r.QueryRowContext(ctx,
+	err := s.queryRow(ctx,
 		`SELECT COUNT(*) FROM sandboxes WHERE team_id = ? AND state = ?`, teamID, state).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("store: count %s sandboxes: %w", state, err)
@@ -201,7 +219,7 @@ func (s *Store) CountByState(ctx context.Context, teamID, state string) (int, er
 }
 
 func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) ([]client.Sandbox, error) {
-	rows, err := s.r.QueryContext(ctx, query, args...)
+	rows, err := s.query(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -220,10 +238,10 @@ func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) (
 func scanSandbox(sc scanner) (client.Sandbox, error) {
 	var sb client.Sandbox
 	var meta, envKeys string
-	var created, expires int64
+	var created, expires, fromPool int64
 	var ended sql.NullInt64
 	err := sc.Scan(&sb.ID, &sb.TeamID, &sb.Template, &sb.TemplateDigest, &sb.Runtime, &sb.RuntimeVersion, &sb.State,
-		&sb.CPU, &sb.MemoryMB, &sb.DiskMB, &sb.Network, &meta, &envKeys, &sb.FromPool,
+		&sb.CPU, &sb.MemoryMB, &sb.DiskMB, &sb.Network, &meta, &envKeys, &fromPool,
 		&created, &expires, &ended, &sb.EndReason)
 	if errors.Is(err, sql.ErrNoRows) {
 		return client.Sandbox{}, ErrNotFound
@@ -243,6 +261,7 @@ func scanSandbox(sc scanner) (client.Sandbox, error) {
 	if len(sb.EnvKeys) == 0 {
 		sb.EnvKeys = nil
 	}
+	sb.FromPool = fromPool != 0
 	sb.CreatedAt, sb.ExpiresAt, sb.EndedAt = fromDB(created), fromDB(expires), timePtr(ended)
 	return sb, nil
 }

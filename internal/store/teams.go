@@ -25,18 +25,18 @@ func (s *Store) CreateTeam(ctx context.Context, t client.Team) (client.Team, err
 		t.CreatedAt = now()
 	}
 	t.CreatedAt = norm(t.CreatedAt)
-	_, err := s.w.ExecContext(ctx,
+	_, err := s.exec(ctx,
 		`INSERT INTO teams (`+teamCols+`) VALUES (?, ?, ?, ?, ?, ?)`,
 		t.ID, t.Name, toDB(t.CreatedAt), t.Limits.MaxSandboxes, t.Limits.MaxConcurrentExec, t.Limits.MaxStorageMB)
 	if err != nil {
-		return client.Team{}, fmt.Errorf("store: create team %q: %w", t.Name, mapConstraint(err, "team"))
+		return client.Team{}, fmt.Errorf("store: create team %q: %w", t.Name, s.mapConstraint(err, "team"))
 	}
 	return t, nil
 }
 
 // GetTeam returns the team with this id.
 func (s *Store) GetTeam(ctx context.Context, id string) (client.Team, error) {
-	t, err := scanTeam(s.r.QueryRowContext(ctx, `SELECT `+teamCols+` FROM teams WHERE id = ?`, id))
+	t, err := scanTeam(s.queryRow(ctx, `SELECT `+teamCols+` FROM teams WHERE id = ?`, id))
 	if err != nil {
 		return client.Team{}, fmt.Errorf("store: get team %s: %w", id, err)
 	}
@@ -45,7 +45,7 @@ func (s *Store) GetTeam(ctx context.Context, id string) (client.Team, error) {
 
 // GetTeamByName returns the team with this name.
 func (s *Store) GetTeamByName(ctx context.Context, name string) (client.Team, error) {
-	t, err := scanTeam(s.r.QueryRowContext(ctx, `SELECT `+teamCols+` FROM teams WHERE name = ?`, name))
+	t, err := scanTeam(s.queryRow(ctx, `SELECT `+teamCols+` FROM teams WHERE name = ?`, name))
 	if err != nil {
 		return client.Team{}, fmt.Errorf("store: get team %q: %w", name, err)
 	}
@@ -54,7 +54,7 @@ func (s *Store) GetTeamByName(ctx context.Context, name string) (client.Team, er
 
 // ListTeams returns all teams, oldest first.
 func (s *Store) ListTeams(ctx context.Context) ([]client.Team, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+teamCols+` FROM teams ORDER BY created_at, id`)
+	rows, err := s.query(ctx, `SELECT `+teamCols+` FROM teams ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("store: list teams: %w", err)
 	}
@@ -75,7 +75,7 @@ func (s *Store) ListTeams(ctx context.Context) ([]client.Team, error) {
 
 // UpdateTeamLimits replaces a team's limits and returns the updated team.
 func (s *Store) UpdateTeamLimits(ctx context.Context, id string, l client.Limits) (client.Team, error) {
-	t, err := scanTeam(s.w.QueryRowContext(ctx,
+	t, err := scanTeam(s.writeRow(ctx,
 		`UPDATE teams SET max_sandboxes = ?, max_concurrent_execs = ?, max_storage_mb = ? WHERE id = ? RETURNING `+teamCols,
 		l.MaxSandboxes, l.MaxConcurrentExec, l.MaxStorageMB, id))
 	if err != nil {

@@ -26,6 +26,12 @@ const templateCols = `team_id, name, digest, source, build_id, created_at`
 
 // PutTemplate points the team's template name at a digest, replacing what
 // it pointed at before, and returns the digest it replaced ("" if none).
+//
+// Of concurrent puts of one name, each returns the digest of the one before
+// it, so that every replaced digest is returned exactly once (its caller
+// collects its files): the row is read FOR UPDATE, and a name that does not
+// exist yet is inserted with ON CONFLICT DO NOTHING, which a put that lost
+// the race to insert it retries as an update.
 func (s *Store) PutTemplate(ctx context.Context, t TemplateRow) (string, error) {
 	if t.TeamID == "" || t.Name == "" || t.Digest == "" {
 		return "", errors.New("store: put template: team, name and digest are required")
@@ -34,19 +40,38 @@ func (s *Store) PutTemplate(ctx context.Context, t TemplateRow) (string, error) 
 		t.CreatedAt = now()
 	}
 	var old string
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		err := tx.QueryRowContext(ctx, `SELECT digest FROM templates WHERE team_id = ? AND name = ?`, t.TeamID, t.Name).Scan(&old)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return err
+	err := s.inTx(ctx, func(tx *txn) error {
+		for {
+			old = ""
+			err := tx.queryRow(ctx, `SELECT digest FROM templates WHERE team_id = ? AND name = ?`+s.d.lockClause(),
+				t.TeamID, t.Name).Scan(&old)
+			if err == nil {
+				_, err = tx.exec(ctx, `UPDATE templates SET digest = ?, source = ?, build_id = ?, created_at = ?
+					WHERE team_id = ? AND name = ?`,
+					t.Digest, t.Source, t.BuildID, toDB(norm(t.CreatedAt)), t.TeamID, t.Name)
+				return err
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+			res, err := tx.exec(ctx, `INSERT INTO templates (`+templateCols+`) VALUES (?, ?, ?, ?, ?, ?)
+				ON CONFLICT (team_id, name) DO NOTHING`,
+				t.TeamID, t.Name, t.Digest, t.Source, t.BuildID, toDB(norm(t.CreatedAt)))
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil || n == 1 {
+				return err
+			}
+			// Inserted meanwhile by another transaction, now committed
+			// (PostgreSQL; never on SQLite): read it again, locked.
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO templates (`+templateCols+`) VALUES (?, ?, ?, ?, ?, ?)
-			ON CONFLICT (team_id, name) DO UPDATE SET digest = excluded.digest, source = excluded.source,
-			build_id = excluded.build_id, created_at = excluded.created_at`,
-			t.TeamID, t.Name, t.Digest, t.Source, t.BuildID, toDB(norm(t.CreatedAt)))
-		return err
 	})
 	if err != nil {
-		return "", fmt.Errorf("store: put template %s: %w", t.Name, mapConstraint(err, "team"))
+		return "", fmt.Errorf("store: put template %s: %w", t.Name, s.mapConstraint(err, "team"))
 	}
 	return old, nil
 }
@@ -54,7 +79,7 @@ func (s *Store) PutTemplate(ctx context.Context, t TemplateRow) (string, error) 
 // GetTemplate returns the team's template row by name; another team's is
 // ErrNotFound.
 func (s *Store) GetTemplate(ctx context.Context, teamID, name string) (TemplateRow, error) {
-	t, err := scanTemplate(s.r.QueryRowContext(ctx, `SELECT `+templateCols+` FROM templates WHERE team_id = ? AND name = ?`, teamID, name))
+	t, err := scanTemplate(s.queryRow(ctx, `SELECT `+templateCols+` FROM templates WHERE team_id = ? AND name = ?`, teamID, name))
 	if err != nil {
 		return TemplateRow{}, fmt.Errorf("store: get template %s: %w", name, err)
 	}
@@ -63,7 +88,7 @@ func (s *Store) GetTemplate(ctx context.Context, teamID, name string) (TemplateR
 
 // ListTemplates returns the team's template rows by name.
 func (s *Store) ListTemplates(ctx context.Context, teamID string) ([]TemplateRow, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+templateCols+` FROM templates WHERE team_id = ? ORDER BY name`, teamID)
+	rows, err := s.query(ctx, `SELECT `+templateCols+` FROM templates WHERE team_id = ? ORDER BY name`, teamID)
 	if err != nil {
 		return nil, fmt.Errorf("store: list templates: %w", err)
 	}
@@ -80,20 +105,15 @@ func (s *Store) ListTemplates(ctx context.Context, teamID string) ([]TemplateRow
 }
 
 // DeleteTemplate removes the team's template name and returns the digest
-// it pointed at; an unknown name (or another team's) is ErrNotFound.
+// it pointed at; an unknown name (or another team's) is ErrNotFound. The
+// digest comes from the deleted row itself (RETURNING), so that a
+// concurrent PutTemplate's digest is never the one reported.
 func (s *Store) DeleteTemplate(ctx context.Context, teamID, name string) (string, error) {
 	var digest string
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		err := tx.QueryRowContext(ctx, `SELECT digest FROM templates WHERE team_id = ? AND name = ?`, teamID, name).Scan(&digest)
-		if errors.Is(err, sql.ErrNoRows) {
-			return ErrNotFound
-		}
-		if err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM templates WHERE team_id = ? AND name = ?`, teamID, name)
-		return err
-	})
+	err := s.writeRow(ctx, `DELETE FROM templates WHERE team_id = ? AND name = ? RETURNING digest`, teamID, name).Scan(&digest)
+	if errors.Is(err, sql.ErrNoRows) {
+		err = ErrNotFound
+	}
 	if err != nil {
 		return "", fmt.Errorf("store: delete template %s: %w", name, err)
 	}
@@ -103,7 +123,7 @@ func (s *Store) DeleteTemplate(ctx context.Context, teamID, name string) (string
 // TemplateDigests returns every digest that a template name of any team
 // points at.
 func (s *Store) TemplateDigests(ctx context.Context) (map[string]bool, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT DISTINCT digest FROM templates`)
+	rows, err := s.query(ctx, `SELECT DISTINCT digest FROM templates`)
 	if err != nil {
 		return nil, fmt.Errorf("store: template digests: %w", err)
 	}
@@ -123,7 +143,7 @@ func (s *Store) TemplateDigests(ctx context.Context) (map[string]bool, error) {
 // running sandbox runs from it.
 func (s *Store) DigestInUse(ctx context.Context, digest string) (bool, error) {
 	var n int
-	err := s.r.QueryRowContext(ctx, `SELECT
+	err := s.queryRow(ctx, `SELECT
 		(SELECT COUNT(*) FROM templates WHERE digest = ?) +
 		(SELECT COUNT(*) FROM sandboxes WHERE template_digest = ? AND state = ?)`,
 		digest, digest, client.StateRunning).Scan(&n)
@@ -137,7 +157,7 @@ func (s *Store) DigestInUse(ctx context.Context, digest string) (bool, error) {
 // name.
 func (s *Store) CountRunningByTemplate(ctx context.Context, teamID, name string) (int, error) {
 	var n int
-	err := s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE team_id = ? AND template = ? AND state = ?`,
+	err := s.queryRow(ctx, `SELECT COUNT(*) FROM sandboxes WHERE team_id = ? AND template = ? AND state = ?`,
 		teamID, name, client.StateRunning).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("store: count sandboxes of %s: %w", name, err)
@@ -180,19 +200,19 @@ func (s *Store) InsertBuild(ctx context.Context, teamID string, b client.Templat
 		b.CreatedAt = now()
 	}
 	b.CreatedAt = norm(b.CreatedAt)
-	_, err := s.w.ExecContext(ctx, `INSERT INTO template_builds (`+buildCols+`)
+	_, err := s.exec(ctx, `INSERT INTO template_builds (`+buildCols+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		b.ID, teamID, b.Template, b.Kind, b.State, b.Digest, b.Error, b.FailedStep, b.Steps, b.CachedSteps, b.BuiltSteps,
 		toDB(b.CreatedAt), nullTime(b.StartedAt), nullTime(b.FinishedAt))
 	if err != nil {
-		return client.TemplateBuild{}, fmt.Errorf("store: insert build: %w", mapConstraint(err, "team"))
+		return client.TemplateBuild{}, fmt.Errorf("store: insert build: %w", s.mapConstraint(err, "team"))
 	}
 	return b, nil
 }
 
 // UpdateBuild writes a build's state, result and times.
 func (s *Store) UpdateBuild(ctx context.Context, b client.TemplateBuild) error {
-	res, err := s.w.ExecContext(ctx, `UPDATE template_builds SET state = ?, digest = ?, error = ?, failed_step = ?,
+	res, err := s.exec(ctx, `UPDATE template_builds SET state = ?, digest = ?, error = ?, failed_step = ?,
 		steps = ?, cached_steps = ?, built_steps = ?, started_at = ?, finished_at = ? WHERE id = ?`,
 		b.State, b.Digest, b.Error, b.FailedStep, b.Steps, b.CachedSteps, b.BuiltSteps,
 		nullTime(normPtr(b.StartedAt)), nullTime(normPtr(b.FinishedAt)), b.ID)
@@ -207,7 +227,7 @@ func (s *Store) UpdateBuild(ctx context.Context, b client.TemplateBuild) error {
 
 // GetBuild returns the team's build; another team's is ErrNotFound.
 func (s *Store) GetBuild(ctx context.Context, teamID, id string) (client.TemplateBuild, error) {
-	b, _, err := scanBuild(s.r.QueryRowContext(ctx, `SELECT `+buildCols+` FROM template_builds WHERE id = ? AND team_id = ?`, id, teamID))
+	b, _, err := scanBuild(s.queryRow(ctx, `SELECT `+buildCols+` FROM template_builds WHERE id = ? AND team_id = ?`, id, teamID))
 	if err != nil {
 		return client.TemplateBuild{}, fmt.Errorf("store: get build %s: %w", id, err)
 	}
@@ -230,7 +250,7 @@ func (s *Store) ListBuildsByState(ctx context.Context, states ...string) ([]Buil
 	for i, st := range states {
 		args[i] = st
 	}
-	rows, err := s.r.QueryContext(ctx, q, args...)
+	rows, err := s.query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: list builds: %w", err)
 	}
