@@ -2,7 +2,11 @@ module github.com/evalbox/evalbox
 
 go 1.26.3
 
-tool gvisor.dev/gvisor/runsc
+tool (
+	google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	google.golang.org/protobuf/cmd/protoc-gen-go
+	gvisor.dev/gvisor/runsc
+)
 
 require (
 	github.com/elastic/go-seccomp-bpf v1.6.0
@@ -14,6 +18,8 @@ require (
 	go.yaml.in/yaml/v3 v3.0.4
 	golang.org/x/net v0.52.0
 	golang.org/x/sys v0.50.0
+	google.golang.org/grpc v1.80.0
+	google.golang.org/protobuf v1.36.11
 	modernc.org/sqlite v1.62.0
 )
 
@@ -45,8 +51,10 @@ require (
 	golang.org/x/exp v0.0.0-20250711185948-6ae5c78190dc // indirect
 	golang.org/x/mod v0.42.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/text v0.36.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
-	google.golang.org/protobuf v1.36.11 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260401024825-9d38bb4040a9 // indirect
+	google.golang.org/grpc/cmd/protoc-gen-go-grpc v1.6.1 // indirect
 	gvisor.dev/gvisor v0.0.0-20260905035102-160fafc42237 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
