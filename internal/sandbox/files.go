@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/evalbox/evalbox/internal/agentproto"
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -40,7 +40,7 @@ func ParseMode(s string, def uint32) (uint32, error) {
 	return uint32(m), nil
 }
 
-func fileInfo(f agentproto.FileInfo) client.FileInfo {
+func fileInfo(f nodeapi.FileInfo) client.FileInfo {
 	return client.FileInfo{Name: f.Name, Path: f.Path, Type: f.Type, Size: f.Size,
 		Mode: fmt.Sprintf("%04o", f.Mode), ModTime: f.ModTime, Target: f.Target}
 }
@@ -62,7 +62,7 @@ func (s *Service) WriteFile(ctx context.Context, teamID, id, path, mode string, 
 	if err != nil {
 		return client.FileInfo{}, err
 	}
-	fi, err := e.sb.Agent.WriteFile(ctx, path, r, agentproto.WriteOptions{Mode: m, Parents: true, MaxBytes: s.cfg.MaxFileBytes})
+	fi, err := s.node.WriteFile(ctx, e.row.ID, path, r, nodeapi.WriteOptions{Mode: m, Parents: true, MaxBytes: s.cfg.MaxFileBytes})
 	if err != nil {
 		return client.FileInfo{}, s.agentErr(e, err)
 	}
@@ -78,7 +78,7 @@ func (s *Service) OpenFile(ctx context.Context, teamID, id, path string) (client
 	if err != nil {
 		return client.FileInfo{}, nil, err
 	}
-	fi, rc, err := e.sb.Agent.OpenFile(ctx, path)
+	fi, rc, err := s.node.OpenFile(ctx, e.row.ID, path)
 	if err != nil {
 		return client.FileInfo{}, nil, s.agentErr(e, err)
 	}
@@ -94,7 +94,7 @@ func (s *Service) StatFile(ctx context.Context, teamID, id, path string) (client
 	if err != nil {
 		return client.FileInfo{}, err
 	}
-	fi, err := e.sb.Agent.Stat(ctx, path)
+	fi, err := s.node.Stat(ctx, e.row.ID, path)
 	if err != nil {
 		return client.FileInfo{}, s.agentErr(e, err)
 	}
@@ -110,7 +110,7 @@ func (s *Service) ListFiles(ctx context.Context, teamID, id, path string) ([]cli
 	if err != nil {
 		return nil, err
 	}
-	fs, err := e.sb.Agent.ListDir(ctx, path)
+	fs, err := s.node.ListDir(ctx, e.row.ID, path)
 	if err != nil {
 		return nil, s.agentErr(e, err)
 	}
@@ -134,7 +134,7 @@ func (s *Service) Mkdir(ctx context.Context, teamID, id string, req client.Mkdir
 	if err != nil {
 		return client.FileInfo{}, err
 	}
-	fi, err := e.sb.Agent.Mkdir(ctx, req.Path, m, req.Parents, "")
+	fi, err := s.node.Mkdir(ctx, e.row.ID, req.Path, nodeapi.MkdirOptions{Mode: m, Parents: req.Parents})
 	if err != nil {
 		return client.FileInfo{}, s.agentErr(e, err)
 	}
@@ -150,7 +150,7 @@ func (s *Service) RemoveFile(ctx context.Context, teamID, id, path string, recur
 	if err != nil {
 		return err
 	}
-	if err := e.sb.Agent.Remove(ctx, path, recursive); err != nil {
+	if err := s.node.Remove(ctx, e.row.ID, path, recursive); err != nil {
 		return s.agentErr(e, err)
 	}
 	return nil
