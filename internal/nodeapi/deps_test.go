@@ -22,7 +22,7 @@ var nodeSide = []string{
 func TestControlPlaneUsesOnlyTheContract(t *testing.T) {
 	for _, pkg := range []string{
 		"../sandbox", "../api", "../catalog", "../trial", "../evalrun", "../auth", "../quota", "../store",
-		".", "./nodepb",
+		".", "./grpcnode", "./nodepb",
 	} {
 		out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).Output()
 		if err != nil {
