@@ -55,6 +55,7 @@ func Dial(target string, cfg ClientConfig) (*grpc.ClientConn, error) {
 		grpc.WithTransportCredentials(creds),
 		grpc.WithPerRPCCredentials(tokenCredentials{header: "Bearer " + cfg.Token, secure: cfg.TLS != nil}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxClientRecv)),
+		grpc.WithInitialWindowSize(streamWindow), grpc.WithInitialConnWindowSize(connWindow),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 	)
 }

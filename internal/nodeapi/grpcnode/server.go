@@ -39,6 +39,15 @@ const readChunk = 256 << 10
 // request whose env may hold 256 variables of 32 KiB.
 const maxServerRecv = 16 << 20
 
+// The HTTP/2 flow-control windows of both ends: a stream may have 4 MiB in
+// flight (as the agent protocol's yamux streams), a connection 16 MiB. They
+// bound what a slow reader makes the other side hold, and set the
+// throughput of a transfer (gRPC's default windows start at 64 KiB).
+const (
+	streamWindow = 4 << 20
+	connWindow   = 16 << 20
+)
+
 // ServerConfig configures NewServer.
 type ServerConfig struct {
 	// Token is the shared secret every call must carry as "authorization:
@@ -67,6 +76,7 @@ func NewServer(n nodeapi.Node, cfg ServerConfig) (*grpc.Server, error) {
 	opts := []grpc.ServerOption{
 		grpc.UnaryInterceptor(a.unary), grpc.StreamInterceptor(a.stream),
 		grpc.MaxRecvMsgSize(maxServerRecv),
+		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connWindow),
 		// A control plane keeps long calls open (Wait, attached
 		// output): pings find a dead peer, a client may ping every 10 s.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
