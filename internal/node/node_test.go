@@ -95,7 +95,7 @@ func (s *fakeSandbox) OOMKills() (int64, error)                     { return 0, 
 
 // newTestNode returns a node with the fake runtime and a template "base",
 // whose capacity takes hostPids pids.
-func newTestNode(t *testing.T, hostPids int64) (*Node, *fakeRuntime) {
+func newTestNode(t testing.TB, hostPids int64) (*Node, *fakeRuntime) {
 	t.Helper()
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "templates", "base", "rootfs"), 0o755); err != nil {
