@@ -18,8 +18,8 @@ import (
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
-// agentExec builds the node request for req in sandbox e.
-func (s *Service) agentExec(e *entry, req client.ExecRequest) (nodeapi.ExecRequest, error) {
+// execRequest builds the node request for req in sandbox e.
+func (s *Service) execRequest(e *entry, req client.ExecRequest) (nodeapi.ExecRequest, error) {
 	var out nodeapi.ExecRequest
 	switch {
 	case req.Cmd != "" && len(req.Argv) > 0:
@@ -92,7 +92,7 @@ func (s *Service) Exec(ctx context.Context, teamID, id string, req client.ExecRe
 	if err != nil {
 		return client.ExecResult{}, err
 	}
-	areq, err := s.agentExec(e, req)
+	areq, err := s.execRequest(e, req)
 	if err != nil {
 		return client.ExecResult{}, err
 	}
@@ -110,7 +110,7 @@ func (s *Service) Exec(ctx context.Context, teamID, id string, req client.ExecRe
 	out, errw := capped(stdout, areq.MaxOutputBytes), capped(stderr, areq.MaxOutputBytes)
 	exit, err := s.node.Exec(ctx, e.row.ID, areq, stdin, out, errw)
 	if err != nil {
-		return client.ExecResult{}, s.agentErr(e, err)
+		return client.ExecResult{}, s.callErr(e, err)
 	}
 	res := execResult(exit)
 	res.StdoutTruncated = res.StdoutTruncated || out.truncated
@@ -158,11 +158,11 @@ func (c *capWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// agentErr maps a node call's error. A sandbox that stopped under the call
+// callErr maps a node call's error. A sandbox that stopped under the call
 // (its agent went away), or that the node no longer runs, died: it is
 // recorded as lost before the caller hears of it, and the error wraps
 // apierr.ErrOutOfMemory when its memory limit is what killed it.
-func (s *Service) agentErr(e *entry, err error) error {
+func (s *Service) callErr(e *entry, err error) error {
 	var stopped *nodeapi.StoppedError
 	if errors.As(err, &stopped) || errors.Is(err, nodeapi.ErrSandboxNotFound) {
 		var oom int64
@@ -214,7 +214,7 @@ func (s *Service) StartProcess(ctx context.Context, teamID, id string, req clien
 	if req.Stdin != nil {
 		return client.Process{}, errorf(client.CodeBadRequest, "stdin is not supported for background processes")
 	}
-	areq, err := s.agentExec(e, req)
+	areq, err := s.execRequest(e, req)
 	if err != nil {
 		return client.Process{}, err
 	}
@@ -225,7 +225,7 @@ func (s *Service) StartProcess(ctx context.Context, teamID, id string, req clien
 	p, err := s.node.StartProcess(ctx, e.row.ID, areq)
 	if err != nil {
 		release()
-		return client.Process{}, s.agentErr(e, err)
+		return client.Process{}, s.callErr(e, err)
 	}
 	s.wg.Add(1)
 	go func() {
@@ -246,7 +246,7 @@ func (s *Service) ListProcesses(ctx context.Context, teamID, id string) ([]clien
 	}
 	ps, err := s.node.ListProcesses(ctx, e.row.ID)
 	if err != nil {
-		return nil, s.agentErr(e, err)
+		return nil, s.callErr(e, err)
 	}
 	out := make([]client.Process, 0, len(ps))
 	for _, p := range ps {
@@ -279,7 +279,7 @@ func (s *Service) AttachProcess(ctx context.Context, teamID, id, pid string, std
 	out, errw := capped(stdout, s.cfg.MaxOutputLimit), capped(stderr, s.cfg.MaxOutputLimit)
 	exit, err := s.node.AttachProcess(ctx, e.row.ID, pid, out, errw)
 	if err != nil {
-		return client.ExecResult{}, s.agentErr(e, err)
+		return client.ExecResult{}, s.callErr(e, err)
 	}
 	res := execResult(exit)
 	res.StdoutTruncated = res.StdoutTruncated || out.truncated
@@ -299,7 +299,7 @@ func (s *Service) SignalProcess(ctx context.Context, teamID, id, pid, signal str
 		return err
 	}
 	if err := s.node.SignalProcess(ctx, e.row.ID, pid, int(sig)); err != nil {
-		return s.agentErr(e, err)
+		return s.callErr(e, err)
 	}
 	return nil
 }

@@ -64,7 +64,7 @@ func (s *Service) WriteFile(ctx context.Context, teamID, id, path, mode string, 
 	}
 	fi, err := s.node.WriteFile(ctx, e.row.ID, path, r, nodeapi.WriteOptions{Mode: m, Parents: true, MaxBytes: s.cfg.MaxFileBytes})
 	if err != nil {
-		return client.FileInfo{}, s.agentErr(e, err)
+		return client.FileInfo{}, s.callErr(e, err)
 	}
 	return fileInfo(fi), nil
 }
@@ -80,7 +80,7 @@ func (s *Service) OpenFile(ctx context.Context, teamID, id, path string) (client
 	}
 	fi, rc, err := s.node.OpenFile(ctx, e.row.ID, path)
 	if err != nil {
-		return client.FileInfo{}, nil, s.agentErr(e, err)
+		return client.FileInfo{}, nil, s.callErr(e, err)
 	}
 	return fileInfo(fi), rc, nil
 }
@@ -96,7 +96,7 @@ func (s *Service) StatFile(ctx context.Context, teamID, id, path string) (client
 	}
 	fi, err := s.node.Stat(ctx, e.row.ID, path)
 	if err != nil {
-		return client.FileInfo{}, s.agentErr(e, err)
+		return client.FileInfo{}, s.callErr(e, err)
 	}
 	return fileInfo(fi), nil
 }
@@ -112,7 +112,7 @@ func (s *Service) ListFiles(ctx context.Context, teamID, id, path string) ([]cli
 	}
 	fs, err := s.node.ListDir(ctx, e.row.ID, path)
 	if err != nil {
-		return nil, s.agentErr(e, err)
+		return nil, s.callErr(e, err)
 	}
 	out := make([]client.FileInfo, 0, len(fs))
 	for _, f := range fs {
@@ -136,7 +136,7 @@ func (s *Service) Mkdir(ctx context.Context, teamID, id string, req client.Mkdir
 	}
 	fi, err := s.node.Mkdir(ctx, e.row.ID, req.Path, nodeapi.MkdirOptions{Mode: m, Parents: req.Parents})
 	if err != nil {
-		return client.FileInfo{}, s.agentErr(e, err)
+		return client.FileInfo{}, s.callErr(e, err)
 	}
 	return fileInfo(fi), nil
 }
@@ -151,7 +151,7 @@ func (s *Service) RemoveFile(ctx context.Context, teamID, id, path string, recur
 		return err
 	}
 	if err := s.node.Remove(ctx, e.row.ID, path, recursive); err != nil {
-		return s.agentErr(e, err)
+		return s.callErr(e, err)
 	}
 	return nil
 }
