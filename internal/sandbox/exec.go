@@ -232,8 +232,21 @@ func (s *Service) StartProcess(ctx context.Context, teamID, id string, req clien
 		defer s.wg.Done()
 		defer release()
 		// Returns when the process ends, or with an error when the
-		// sandbox stops (or a remote node cannot be reached).
-		_, _ = s.node.WaitProcess(context.Background(), e.row.ID, p.ID)
+		// sandbox stops. A node that cannot be reached is asked again
+		// until the sandbox ends: the process may still run.
+		backoff := 100 * time.Millisecond
+		for {
+			_, err := s.node.WaitProcess(context.Background(), e.row.ID, p.ID)
+			if !errors.Is(err, nodeapi.ErrNodeUnreachable) {
+				return
+			}
+			select {
+			case <-e.ended:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 10*time.Second)
+		}
 	}()
 	return process(p), nil
 }
