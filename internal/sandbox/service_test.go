@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -248,4 +249,40 @@ func TestCallErrors(t *testing.T) {
 	if _, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"}); apierr.Code(err) != client.CodeUnavailable {
 		t.Errorf("template missing on the node: %v", err)
 	}
+}
+
+// procNode adds background processes whose WaitProcess fails as an
+// unreachable node would, a few times, then blocks until the sandbox's
+// call ends.
+type procNode struct {
+	*fakeNode
+	waits atomic.Int64
+	fails int64
+}
+
+func (p *procNode) StartProcess(ctx context.Context, id string, req nodeapi.ExecRequest) (nodeapi.ProcInfo, error) {
+	return nodeapi.ProcInfo{ID: "p-1", Pid: 7, Running: true}, nil
+}
+
+func (p *procNode) WaitProcess(ctx context.Context, id, procID string) (nodeapi.ExitInfo, error) {
+	if p.waits.Add(1) <= p.fails {
+		return nodeapi.ExitInfo{}, fmt.Errorf("grpcnode wait_process: %w", nodeapi.ErrNodeUnreachable)
+	}
+	return nodeapi.ExitInfo{}, &nodeapi.StoppedError{ID: id}
+}
+
+// TestBackgroundSlotThroughAnUnreachableNode: the wait that holds a
+// background process's exec slot is asked again while the node cannot be
+// reached.
+func TestBackgroundSlotThroughAnUnreachableNode(t *testing.T) {
+	p := &procNode{fakeNode: newFakeNode(), fails: 3}
+	svc, _ := newTestService(t, p)
+	sb, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.StartProcess(t.Context(), "team", sb.ID, client.ExecRequest{Argv: []string{"sleep", "9"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the waits", func() bool { return p.waits.Load() == 4 })
 }
