@@ -39,6 +39,9 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 
+echo "== generated protobuf code matches proto/"
+bash scripts/proto.sh --check
+
 export EVALBOX_TEMPLATES_DIR=${EVALBOX_TEMPLATES_DIR:-/var/cache/evalbox/templates}
 echo "== built-in templates in $EVALBOX_TEMPLATES_DIR"
 bin/evalbox template init --templates-dir "$EVALBOX_TEMPLATES_DIR" --quiet

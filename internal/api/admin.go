@@ -201,10 +201,19 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request, p auth.Princi
 		writeError(w, err)
 		return
 	}
+	pools, err := s.pools.Pools(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	out := client.PoolList{Pools: []client.Pool{}}
-	for _, ps := range s.pools.Pools() {
-		k := ps.Key
-		out.Pools = append(out.Pools, client.Pool{Template: k.Template, Runtime: k.Runtime, CPU: k.Shape.CPU,
+	for _, ps := range pools {
+		k := ps.Spec
+		name := ps.TemplateName
+		if name == "" {
+			name = k.Template
+		}
+		out.Pools = append(out.Pools, client.Pool{Template: name, Runtime: k.Runtime, CPU: k.Shape.CPU,
 			MemoryMB: k.Shape.MemoryMB, DiskMB: k.Shape.DiskMB, Network: k.Shape.Network, Target: ps.Target, Ready: ps.Ready})
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -219,7 +228,11 @@ func (s *Server) getCapacity(w http.ResponseWriter, r *http.Request, p auth.Prin
 		writeError(w, errorf(client.CodeNotFound, "this server reports no host capacity"))
 		return
 	}
-	st := s.capacity.Status()
+	st, err := s.capacity.Capacity(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	free := st.Free()
 	mib := func(b int64) int { return int(b >> 20) }
 	avail := -1

@@ -20,7 +20,7 @@ import (
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/evalrun"
-	"github.com/evalbox/evalbox/internal/node"
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/internal/sandbox"
@@ -49,14 +49,15 @@ type Store interface {
 	RevokeKey(ctx context.Context, teamID, id string) (store.Key, error)
 }
 
-// Pools reports the node's warm pools.
+// Pools reports the node's warm pools (a nodeapi.Node does).
 type Pools interface {
-	Pools() []node.PoolStatus
+	Pools(ctx context.Context) ([]nodeapi.PoolStatus, error)
 }
 
-// Capacity reports the host capacity sandboxes are admitted against.
+// Capacity reports the host capacity sandboxes are admitted against (a
+// nodeapi.Node does).
 type Capacity interface {
-	Status() node.CapacityStatus
+	Capacity(ctx context.Context) (nodeapi.CapacityStatus, error)
 }
 
 // Server is the HTTP API.

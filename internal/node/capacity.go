@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/runtime"
 )
 
@@ -94,52 +95,11 @@ type HostInfo struct {
 }
 
 // ErrInsufficientCapacity is wrapped by every *CapacityError.
-var ErrInsufficientCapacity = errors.New("insufficient host capacity")
+var ErrInsufficientCapacity = nodeapi.ErrInsufficientCapacity
 
-// CapacityError says which host resource a sandbox did not fit in.
-type CapacityError struct {
-	// Resource is "pids", "memory" (the budget of memory limits) or
-	// "available memory" (MemAvailable below the reserve).
-	Resource string
-	// Need, Reserved and Budget are in pids or bytes; for "available
-	// memory", Reserved is MemAvailable and Budget the reserve.
-	Need, Reserved, Budget int64
-	// Never is set when Need is more than the whole budget.
-	Never bool
-	// Ahead is how many earlier requests queued for capacity (a request
-	// does not overtake them, even when it would fit).
-	Ahead int
-	// Waited is how long the request queued.
-	Waited time.Duration
-}
-
-func (e *CapacityError) Unwrap() error { return ErrInsufficientCapacity }
-
-func (e *CapacityError) Error() string {
-	var msg string
-	mib := func(b int64) int64 { return b >> 20 }
-	switch {
-	case e.Resource == "available memory":
-		msg = fmt.Sprintf("the host is short of memory: %d MiB available, below its reserve of %d MiB", mib(e.Reserved), mib(e.Budget))
-	case e.Never && e.Resource == "pids":
-		msg = fmt.Sprintf("the sandbox's pids limit costs %d host pids, more than the node's whole budget of %d", e.Need, e.Budget)
-	case e.Never:
-		msg = fmt.Sprintf("the sandbox's memory limit is %d MiB, more than the node's whole memory budget of %d MiB", mib(e.Need), mib(e.Budget))
-	case e.Resource == "pids":
-		msg = fmt.Sprintf("not enough host pids: the sandbox needs %d, and %d of the node's %d are reserved by its sandboxes (%d free)",
-			e.Need, e.Reserved, e.Budget, max(0, e.Budget-e.Reserved))
-	default:
-		msg = fmt.Sprintf("not enough host memory: the sandbox needs %d MiB, and %d of the node's %d MiB are reserved by its sandboxes (%d MiB free)",
-			mib(e.Need), mib(e.Reserved), mib(e.Budget), mib(max(0, e.Budget-e.Reserved)))
-	}
-	if e.Ahead > 0 {
-		msg += fmt.Sprintf("; %d earlier requests queue for capacity ahead of it", e.Ahead)
-	}
-	if e.Waited > 0 {
-		msg += fmt.Sprintf(" (waited %s)", e.Waited.Round(time.Millisecond))
-	}
-	return msg
-}
+// CapacityError says which host resource a sandbox did not fit in; it is
+// the contract's type, so that it crosses the node boundary as it is.
+type CapacityError = nodeapi.CapacityError
 
 // NewCapacity reads the host's limits from procfs and returns the node's
 // capacity.

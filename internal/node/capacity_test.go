@@ -19,11 +19,11 @@ const gib = 1 << 30
 
 // fakeProc writes the procfs files Capacity reads into a temp dir.
 type fakeProc struct {
-	t   *testing.T
+	t   testing.TB
 	dir string
 }
 
-func newFakeProc(t *testing.T, pidMax, threadsMax, memTotal, memAvailable int64) *fakeProc {
+func newFakeProc(t testing.TB, pidMax, threadsMax, memTotal, memAvailable int64) *fakeProc {
 	t.Helper()
 	p := &fakeProc{t: t, dir: t.TempDir()}
 	if err := os.MkdirAll(filepath.Join(p.dir, "sys/kernel"), 0o755); err != nil {
@@ -46,7 +46,7 @@ func (p *fakeProc) setMem(total, avail int64) {
 	p.write("meminfo", fmt.Sprintf("MemTotal:       %d kB\nMemFree:        1000 kB\nMemAvailable:   %d kB\nBuffers:        0 kB\n", total>>10, avail>>10))
 }
 
-func newTestCapacity(t *testing.T, p *fakeProc, cfg CapacityConfig) *Capacity {
+func newTestCapacity(t testing.TB, p *fakeProc, cfg CapacityConfig) *Capacity {
 	t.Helper()
 	cfg.ProcDir = p.dir
 	c, err := NewCapacity(cfg)

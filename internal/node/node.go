@@ -19,36 +19,24 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/evalbox/evalbox/internal/agentproto"
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/template"
 )
 
 // ErrUnknownRuntime is returned for a runtime name the node does not run.
-var ErrUnknownRuntime = errors.New("unknown runtime")
+var ErrUnknownRuntime = nodeapi.ErrUnknownRuntime
 
 // Shape is the resources of a sandbox.
-type Shape struct {
-	CPU      float64
-	MemoryMB int
-	DiskMB   int
-	Pids     int
-	Network  string
-}
+type Shape = nodeapi.Shape
 
-// PoolKey says which sandboxes are interchangeable in the warm pool.
-type PoolKey struct {
-	Template string
-	Runtime  string
-	Shape    Shape
-}
-
-func (k PoolKey) String() string {
-	return fmt.Sprintf("%s/%s/cpu=%g,mem=%d,disk=%d,pids=%d,net=%s", k.Template, k.Runtime,
-		k.Shape.CPU, k.Shape.MemoryMB, k.Shape.DiskMB, k.Shape.Pids, k.Shape.Network)
-}
+// PoolKey says which sandboxes are interchangeable in the warm pool: the
+// contract's Spec (template digest, runtime, shape).
+type PoolKey = nodeapi.Spec
 
 // Config configures a Node.
 type Config struct {
@@ -113,6 +101,9 @@ type Sandbox struct {
 	// release gives the sandbox's host capacity back.
 	release func()
 	once    sync.Once
+	// destroyed is set when destroy begins: Wait tells a destroyed
+	// sandbox from one whose agent went away.
+	destroyed atomic.Bool
 }
 
 // Done is closed when the sandbox's agent session ends (the sandbox died or
@@ -301,7 +292,7 @@ func (n *Node) reserve(ctx context.Context, cost runtime.Resources, wait time.Du
 type admitFunc func(ctx context.Context, cost runtime.Resources) (release func(), err error)
 
 // ErrClosed is returned by Create once the node is closing.
-var ErrClosed = errors.New("node is shutting down")
+var ErrClosed = nodeapi.ErrNodeClosed
 
 // start cold-starts a sandbox once admit reserved its host cost. On error
 // nothing is left behind (and nothing reserved). The sandbox joins the
@@ -312,9 +303,14 @@ func (n *Node) start(ctx context.Context, key PoolKey, admit admitFunc) (_ *Sand
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownRuntime, key.Runtime)
 	}
-	tpl, err := n.cfg.Templates.Get(key.Template)
+	// The control plane resolved the template's name; the digest finds
+	// its files here.
+	tpl, err := n.cfg.Templates.ByDigest(key.Template)
+	if errors.Is(err, template.ErrNotFound) {
+		return nil, &nodeapi.TemplateMissingError{Digest: key.Template}
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("node: %w", err)
 	}
 	cost, err := hostCost(rt, key.Shape)
 	if err != nil {
@@ -412,6 +408,7 @@ func (n *Node) Destroy(ctx context.Context, id string) error {
 func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 	var err error
 	sb.once.Do(func() {
+		sb.destroyed.Store(true)
 		if sb.Agent != nil {
 			_ = sb.Agent.Close()
 		}

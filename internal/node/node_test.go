@@ -95,14 +95,14 @@ func (s *fakeSandbox) OOMKills() (int64, error)                     { return 0, 
 
 // newTestNode returns a node with the fake runtime and a template "base",
 // whose capacity takes hostPids pids.
-func newTestNode(t *testing.T, hostPids int64) (*Node, *fakeRuntime) {
+func newTestNode(t testing.TB, hostPids int64) (*Node, *fakeRuntime) {
 	t.Helper()
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "templates", "base", "rootfs"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "templates", "base", "template.json"),
-		[]byte(`{"name":"base","digest":"sha256:00","defaults":{"cpu":1,"memory_mb":512,"disk_mb":1024,"workdir":"/","user":"root"}}`), 0o644); err != nil {
+		[]byte(`{"name":"base","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000000","defaults":{"cpu":1,"memory_mb":512,"disk_mb":1024,"workdir":"/","user":"root"}}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	reg, err := template.Open(filepath.Join(dir, "templates"), nil)
@@ -128,7 +128,7 @@ func newTestNode(t *testing.T, hostPids int64) (*Node, *fakeRuntime) {
 	return n, rt
 }
 
-var testKey = PoolKey{Template: "base", Runtime: "fake", Shape: Shape{CPU: 1, MemoryMB: 512, DiskMB: 1024, Pids: 100}}
+var testKey = PoolKey{Template: "sha256:0000000000000000000000000000000000000000000000000000000000000000", Runtime: "fake", Shape: Shape{CPU: 1, MemoryMB: 512, DiskMB: 1024, Pids: 100}}
 
 func TestNodeReservesEverySandbox(t *testing.T) {
 	n, rt := newTestNode(t, 250)

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/runtime"
 )
 
@@ -14,6 +15,7 @@ import (
 // from a fresh sandbox.
 type pool struct {
 	key    PoolKey
+	name   string // the template's name, for PoolStatus
 	target int
 	ready  []*Sandbox // oldest first
 	kick   chan struct{}
@@ -22,7 +24,11 @@ type pool struct {
 // SetPool sets how many ready sandboxes of key the node keeps (0 stops
 // refilling; ready ones stay until claimed or Close). Refills happen in
 // the background, one start at a time per pool.
-func (n *Node) SetPool(key PoolKey, target int) {
+func (n *Node) SetPool(key PoolKey, target int) { n.setPool(key, "", target) }
+
+// setPool is SetPool; name (if not "") is the template's name PoolStatus
+// shows.
+func (n *Node) setPool(key PoolKey, name string, target int) {
 	n.mu.Lock()
 	p, ok := n.pools[key]
 	if !ok {
@@ -32,6 +38,9 @@ func (n *Node) SetPool(key PoolKey, target int) {
 		go n.refill(p)
 	}
 	p.target = target
+	if name != "" {
+		p.name = name
+	}
 	n.mu.Unlock()
 	p.poke()
 }
@@ -44,21 +53,17 @@ func (p *pool) poke() {
 }
 
 // PoolStatus is the state of one warm pool.
-type PoolStatus struct {
-	Key    PoolKey
-	Target int
-	Ready  int
-}
+type PoolStatus = nodeapi.PoolStatus
 
 // Pools reports every warm pool, in a stable order.
 func (n *Node) Pools() []PoolStatus {
 	n.mu.Lock()
 	out := make([]PoolStatus, 0, len(n.pools))
 	for _, p := range n.pools {
-		out = append(out, PoolStatus{Key: p.key, Target: p.target, Ready: len(p.ready)})
+		out = append(out, PoolStatus{Spec: p.key, TemplateName: p.name, Target: p.target, Ready: len(p.ready)})
 	}
 	n.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Key.String() < out[j].Key.String() })
+	sort.Slice(out, func(i, j int) bool { return out[i].Spec.String() < out[j].Spec.String() })
 	return out
 }
 

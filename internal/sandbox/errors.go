@@ -2,10 +2,9 @@ package sandbox
 
 import (
 	"errors"
-	"fmt"
 
-	"github.com/evalbox/evalbox/internal/agentproto"
 	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -13,29 +12,32 @@ func errorf(code, format string, args ...any) *apierr.Error {
 	return apierr.Errorf(code, format, args...)
 }
 
-// fromAgent maps an agent error to an API error.
-func fromAgent(id string, err error) error {
-	var ae *agentproto.Error
+// agentCodes maps the agent's error codes to the API's; another is a
+// bad_request.
+var agentCodes = map[string]string{
+	nodeapi.CodeNotFound:   client.CodeNotFound,
+	nodeapi.CodeExists:     client.CodeConflict,
+	nodeapi.CodePermission: client.CodeForbidden,
+	nodeapi.CodeNoSpace:    client.CodeNoSpace,
+	nodeapi.CodeTooLarge:   client.CodePayloadTooLarge,
+	nodeapi.CodeInternal:   client.CodeInternal,
+}
+
+// nodeErr maps a node error to an API error: the agent's refusals keep
+// their meaning, a node that cannot be reached is unavailable. Others
+// (the node's failures) stay internal.
+func nodeErr(err error) error {
+	var ae *nodeapi.AgentError
 	if errors.As(err, &ae) {
-		code := client.CodeBadRequest
-		switch ae.Code {
-		case agentproto.CodeNotFound:
-			code = client.CodeNotFound
-		case agentproto.CodeExists:
-			code = client.CodeConflict
-		case agentproto.CodePermission:
-			code = client.CodeForbidden
-		case agentproto.CodeNoSpace:
-			code = client.CodeNoSpace
-		case agentproto.CodeTooLarge:
-			code = client.CodePayloadTooLarge
-		case agentproto.CodeInternal:
-			code = client.CodeInternal
+		code, ok := agentCodes[ae.Code]
+		if !ok {
+			code = client.CodeBadRequest
 		}
 		return &apierr.Error{Code: code, Message: ae.Message, Err: err}
 	}
-	if errors.Is(err, agentproto.ErrSessionClosed) {
-		return &apierr.Error{Code: client.CodeSandboxNotRunning, Message: fmt.Sprintf("sandbox %s stopped", id), Err: err}
+	if errors.Is(err, nodeapi.ErrNodeUnreachable) {
+		return &apierr.Error{Code: client.CodeUnavailable, RetryAfter: 1, Err: err,
+			Message: "the sandbox's node cannot be reached; try again"}
 	}
 	return err
 }

@@ -12,15 +12,15 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/evalbox/evalbox/internal/agentproto"
 	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
-// agentExec builds the agent request for req in sandbox e.
-func (s *Service) agentExec(e *entry, req client.ExecRequest) (agentproto.ExecRequest, error) {
-	var out agentproto.ExecRequest
+// execRequest builds the node request for req in sandbox e.
+func (s *Service) execRequest(e *entry, req client.ExecRequest) (nodeapi.ExecRequest, error) {
+	var out nodeapi.ExecRequest
 	switch {
 	case req.Cmd != "" && len(req.Argv) > 0:
 		return out, errorf(client.CodeBadRequest, "give cmd or argv, not both")
@@ -65,7 +65,7 @@ func (s *Service) agentExec(e *entry, req client.ExecRequest) (agentproto.ExecRe
 	if maxOut == 0 {
 		maxOut = s.cfg.MaxOutputBytes
 	}
-	return agentproto.ExecRequest{
+	return nodeapi.ExecRequest{
 		Argv: req.Argv, Shell: req.Cmd, Cwd: req.Cwd, Env: env, User: req.User,
 		Stdin: req.Stdin != nil, TimeoutMs: max(timeout.Milliseconds(), 1), MaxOutputBytes: maxOut, Tag: req.Tag,
 	}, nil
@@ -92,7 +92,7 @@ func (s *Service) Exec(ctx context.Context, teamID, id string, req client.ExecRe
 	if err != nil {
 		return client.ExecResult{}, err
 	}
-	areq, err := s.agentExec(e, req)
+	areq, err := s.execRequest(e, req)
 	if err != nil {
 		return client.ExecResult{}, err
 	}
@@ -108,21 +108,22 @@ func (s *Service) Exec(ctx context.Context, teamID, id string, req client.ExecRe
 	// The agent caps output, but it runs next to untrusted code: the host
 	// enforces the cap again.
 	out, errw := capped(stdout, areq.MaxOutputBytes), capped(stderr, areq.MaxOutputBytes)
-	exit, err := e.sb.Agent.Exec(ctx, areq, stdin, out, errw)
+	exit, err := s.node.Exec(ctx, e.row.ID, areq, stdin, out, errw)
 	if err != nil {
-		return client.ExecResult{}, s.agentErr(e, err)
+		return client.ExecResult{}, s.callErr(e, err)
 	}
 	res := execResult(exit)
 	res.StdoutTruncated = res.StdoutTruncated || out.truncated
 	res.StderrTruncated = res.StderrTruncated || errw.truncated
-	s.explainKill(e, &res)
+	s.explainKill(e, exit.OOMKills, &res)
 	return res, nil
 }
 
 // explainKill says so when the OOM killer killed the process, or one of
-// its children, while it ran (one file read on the host).
-func (s *Service) explainKill(e *entry, res *client.ExecResult) {
-	if n := e.sb.OOMKills(); n > e.oomSeen.Load() {
+// its children, while it ran: oomKills is the sandbox's count when the
+// call ended.
+func (s *Service) explainKill(e *entry, oomKills int64, res *client.ExecResult) {
+	if n := oomKills; n > e.oomSeen.Load() {
 		e.oomSeen.Store(n)
 		if res.Error == "" {
 			res.Error = fmt.Sprintf("out-of-memory killer: a process was killed because the sandbox went past its memory limit (memory_mb=%d)", e.row.MemoryMB)
@@ -157,12 +158,18 @@ func (c *capWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// agentErr maps an agent call error. A lost agent session means the
-// sandbox died: it is recorded as lost before the caller hears of it, and
-// the error wraps apierr.ErrOutOfMemory when its memory limit is what killed it.
-func (s *Service) agentErr(e *entry, err error) error {
-	if errors.Is(err, agentproto.ErrSessionClosed) {
-		s.end(context.Background(), e, client.StateLost, reasonDied)
+// callErr maps a node call's error. A sandbox that stopped under the call
+// (its agent went away), or that the node no longer runs, died: it is
+// recorded as lost before the caller hears of it, and the error wraps
+// apierr.ErrOutOfMemory when its memory limit is what killed it.
+func (s *Service) callErr(e *entry, err error) error {
+	var stopped *nodeapi.StoppedError
+	if errors.As(err, &stopped) || errors.Is(err, nodeapi.ErrSandboxNotFound) {
+		var oom int64
+		if stopped != nil {
+			oom = stopped.OOMKills
+		}
+		s.endLost(e, oom)
 		// end has returned (endOnce is done): oomEnded is settled.
 		if e.oomEnded {
 			return &apierr.Error{Code: client.CodeSandboxNotRunning, Err: fmt.Errorf("%w: %w", apierr.ErrOutOfMemory, err),
@@ -177,17 +184,17 @@ func (s *Service) agentErr(e *entry, err error) error {
 		return &apierr.Error{Code: client.CodeSandboxNotRunning, Err: fmt.Errorf("%w: %w", apierr.ErrStoppedDuringCall, err),
 			Message: fmt.Sprintf("sandbox %s stopped while the call ran (it exited, was killed or ran out of memory)", e.row.ID)}
 	}
-	return fromAgent(e.row.ID, err)
+	return nodeErr(err)
 }
 
-func execResult(x agentproto.ExitInfo) client.ExecResult {
+func execResult(x nodeapi.ExitInfo) client.ExecResult {
 	return client.ExecResult{
 		ExitCode: x.ExitCode, Status: x.Status, Signal: x.Signal, DurationMs: x.DurationMs,
 		StdoutTruncated: x.StdoutTruncated, StderrTruncated: x.StderrTruncated, Error: x.Error,
 	}
 }
 
-func process(p agentproto.ProcInfo) client.Process {
+func process(p nodeapi.ProcInfo) client.Process {
 	out := client.Process{ID: p.ID, Pid: p.Pid, Argv: p.Argv, Tag: p.Tag, StartedAt: p.StartedAt, Running: p.Running}
 	if p.Exit != nil {
 		r := execResult(*p.Exit)
@@ -207,7 +214,7 @@ func (s *Service) StartProcess(ctx context.Context, teamID, id string, req clien
 	if req.Stdin != nil {
 		return client.Process{}, errorf(client.CodeBadRequest, "stdin is not supported for background processes")
 	}
-	areq, err := s.agentExec(e, req)
+	areq, err := s.execRequest(e, req)
 	if err != nil {
 		return client.Process{}, err
 	}
@@ -215,18 +222,31 @@ func (s *Service) StartProcess(ctx context.Context, teamID, id string, req clien
 	if err != nil {
 		return client.Process{}, err
 	}
-	p, err := e.sb.Agent.Start(ctx, areq)
+	p, err := s.node.StartProcess(ctx, e.row.ID, areq)
 	if err != nil {
 		release()
-		return client.Process{}, s.agentErr(e, err)
+		return client.Process{}, s.callErr(e, err)
 	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		defer release()
 		// Returns when the process ends, or with an error when the
-		// sandbox's agent session closes.
-		_, _ = e.sb.Agent.Wait(context.Background(), p.ID)
+		// sandbox stops. A node that cannot be reached is asked again
+		// until the sandbox ends: the process may still run.
+		backoff := 100 * time.Millisecond
+		for {
+			_, err := s.node.WaitProcess(context.Background(), e.row.ID, p.ID)
+			if !errors.Is(err, nodeapi.ErrNodeUnreachable) {
+				return
+			}
+			select {
+			case <-e.ended:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 10*time.Second)
+		}
 	}()
 	return process(p), nil
 }
@@ -237,9 +257,9 @@ func (s *Service) ListProcesses(ctx context.Context, teamID, id string) ([]clien
 	if err != nil {
 		return nil, err
 	}
-	ps, err := e.sb.Agent.List(ctx)
+	ps, err := s.node.ListProcesses(ctx, e.row.ID)
 	if err != nil {
-		return nil, s.agentErr(e, err)
+		return nil, s.callErr(e, err)
 	}
 	out := make([]client.Process, 0, len(ps))
 	for _, p := range ps {
@@ -270,14 +290,14 @@ func (s *Service) AttachProcess(ctx context.Context, teamID, id, pid string, std
 		return client.ExecResult{}, err
 	}
 	out, errw := capped(stdout, s.cfg.MaxOutputLimit), capped(stderr, s.cfg.MaxOutputLimit)
-	exit, err := e.sb.Agent.Attach(ctx, pid, out, errw)
+	exit, err := s.node.AttachProcess(ctx, e.row.ID, pid, out, errw)
 	if err != nil {
-		return client.ExecResult{}, s.agentErr(e, err)
+		return client.ExecResult{}, s.callErr(e, err)
 	}
 	res := execResult(exit)
 	res.StdoutTruncated = res.StdoutTruncated || out.truncated
 	res.StderrTruncated = res.StderrTruncated || errw.truncated
-	s.explainKill(e, &res)
+	s.explainKill(e, exit.OOMKills, &res)
 	return res, nil
 }
 
@@ -291,8 +311,8 @@ func (s *Service) SignalProcess(ctx context.Context, teamID, id, pid, signal str
 	if err != nil {
 		return err
 	}
-	if err := e.sb.Agent.Signal(ctx, pid, int(sig)); err != nil {
-		return s.agentErr(e, err)
+	if err := s.node.SignalProcess(ctx, e.row.ID, pid, int(sig)); err != nil {
+		return s.callErr(e, err)
 	}
 	return nil
 }

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/evalbox/evalbox/internal/agentproto"
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -40,7 +40,7 @@ func ParseMode(s string, def uint32) (uint32, error) {
 	return uint32(m), nil
 }
 
-func fileInfo(f agentproto.FileInfo) client.FileInfo {
+func fileInfo(f nodeapi.FileInfo) client.FileInfo {
 	return client.FileInfo{Name: f.Name, Path: f.Path, Type: f.Type, Size: f.Size,
 		Mode: fmt.Sprintf("%04o", f.Mode), ModTime: f.ModTime, Target: f.Target}
 }
@@ -62,9 +62,9 @@ func (s *Service) WriteFile(ctx context.Context, teamID, id, path, mode string, 
 	if err != nil {
 		return client.FileInfo{}, err
 	}
-	fi, err := e.sb.Agent.WriteFile(ctx, path, r, agentproto.WriteOptions{Mode: m, Parents: true, MaxBytes: s.cfg.MaxFileBytes})
+	fi, err := s.node.WriteFile(ctx, e.row.ID, path, r, nodeapi.WriteOptions{Mode: m, Parents: true, MaxBytes: s.cfg.MaxFileBytes})
 	if err != nil {
-		return client.FileInfo{}, s.agentErr(e, err)
+		return client.FileInfo{}, s.callErr(e, err)
 	}
 	return fileInfo(fi), nil
 }
@@ -78,9 +78,9 @@ func (s *Service) OpenFile(ctx context.Context, teamID, id, path string) (client
 	if err != nil {
 		return client.FileInfo{}, nil, err
 	}
-	fi, rc, err := e.sb.Agent.OpenFile(ctx, path)
+	fi, rc, err := s.node.OpenFile(ctx, e.row.ID, path)
 	if err != nil {
-		return client.FileInfo{}, nil, s.agentErr(e, err)
+		return client.FileInfo{}, nil, s.callErr(e, err)
 	}
 	return fileInfo(fi), rc, nil
 }
@@ -94,9 +94,9 @@ func (s *Service) StatFile(ctx context.Context, teamID, id, path string) (client
 	if err != nil {
 		return client.FileInfo{}, err
 	}
-	fi, err := e.sb.Agent.Stat(ctx, path)
+	fi, err := s.node.Stat(ctx, e.row.ID, path)
 	if err != nil {
-		return client.FileInfo{}, s.agentErr(e, err)
+		return client.FileInfo{}, s.callErr(e, err)
 	}
 	return fileInfo(fi), nil
 }
@@ -110,9 +110,9 @@ func (s *Service) ListFiles(ctx context.Context, teamID, id, path string) ([]cli
 	if err != nil {
 		return nil, err
 	}
-	fs, err := e.sb.Agent.ListDir(ctx, path)
+	fs, err := s.node.ListDir(ctx, e.row.ID, path)
 	if err != nil {
-		return nil, s.agentErr(e, err)
+		return nil, s.callErr(e, err)
 	}
 	out := make([]client.FileInfo, 0, len(fs))
 	for _, f := range fs {
@@ -134,9 +134,9 @@ func (s *Service) Mkdir(ctx context.Context, teamID, id string, req client.Mkdir
 	if err != nil {
 		return client.FileInfo{}, err
 	}
-	fi, err := e.sb.Agent.Mkdir(ctx, req.Path, m, req.Parents, "")
+	fi, err := s.node.Mkdir(ctx, e.row.ID, req.Path, nodeapi.MkdirOptions{Mode: m, Parents: req.Parents})
 	if err != nil {
-		return client.FileInfo{}, s.agentErr(e, err)
+		return client.FileInfo{}, s.callErr(e, err)
 	}
 	return fileInfo(fi), nil
 }
@@ -150,8 +150,8 @@ func (s *Service) RemoveFile(ctx context.Context, teamID, id, path string, recur
 	if err != nil {
 		return err
 	}
-	if err := e.sb.Agent.Remove(ctx, path, recursive); err != nil {
-		return s.agentErr(e, err)
+	if err := s.node.Remove(ctx, e.row.ID, path, recursive); err != nil {
+		return s.callErr(e, err)
 	}
 	return nil
 }

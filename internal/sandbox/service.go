@@ -2,7 +2,8 @@
 // requests, admits them against the team's quotas, records every sandbox in
 // the store, asks the node to run it, enforces its TTL and ends it, also when
 // it dies on its own. Exec and file calls are checked against the caller's
-// team and forwarded to the sandbox's guest agent.
+// team and forwarded to the node. It knows the node only through the node
+// contract (internal/nodeapi): in process or over the network alike.
 package sandbox
 
 import (
@@ -18,7 +19,7 @@ import (
 	"time"
 
 	"github.com/evalbox/evalbox/internal/apierr"
-	"github.com/evalbox/evalbox/internal/node"
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template"
@@ -34,15 +35,6 @@ type Store interface {
 	MarkEnded(ctx context.Context, id, state, reason string, at time.Time) (bool, error)
 	ListByState(ctx context.Context, state string) ([]client.Sandbox, error)
 	GetTeam(ctx context.Context, id string) (client.Team, error)
-}
-
-// Node is what the service needs of the node that runs sandboxes.
-type Node interface {
-	// Create queues up to wait for host capacity (a *node.CapacityError
-	// when it gets none).
-	Create(ctx context.Context, key node.PoolKey, wait time.Duration) (*node.Sandbox, error)
-	Destroy(ctx context.Context, id string) error
-	Runtimes() []string
 }
 
 // Templates resolves the template a team names for a new sandbox.
@@ -130,7 +122,7 @@ func (c *Config) setDefaults() {
 type Service struct {
 	cfg       Config
 	store     Store
-	node      Node
+	node      nodeapi.Node
 	templates Templates
 	log       *slog.Logger
 
@@ -156,13 +148,14 @@ type cachedTeam struct {
 // entry is a running sandbox the service owns.
 type entry struct {
 	row     client.Sandbox
-	sb      *node.Sandbox
 	env     map[string]string // default env of every exec; values never stored nor logged
 	release func()            // gives the team's sandbox slot back
 	expires time.Time
 	ended   chan struct{}
-	endOnce sync.Once
-	oomSeen atomic.Int64 // OOM kills already reported on an exec
+	// stopWatch ends the watch's Wait once the service ends the sandbox.
+	stopWatch context.CancelFunc
+	endOnce   sync.Once
+	oomSeen   atomic.Int64 // OOM kills already reported on an exec
 	// oomEnded is set, before endOnce is done, when the sandbox ended
 	// lost after the OOM killer acted in it; died when it ended because
 	// its agent went away (not ended by the server: a delete, its TTL, a
@@ -172,7 +165,7 @@ type entry struct {
 
 // New returns the service. Call Recover once before serving and Close at
 // shutdown.
-func New(cfg Config, st Store, n Node, templates Templates, log *slog.Logger) *Service {
+func New(cfg Config, st Store, n nodeapi.Node, templates Templates, log *slog.Logger) *Service {
 	cfg.setDefaults()
 	if log == nil {
 		log = slog.Default()
@@ -270,7 +263,7 @@ func (s *Service) ForgetTeam(teamID string) {
 // (queueing up to req.WaitSeconds), starts the sandbox and records it. It
 // returns once the sandbox's agent answers; on error nothing is left.
 func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSandboxRequest) (client.Sandbox, error) {
-	key, ttl, err := s.validateCreate(req)
+	key, ttl, err := s.validateCreate(ctx, req)
 	if err != nil {
 		return client.Sandbox{}, err
 	}
@@ -283,7 +276,8 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 		return client.Sandbox{}, err
 	}
 	defer releaseTemplate()
-	key.Template = tpl.Ref()
+	// Resolved once: the digest is what the node starts from.
+	key.Template = tpl.Digest
 	if req.CPU == 0 {
 		key.Shape.CPU = tpl.Defaults.CPU
 	}
@@ -318,13 +312,13 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 	if wait > 0 {
 		hostWait = max(0, time.Until(deadline))
 	}
-	sb, err := s.node.Create(ctx, key, hostWait)
+	sb, err := s.node.Create(ctx, nodeapi.CreateRequest{Spec: key, Wait: hostWait})
 	if err != nil {
 		release()
 		if ctx.Err() != nil {
 			return client.Sandbox{}, ctx.Err()
 		}
-		if cerr := (*node.CapacityError)(nil); errors.As(err, &cerr) {
+		if cerr := (*nodeapi.CapacityError)(nil); errors.As(err, &cerr) {
 			s.log.Info("sandbox refused: host capacity", "team", teamID, "runtime", key.Runtime, "err", err)
 			hint := "retry later, or pass wait_seconds to queue"
 			switch {
@@ -358,7 +352,8 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 		release()
 		return client.Sandbox{}, fmt.Errorf("record sandbox: %w", err)
 	}
-	e := &entry{row: row, sb: sb, env: req.Env, release: release, expires: row.ExpiresAt, ended: make(chan struct{})}
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	e := &entry{row: row, env: req.Env, release: release, expires: row.ExpiresAt, ended: make(chan struct{}), stopWatch: stopWatch}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -368,7 +363,7 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 	s.live[sb.ID] = e
 	s.mu.Unlock()
 	s.wg.Add(1)
-	go s.watch(e)
+	go s.watch(watchCtx, e)
 	if ctx.Err() != nil {
 		// The caller went away: nobody would ever delete this sandbox.
 		s.end(ctx, e, client.StateDeleted, "creator disconnected")
@@ -381,9 +376,9 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 
 // DefaultKey is the pool key of a create request that names only template
 // (a built-in) and runtime: the sandboxes a warm pool should hold.
-func (s *Service) DefaultKey(ctx context.Context, tmpl, runtime string) (node.PoolKey, error) {
+func (s *Service) DefaultKey(ctx context.Context, tmpl, runtime string) (nodeapi.Spec, error) {
 	req := client.CreateSandboxRequest{Template: tmpl, Runtime: runtime}
-	key, _, err := s.validateCreate(req)
+	key, _, err := s.validateCreate(ctx, req)
 	if err != nil {
 		return key, err
 	}
@@ -392,15 +387,15 @@ func (s *Service) DefaultKey(ctx context.Context, tmpl, runtime string) (node.Po
 		return key, err
 	}
 	release()
-	key.Template = tpl.Ref()
+	key.Template = tpl.Digest
 	key.Shape.CPU, key.Shape.MemoryMB, key.Shape.DiskMB = tpl.Defaults.CPU, tpl.Defaults.MemoryMB, tpl.Defaults.DiskMB
 	return key, nil
 }
 
 // validateCreate checks a create request on its own; the template's
 // defaults fill the shape's zero fields later.
-func (s *Service) validateCreate(req client.CreateSandboxRequest) (node.PoolKey, time.Duration, error) {
-	var key node.PoolKey
+func (s *Service) validateCreate(ctx context.Context, req client.CreateSandboxRequest) (nodeapi.Spec, time.Duration, error) {
+	var key nodeapi.Spec
 	if req.Template == "" {
 		return key, 0, errorf(client.CodeBadRequest, "template is required")
 	}
@@ -408,8 +403,12 @@ func (s *Service) validateCreate(req client.CreateSandboxRequest) (node.PoolKey,
 	if rt == "" {
 		rt = s.cfg.DefaultRuntime
 	}
-	if !slices.Contains(s.node.Runtimes(), rt) {
-		return key, 0, errorf(client.CodeBadRequest, "runtime %q is not available (have %s)", rt, strings.Join(s.node.Runtimes(), ", "))
+	runtimes, err := s.node.Runtimes(ctx)
+	if err != nil {
+		return key, 0, nodeErr(err)
+	}
+	if !slices.Contains(runtimes, rt) {
+		return key, 0, errorf(client.CodeBadRequest, "runtime %q is not available (have %s)", rt, strings.Join(runtimes, ", "))
 	}
 	ttl := s.cfg.DefaultTimeout
 	switch {
@@ -420,7 +419,7 @@ func (s *Service) validateCreate(req client.CreateSandboxRequest) (node.PoolKey,
 	case req.Timeout > 0:
 		ttl = time.Duration(req.Timeout) * time.Second
 	}
-	shape := node.Shape{Pids: s.cfg.Pids, Network: client.NetworkNone}
+	shape := nodeapi.Shape{Pids: s.cfg.Pids, Network: client.NetworkNone}
 	if req.CPU != 0 {
 		if req.CPU < 0.1 || req.CPU > s.cfg.MaxCPU {
 			return key, 0, errorf(client.CodeBadRequest, "cpu must be between 0.1 and %g, got %g", s.cfg.MaxCPU, req.CPU)
@@ -455,7 +454,7 @@ func (s *Service) validateCreate(req client.CreateSandboxRequest) (node.PoolKey,
 	if err := validateMetadata(req.Metadata); err != nil {
 		return key, 0, err
 	}
-	key = node.PoolKey{Template: req.Template, Runtime: rt, Shape: shape}
+	key = nodeapi.Spec{Template: req.Template, Runtime: rt, Shape: shape}
 	return key, ttl, nil
 }
 
@@ -492,25 +491,53 @@ func validateMetadata(md map[string]string) error {
 // reasonDied is the end reason of a sandbox whose agent went away.
 const reasonDied = "sandbox stopped unexpectedly (its agent exited, was killed or ran out of memory)"
 
-// watch ends e when its sandbox dies on its own.
-func (s *Service) watch(e *entry) {
+// watch ends e when its sandbox dies on its own: the node's Wait returns,
+// or the node no longer knows the sandbox (it restarted). ctx ends when the
+// service ends the sandbox itself. A node that cannot be asked (a remote
+// one, unreachable) is asked again: that is not the sandbox's death.
+func (s *Service) watch(ctx context.Context, e *entry) {
 	defer s.wg.Done()
-	select {
-	case <-e.ended:
-	case <-e.sb.Done():
-		s.log.Warn("sandbox died", "sandbox", e.row.ID, "team", e.row.TeamID)
-		s.end(context.Background(), e, client.StateLost, reasonDied)
+	backoff := 100 * time.Millisecond
+	for {
+		end, err := s.node.Wait(ctx, e.row.ID)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil || errors.Is(err, nodeapi.ErrSandboxNotFound) {
+			s.log.Warn("sandbox died", "sandbox", e.row.ID, "team", e.row.TeamID, "reason", end.Reason, "err", err)
+			s.endLost(e, end.OOMKills)
+			return
+		}
+		s.log.Warn("watching sandbox: the node did not answer", "sandbox", e.row.ID, "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
 	}
+}
+
+// endLost ends e as lost because its agent went away; oomKills is the
+// sandbox's count of OOM kills then.
+func (s *Service) endLost(e *entry, oomKills int64) {
+	s.endWith(context.Background(), e, client.StateLost, reasonDied, oomKills)
 }
 
 // end records e as ended, destroys it on the node and frees its slot. Only
 // the first call does anything.
 func (s *Service) end(ctx context.Context, e *entry, state, reason string) {
+	s.endWith(ctx, e, state, reason, 0)
+}
+
+// endWith is end, told the sandbox's OOM kills when it ended lost.
+func (s *Service) endWith(ctx context.Context, e *entry, state, reason string, oomKills int64) {
 	e.endOnce.Do(func() {
 		close(e.ended)
+		e.stopWatch()
 		ctx = context.WithoutCancel(ctx)
 		e.died = state == client.StateLost && reason == reasonDied
-		if state == client.StateLost && e.sb.OOMKills() > 0 {
+		if state == client.StateLost && oomKills > 0 {
 			e.oomEnded = true
 			reason = fmt.Sprintf("out of memory: the sandbox went past its memory limit (memory_mb=%d)", e.row.MemoryMB)
 		}

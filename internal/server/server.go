@@ -22,6 +22,7 @@ import (
 	"github.com/evalbox/evalbox/internal/evalrun"
 	"github.com/evalbox/evalbox/internal/instance"
 	"github.com/evalbox/evalbox/internal/node"
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/internal/runtime"
@@ -296,7 +297,10 @@ func Run(ctx context.Context, cfg Config) error {
 	storage.AddSource(st.EvalInputBytes)
 	// Stops builds (their sandboxes go with the node, closed before).
 	defer tmpls.Close()
-	svc := sandbox.New(cfg.Service, st, n, tmpls, log)
+	// The control plane drives the node through the node contract only;
+	// in process, without serialisation.
+	local := node.NewLocal(n)
+	svc := sandbox.New(cfg.Service, st, local, tmpls, log)
 	if err := svc.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
@@ -318,11 +322,13 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("server: pool %s:%s: %w", p.Template, p.Runtime, err)
 		}
-		n.SetPool(key, p.Size)
+		if err := local.SetPool(ctx, nodeapi.PoolSpec{Spec: key, TemplateName: p.Template, Target: p.Size}); err != nil {
+			return fmt.Errorf("server: pool %s:%s: %w", p.Template, p.Runtime, err)
+		}
 	}
 
 	handler := api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
-		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: n.Runtimes(), Pools: n, Capacity: capacity, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log})
+		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: n.Runtimes(), Pools: local, Capacity: local, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)

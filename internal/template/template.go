@@ -78,15 +78,6 @@ type Template struct {
 	RootFS string `json:"-"`
 }
 
-// Ref is how the node finds the template again: a built-in's name, or the
-// digest of a stored template.
-func (t *Template) Ref() string {
-	if t.Source == SourceBuiltin {
-		return t.Name
-	}
-	return t.Digest
-}
-
 // Defaults are what a sandbox of the template gets unless the request says
 // otherwise.
 type Defaults struct {
@@ -177,7 +168,7 @@ type Registry struct {
 	log   *slog.Logger
 
 	mu    sync.Mutex
-	cache map[string]*Template // by Ref
+	cache map[string]*Template // by built-in name or stored digest
 	build sync.Mutex           // one built-in build at a time
 	// usage caches DiskUsage; reset when the store changes.
 	usage atomic.Int64
@@ -207,8 +198,9 @@ func Open(dir string, log *slog.Logger) (*Registry, error) {
 // Dir is the directory of the built-ins.
 func (r *Registry) Dir() string { return r.dir }
 
-// Get returns a built template by Ref: a built-in's name or a stored
-// template's digest.
+// Get returns a built template by a built-in's name or a stored
+// template's digest (the catalog resolves names with it; a node uses
+// ByDigest).
 func (r *Registry) Get(ref string) (*Template, error) {
 	r.mu.Lock()
 	t, ok := r.cache[ref]
@@ -232,6 +224,46 @@ func (r *Registry) Get(ref string) (*Template, error) {
 	r.mu.Unlock()
 	return t, nil
 }
+
+// ByDigest returns a built template by its digest: a stored template, or
+// the built-in whose build has that digest. It is how a node finds the
+// template of a sandbox it is asked for: the control plane resolved the
+// name once, and the digest (which covers the files and the defaults) is
+// what reaches the node. Hits are cached; a miss reads template.json
+// files.
+func (r *Registry) ByDigest(digest string) (*Template, error) {
+	if hexOf(digest) == "" {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, digest)
+	}
+	r.mu.Lock()
+	t, ok := r.cache[digest]
+	if !ok {
+		// Built-ins are cached by name.
+		for _, name := range builtinNames {
+			if b := r.cache[name]; b != nil && b.Digest == digest {
+				t, ok = b, true
+				break
+			}
+		}
+	}
+	r.mu.Unlock()
+	if ok {
+		return t, nil
+	}
+	if r.HasStored(digest) {
+		return r.Get(digest)
+	}
+	for _, name := range builtinNames {
+		b, err := r.Get(name)
+		if err == nil && b.Digest == digest {
+			return b, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %q", ErrNotFound, digest)
+}
+
+// builtinNames is BuiltinNames(), computed once.
+var builtinNames = BuiltinNames()
 
 func (r *Registry) load(name string) (*Template, error) {
 	t, err := readTemplate(filepath.Join(r.dir, name), name)

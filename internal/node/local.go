@@ -1,0 +1,308 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/evalbox/evalbox/internal/agentproto"
+	"github.com/evalbox/evalbox/internal/nodeapi"
+)
+
+// Local is the node's nodeapi.Node: the contract served in process, which
+// the embedded server's control plane uses. Nothing is serialised: the
+// contract's request and result types convert to the agent protocol's
+// (same fields), streams are the caller's own readers and writers, and a
+// call costs a lookup of the sandbox by id on top of the agent call.
+type Local struct{ n *Node }
+
+var _ nodeapi.Node = (*Local)(nil)
+
+// NewLocal returns n's contract.
+func NewLocal(n *Node) *Local { return &Local{n: n} }
+
+// sandbox returns the live sandbox id.
+func (l *Local) sandbox(id string) (*Sandbox, error) {
+	l.n.mu.Lock()
+	sb := l.n.live[id]
+	l.n.mu.Unlock()
+	if sb == nil {
+		return nil, fmt.Errorf("node: sandbox %s: %w", id, nodeapi.ErrSandboxNotFound)
+	}
+	return sb, nil
+}
+
+// callErr maps an agent call's error to the contract's: an agent's refusal
+// to *nodeapi.AgentError, a lost session to *nodeapi.StoppedError. Context
+// and transport errors pass as they are.
+func callErr(sb *Sandbox, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ae := (*agentproto.Error)(nil); errors.As(err, &ae) {
+		return &nodeapi.AgentError{Code: ae.Code, Message: ae.Message}
+	}
+	if errors.Is(err, agentproto.ErrSessionClosed) {
+		return &nodeapi.StoppedError{ID: sb.ID, OOMKills: sb.OOMKills()}
+	}
+	return err
+}
+
+func exitInfo(x agentproto.ExitInfo, oomKills int64) nodeapi.ExitInfo {
+	return nodeapi.ExitInfo{Status: x.Status, ExitCode: x.ExitCode, Signal: x.Signal, DurationMs: x.DurationMs,
+		StdoutTruncated: x.StdoutTruncated, StderrTruncated: x.StderrTruncated, Error: x.Error, OOMKills: oomKills}
+}
+
+func procInfo(p agentproto.ProcInfo) nodeapi.ProcInfo {
+	out := nodeapi.ProcInfo{ID: p.ID, Pid: p.Pid, Argv: p.Argv, Tag: p.Tag, StartedAt: p.StartedAt, Running: p.Running}
+	if p.Exit != nil {
+		x := exitInfo(*p.Exit, 0)
+		out.Exit = &x
+	}
+	return out
+}
+
+// Runtimes lists the node's runtimes.
+func (l *Local) Runtimes(context.Context) ([]string, error) { return l.n.Runtimes(), nil }
+
+// Capacity reports the node's host capacity.
+func (l *Local) Capacity(context.Context) (nodeapi.CapacityStatus, error) {
+	st := l.n.capacity.Status()
+	return nodeapi.CapacityStatus{
+		Budget:          nodeapi.Resources(st.Budget),
+		Reserved:        nodeapi.Resources(st.Reserved),
+		MemoryAvailable: st.MemoryAvailable, MemoryReserve: st.MemoryReserve,
+		Sandboxes: st.Sandboxes, Waiting: st.Waiting,
+	}, nil
+}
+
+// TemplatesPresent returns the digests whose template the node's registry
+// holds.
+func (l *Local) TemplatesPresent(_ context.Context, digests []string) ([]string, error) {
+	present := []string{}
+	for _, d := range digests {
+		if _, err := l.n.cfg.Templates.ByDigest(d); err == nil {
+			present = append(present, d)
+		}
+	}
+	return present, nil
+}
+
+// SetPool sets a warm pool, once its runtime and template are known here.
+func (l *Local) SetPool(_ context.Context, p nodeapi.PoolSpec) error {
+	if _, ok := l.n.runtimes[p.Spec.Runtime]; !ok {
+		return fmt.Errorf("node: pool %s: %w: %q", p.TemplateName, ErrUnknownRuntime, p.Spec.Runtime)
+	}
+	if _, err := l.n.cfg.Templates.ByDigest(p.Spec.Template); err != nil {
+		return &nodeapi.TemplateMissingError{Digest: p.Spec.Template}
+	}
+	l.n.setPool(p.Spec, p.TemplateName, p.Target)
+	return nil
+}
+
+// Pools reports the node's warm pools.
+func (l *Local) Pools(context.Context) ([]nodeapi.PoolStatus, error) { return l.n.Pools(), nil }
+
+// Create starts (or claims from the pool) a sandbox of req.Spec.
+func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.SandboxInfo, error) {
+	sb, err := l.n.Create(ctx, req.Spec, req.Wait)
+	if err != nil {
+		return nodeapi.SandboxInfo{}, err
+	}
+	return nodeapi.SandboxInfo{ID: sb.ID, Runtime: sb.Runtime, RuntimeVersion: sb.RuntimeVersion,
+		StartedAt: sb.StartedAt, FromPool: sb.FromPool}, nil
+}
+
+// Destroy destroys a sandbox.
+func (l *Local) Destroy(ctx context.Context, id string) error { return l.n.Destroy(ctx, id) }
+
+// Wait returns when the sandbox's agent session ends.
+func (l *Local) Wait(ctx context.Context, id string) (nodeapi.End, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nodeapi.End{}, err
+	}
+	select {
+	case <-ctx.Done():
+		return nodeapi.End{}, ctx.Err()
+	case <-sb.Done():
+	}
+	reason := "its agent went away (it exited, was killed or ran out of memory)"
+	if sb.destroyed.Load() {
+		reason = "destroyed"
+	}
+	return nodeapi.End{Reason: reason, OOMKills: sb.OOMKills()}, nil
+}
+
+// Exec runs a foreground process.
+func (l *Local) Exec(ctx context.Context, id string, req nodeapi.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (nodeapi.ExitInfo, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nodeapi.ExitInfo{}, err
+	}
+	x, err := sb.Agent.Exec(ctx, agentproto.ExecRequest(req), stdin, stdout, stderr)
+	if err != nil {
+		return nodeapi.ExitInfo{}, callErr(sb, err)
+	}
+	return exitInfo(x, sb.OOMKills()), nil
+}
+
+// StartProcess starts a background process.
+func (l *Local) StartProcess(ctx context.Context, id string, req nodeapi.ExecRequest) (nodeapi.ProcInfo, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nodeapi.ProcInfo{}, err
+	}
+	p, err := sb.Agent.Start(ctx, agentproto.ExecRequest(req))
+	if err != nil {
+		return nodeapi.ProcInfo{}, callErr(sb, err)
+	}
+	return procInfo(p), nil
+}
+
+// ListProcesses lists a sandbox's processes.
+func (l *Local) ListProcesses(ctx context.Context, id string) ([]nodeapi.ProcInfo, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := sb.Agent.List(ctx)
+	if err != nil {
+		return nil, callErr(sb, err)
+	}
+	out := make([]nodeapi.ProcInfo, len(ps))
+	for i, p := range ps {
+		out[i] = procInfo(p)
+	}
+	return out, nil
+}
+
+// AttachProcess follows a background process's output.
+func (l *Local) AttachProcess(ctx context.Context, id, procID string, stdout, stderr io.Writer) (nodeapi.ExitInfo, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nodeapi.ExitInfo{}, err
+	}
+	x, err := sb.Agent.Attach(ctx, procID, stdout, stderr)
+	if err != nil {
+		return nodeapi.ExitInfo{}, callErr(sb, err)
+	}
+	return exitInfo(x, sb.OOMKills()), nil
+}
+
+// WaitProcess waits for a background process to end.
+func (l *Local) WaitProcess(ctx context.Context, id, procID string) (nodeapi.ExitInfo, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nodeapi.ExitInfo{}, err
+	}
+	x, err := sb.Agent.Wait(ctx, procID)
+	if err != nil {
+		return nodeapi.ExitInfo{}, callErr(sb, err)
+	}
+	return exitInfo(x, sb.OOMKills()), nil
+}
+
+// SignalProcess signals a background process's group.
+func (l *Local) SignalProcess(ctx context.Context, id, procID string, sig int) error {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return err
+	}
+	return callErr(sb, sb.Agent.Signal(ctx, procID, sig))
+}
+
+// WriteFile streams r into a file of the sandbox.
+func (l *Local) WriteFile(ctx context.Context, id, path string, r io.Reader, opts nodeapi.WriteOptions) (nodeapi.FileInfo, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nodeapi.FileInfo{}, err
+	}
+	fi, err := sb.Agent.WriteFile(ctx, path, r, agentproto.WriteOptions(opts))
+	if err != nil {
+		return nodeapi.FileInfo{}, callErr(sb, err)
+	}
+	return nodeapi.FileInfo(fi), nil
+}
+
+// OpenFile opens a file of the sandbox for reading.
+func (l *Local) OpenFile(ctx context.Context, id, path string) (nodeapi.FileInfo, io.ReadCloser, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nodeapi.FileInfo{}, nil, err
+	}
+	fi, rc, err := sb.Agent.OpenFile(ctx, path)
+	if err != nil {
+		return nodeapi.FileInfo{}, nil, callErr(sb, err)
+	}
+	return nodeapi.FileInfo(fi), &fileReader{sb: sb, rc: rc}, nil
+}
+
+// fileReader maps the errors of a download midway to the contract's.
+type fileReader struct {
+	sb *Sandbox
+	rc io.ReadCloser
+}
+
+func (f *fileReader) Read(p []byte) (int, error) {
+	n, err := f.rc.Read(p)
+	if err != nil && err != io.EOF {
+		err = callErr(f.sb, err)
+	}
+	return n, err
+}
+
+func (f *fileReader) Close() error { return f.rc.Close() }
+
+// Stat describes a path of the sandbox.
+func (l *Local) Stat(ctx context.Context, id, path string) (nodeapi.FileInfo, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nodeapi.FileInfo{}, err
+	}
+	fi, err := sb.Agent.Stat(ctx, path)
+	if err != nil {
+		return nodeapi.FileInfo{}, callErr(sb, err)
+	}
+	return nodeapi.FileInfo(fi), nil
+}
+
+// ListDir lists a directory of the sandbox.
+func (l *Local) ListDir(ctx context.Context, id, path string) ([]nodeapi.FileInfo, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nil, err
+	}
+	fs, err := sb.Agent.ListDir(ctx, path)
+	if err != nil {
+		return nil, callErr(sb, err)
+	}
+	out := make([]nodeapi.FileInfo, len(fs))
+	for i, f := range fs {
+		out[i] = nodeapi.FileInfo(f)
+	}
+	return out, nil
+}
+
+// Mkdir creates a directory in the sandbox.
+func (l *Local) Mkdir(ctx context.Context, id, path string, opts nodeapi.MkdirOptions) (nodeapi.FileInfo, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nodeapi.FileInfo{}, err
+	}
+	fi, err := sb.Agent.Mkdir(ctx, path, opts.Mode, opts.Parents, opts.User)
+	if err != nil {
+		return nodeapi.FileInfo{}, callErr(sb, err)
+	}
+	return nodeapi.FileInfo(fi), nil
+}
+
+// Remove removes a path in the sandbox.
+func (l *Local) Remove(ctx context.Context, id, path string, recursive bool) error {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return err
+	}
+	return callErr(sb, sb.Agent.Remove(ctx, path, recursive))
+}

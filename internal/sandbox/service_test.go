@@ -1,0 +1,288 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/nodeapi"
+	"github.com/evalbox/evalbox/internal/template"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// fakeNode is a nodeapi.Node whose sandboxes are entries in a map; Wait
+// returns what the test sends on a sandbox's channel. Methods the tests
+// do not use are those of the nil interface it embeds.
+type fakeNode struct {
+	nodeapi.Node
+	mu        sync.Mutex
+	n         int
+	creates   []nodeapi.CreateRequest
+	ends      map[string]chan waitResult
+	destroyed map[string]bool
+	createErr error
+	execErr   error
+	waitErrs  int // Waits that fail with ErrNodeUnreachable before one blocks
+}
+
+type waitResult struct {
+	end nodeapi.End
+	err error
+}
+
+func newFakeNode() *fakeNode {
+	return &fakeNode{ends: map[string]chan waitResult{}, destroyed: map[string]bool{}}
+}
+
+func (f *fakeNode) Runtimes(context.Context) ([]string, error) { return []string{"fake"}, nil }
+
+func (f *fakeNode) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.SandboxInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.creates = append(f.creates, req)
+	if f.createErr != nil {
+		return nodeapi.SandboxInfo{}, f.createErr
+	}
+	f.n++
+	id := fmt.Sprintf("sb-%d", f.n)
+	f.ends[id] = make(chan waitResult, 1)
+	return nodeapi.SandboxInfo{ID: id, Runtime: req.Spec.Runtime, RuntimeVersion: "fake/1", StartedAt: time.Now()}, nil
+}
+
+func (f *fakeNode) Destroy(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.destroyed[id] = true
+	return nil
+}
+
+func (f *fakeNode) Wait(ctx context.Context, id string) (nodeapi.End, error) {
+	f.mu.Lock()
+	ch := f.ends[id]
+	fail := f.waitErrs > 0
+	if fail {
+		f.waitErrs--
+	}
+	f.mu.Unlock()
+	if fail {
+		return nodeapi.End{}, fmt.Errorf("grpcnode wait: %w: connection refused", nodeapi.ErrNodeUnreachable)
+	}
+	select {
+	case <-ctx.Done():
+		return nodeapi.End{}, ctx.Err()
+	case r := <-ch:
+		return r.end, r.err
+	}
+}
+
+func (f *fakeNode) Exec(ctx context.Context, id string, req nodeapi.ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (nodeapi.ExitInfo, error) {
+	if f.execErr != nil {
+		return nodeapi.ExitInfo{}, f.execErr
+	}
+	return nodeapi.ExitInfo{Status: nodeapi.StatusExited}, nil
+}
+
+// die makes sandbox id end as the node would report it.
+func (f *fakeNode) die(id string, r waitResult) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ends[id] <- r
+}
+
+func (f *fakeNode) isDestroyed(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.destroyed[id]
+}
+
+type fakeTemplates struct{}
+
+var fakeTemplate = &template.Template{Name: "base", Digest: "sha256:" + strings.Repeat("5", 64), Source: template.SourceBuiltin,
+	Defaults: template.Defaults{CPU: 1, MemoryMB: 256, DiskMB: 64}}
+
+func (fakeTemplates) Acquire(ctx context.Context, teamID, name string) (*template.Template, func(), error) {
+	if name != "base" {
+		return nil, nil, template.ErrNotFound
+	}
+	return fakeTemplate, func() {}, nil
+}
+
+func newTestService(t *testing.T, n nodeapi.Node) (*Service, *memStore) {
+	t.Helper()
+	st := &memStore{rows: map[string]client.Sandbox{}}
+	svc := New(Config{DefaultRuntime: "fake", ReapInterval: time.Hour}, st, n, fakeTemplates{}, slog.New(slog.DiscardHandler))
+	t.Cleanup(func() { svc.Close(context.Background()) })
+	return svc, st
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestCreateSendsTheDigest: the catalog resolves the name once; the node
+// gets the digest, the shape with the template's defaults, and the wait.
+func TestCreateSendsTheDigest(t *testing.T) {
+	f := newFakeNode()
+	svc, _ := newTestService(t, f)
+	if _, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base", MemoryMB: 128, WaitSeconds: 5}); err != nil {
+		t.Fatal(err)
+	}
+	req := f.creates[0]
+	if req.Spec.Template != fakeTemplate.Digest || req.Spec.Runtime != "fake" || req.Spec.Shape.MemoryMB != 128 ||
+		req.Spec.Shape.CPU != 1 || req.Spec.Shape.DiskMB != 64 || req.Wait <= 0 || req.Wait > 5*time.Second {
+		t.Errorf("create request %+v", req)
+	}
+	if _, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "nope"}); apierr.Code(err) != client.CodeNotFound {
+		t.Errorf("unknown template: %v", err)
+	}
+}
+
+// TestDeathIsObserved: a sandbox whose Wait returns is recorded lost,
+// destroyed, and its team slot freed; OOM kills say it ran out of memory;
+// a node that no longer knows it means it is lost too.
+func TestDeathIsObserved(t *testing.T) {
+	f := newFakeNode()
+	svc, st := newTestService(t, f)
+	for _, tc := range []struct {
+		r      waitResult
+		reason string
+	}{
+		{waitResult{end: nodeapi.End{Reason: "agent went away"}}, reasonDied},
+		{waitResult{end: nodeapi.End{OOMKills: 2}}, "out of memory"},
+		{waitResult{err: fmt.Errorf("x: %w", nodeapi.ErrSandboxNotFound)}, reasonDied},
+	} {
+		sb, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.die(sb.ID, tc.r)
+		waitFor(t, "the sandbox lost", func() bool { return st.row(sb.ID).State == client.StateLost })
+		if r := st.row(sb.ID); !strings.Contains(r.EndReason, tc.reason) {
+			t.Errorf("%+v: reason %q, want %q", tc.r, r.EndReason, tc.reason)
+		}
+		waitFor(t, "the sandbox destroyed", func() bool { return f.isDestroyed(sb.ID) })
+		if _, err := svc.Exec(t.Context(), "team", sb.ID, client.ExecRequest{Argv: []string{"true"}}, nil, nil); apierr.Code(err) != client.CodeSandboxNotRunning {
+			t.Errorf("exec in a lost sandbox: %v", err)
+		}
+	}
+}
+
+// TestWatchRetriesAnUnreachableNode: a node that cannot be asked is asked
+// again; the sandbox keeps running. Deleting it ends the watch.
+func TestWatchRetriesAnUnreachableNode(t *testing.T) {
+	f := newFakeNode()
+	f.waitErrs = 3
+	svc, st := newTestService(t, f)
+	sb, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the retries", func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.waitErrs == 0 })
+	time.Sleep(50 * time.Millisecond)
+	if r := st.row(sb.ID); r.State != client.StateRunning {
+		t.Fatalf("an unreachable node ended the sandbox: %+v", r)
+	}
+	if err := svc.Delete(t.Context(), "team", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r := st.row(sb.ID); r.State != client.StateDeleted || !f.isDestroyed(sb.ID) {
+		t.Errorf("after delete: %+v", r)
+	}
+}
+
+// TestCallErrors: the node's errors keep their meaning for the API.
+func TestCallErrors(t *testing.T) {
+	f := newFakeNode()
+	svc, st := newTestService(t, f)
+	exec := func(id string) error {
+		_, err := svc.Exec(t.Context(), "team", id, client.ExecRequest{Argv: []string{"true"}}, nil, nil)
+		return err
+	}
+	create := func() string {
+		sb, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb.ID
+	}
+
+	id := create()
+	f.execErr = &nodeapi.AgentError{Code: nodeapi.CodeNotFound, Message: "no such file"}
+	if err := exec(id); apierr.Code(err) != client.CodeNotFound {
+		t.Errorf("agent not found: %v", err)
+	}
+	f.execErr = fmt.Errorf("grpcnode exec: %w: reset", nodeapi.ErrNodeUnreachable)
+	if err := exec(id); apierr.Code(err) != client.CodeUnavailable || st.row(id).State != client.StateRunning {
+		t.Errorf("unreachable node: %v, %s", err, st.row(id).State)
+	}
+	f.execErr = &nodeapi.StoppedError{ID: id}
+	if err := exec(id); apierr.Code(err) != client.CodeSandboxNotRunning || !errors.Is(err, apierr.ErrStoppedDuringCall) || st.row(id).State != client.StateLost {
+		t.Errorf("stopped during the call: %v, %s", err, st.row(id).State)
+	}
+	id = create()
+	f.execErr = &nodeapi.StoppedError{ID: id, OOMKills: 1}
+	if err := exec(id); !errors.Is(err, apierr.ErrOutOfMemory) || !strings.Contains(st.row(id).EndReason, "out of memory") {
+		t.Errorf("out of memory during the call: %v, %q", err, st.row(id).EndReason)
+	}
+
+	f.createErr = &nodeapi.CapacityError{Resource: "pids", Need: 10, Reserved: 5, Budget: 10}
+	_, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"})
+	if ae := (*apierr.Error)(nil); !errors.As(err, &ae) || ae.Code != client.CodeInsufficientCapacity || ae.RetryAfter == 0 {
+		t.Errorf("capacity: %v", err)
+	}
+	f.createErr = &nodeapi.TemplateMissingError{Digest: fakeTemplate.Digest}
+	if _, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"}); apierr.Code(err) != client.CodeUnavailable {
+		t.Errorf("template missing on the node: %v", err)
+	}
+}
+
+// procNode adds background processes whose WaitProcess fails as an
+// unreachable node would, a few times, then blocks until the sandbox's
+// call ends.
+type procNode struct {
+	*fakeNode
+	waits atomic.Int64
+	fails int64
+}
+
+func (p *procNode) StartProcess(ctx context.Context, id string, req nodeapi.ExecRequest) (nodeapi.ProcInfo, error) {
+	return nodeapi.ProcInfo{ID: "p-1", Pid: 7, Running: true}, nil
+}
+
+func (p *procNode) WaitProcess(ctx context.Context, id, procID string) (nodeapi.ExitInfo, error) {
+	if p.waits.Add(1) <= p.fails {
+		return nodeapi.ExitInfo{}, fmt.Errorf("grpcnode wait_process: %w", nodeapi.ErrNodeUnreachable)
+	}
+	return nodeapi.ExitInfo{}, &nodeapi.StoppedError{ID: id}
+}
+
+// TestBackgroundSlotThroughAnUnreachableNode: the wait that holds a
+// background process's exec slot is asked again while the node cannot be
+// reached.
+func TestBackgroundSlotThroughAnUnreachableNode(t *testing.T) {
+	p := &procNode{fakeNode: newFakeNode(), fails: 3}
+	svc, _ := newTestService(t, p)
+	sb, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.StartProcess(t.Context(), "team", sb.ID, client.ExecRequest{Argv: []string{"sleep", "9"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the waits", func() bool { return p.waits.Load() == 4 })
+}
