@@ -267,7 +267,10 @@ sleep 1000`, pidFile)
 	if out != "partial\n" || errOut != "err\n" {
 		t.Fatalf("partial output: stdout %q stderr %q", out, errOut)
 	}
-	if took > 3*time.Second || exit.DurationMs < 400 {
+	// Not a timing check: the daemon holds stdout open for 1000 s, and
+	// the exec must end at its timeout without waiting for it (a loaded
+	// host took 6.8 s for this).
+	if took > time.Minute || exit.DurationMs < 400 {
 		t.Fatalf("took %v, duration %d ms", took, exit.DurationMs)
 	}
 	pid := readPid(t, pidFile)
