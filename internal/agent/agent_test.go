@@ -1230,9 +1230,18 @@ if os.fork() == 0:
     os._exit(0)
 time.sleep(1000)
 `, pidFile)
-	exit, _, _ := ta.exec(t, agentproto.ExecRequest{Argv: []string{"python3", "-c", prog}, TimeoutMs: 800})
-	if exit.Status != agentproto.StatusTimedOut {
-		t.Fatalf("exit %+v", exit)
+	// The timeout must come after the daemon exists: a loaded host can
+	// take longer than it to start Python, so a run in which the daemon
+	// never wrote its pid is run again with twice the timeout.
+	for timeout := int64(800); ; timeout *= 2 {
+		exit, _, _ := ta.exec(t, agentproto.ExecRequest{Argv: []string{"python3", "-c", prog}, TimeoutMs: timeout})
+		if exit.Status != agentproto.StatusTimedOut {
+			t.Fatalf("exit %+v", exit)
+		}
+		if _, err := os.Stat(pidFile); err == nil || timeout >= 12_800 {
+			break
+		}
+		t.Logf("the daemon did not start within a %d ms timeout: again", timeout)
 	}
 	pid := readPid(t, pidFile)
 	for deadline := time.Now().Add(5 * time.Second); threadsAlive(pid); {
