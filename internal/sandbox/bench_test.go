@@ -1,16 +1,19 @@
 package sandbox
 
-// Benchmarks of the service on a real node (namespaces, the real agent),
-// through the node contract in process and over gRPC on loopback.
-// BENCHMARKS.md has their numbers, and those of the direct path before the
-// contract. They need root, $EVALBOX_TEST_ROOTFS and the agent binary
+// Benchmarks of the service on a real node (namespaces, the real agent)
+// through the node contract in process. BENCHMARKS.md has their numbers
+// next to those of the direct path before the contract (the same
+// benchmarks on that commit) and of the contract over gRPC (grpcnode's
+// BenchmarkService*: that test binary links gRPC, whose package
+// initialisation every namespaces sandbox start pays, since the init stage
+// re-executes the test binary; this one must not, to compare with the
+// direct path). They need root, $EVALBOX_TEST_ROOTFS and the agent binary
 // ($EVALBOX_BIN_DIR, default <repo>/bin).
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -18,8 +21,6 @@ import (
 	"time"
 
 	"github.com/evalbox/evalbox/internal/node"
-	"github.com/evalbox/evalbox/internal/nodeapi"
-	"github.com/evalbox/evalbox/internal/nodeapi/grpcnode"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/namespaces"
 	"github.com/evalbox/evalbox/internal/store"
@@ -90,8 +91,8 @@ func (r regTemplates) Acquire(ctx context.Context, teamID, name string) (*templa
 }
 
 // benchService returns a service on a real node, reached through the
-// contract in process (remote false) or over gRPC on loopback.
-func benchService(b *testing.B, remote bool) *Service {
+// contract in process.
+func benchService(b *testing.B) *Service {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root")
 	}
@@ -126,26 +127,7 @@ func benchService(b *testing.B, remote bool) *Service {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var contract nodeapi.Node = node.NewLocal(n)
-	if remote {
-		srv, err := grpcnode.NewServer(contract, grpcnode.ServerConfig{Token: "bench-token", Logger: log})
-		if err != nil {
-			b.Fatal(err)
-		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		go srv.Serve(ln)
-		b.Cleanup(srv.Stop)
-		cc, err := grpcnode.Dial(ln.Addr().String(), grpcnode.ClientConfig{Token: "bench-token"})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { cc.Close() })
-		contract = grpcnode.NewClient(cc)
-	}
-	svc := New(Config{DefaultRuntime: client.RuntimeNamespaces}, &memStore{rows: map[string]client.Sandbox{}}, contract, regTemplates{reg}, log)
+	svc := New(Config{DefaultRuntime: client.RuntimeNamespaces}, &memStore{rows: map[string]client.Sandbox{}}, node.NewLocal(n), regTemplates{reg}, log)
 	b.Cleanup(func() {
 		svc.Close(context.Background())
 		n.Close(context.Background())
@@ -154,19 +136,8 @@ func benchService(b *testing.B, remote bool) *Service {
 	return svc
 }
 
-// transports are the benchmarks' sub-benchmarks.
-var transports = []struct {
-	name   string
-	remote bool
-}{{"inprocess", false}, {"grpc", true}}
-
 func BenchmarkServiceExecTrue(b *testing.B) {
-	for _, tr := range transports {
-		b.Run(tr.name, func(b *testing.B) { benchExecTrue(b, benchService(b, tr.remote)) })
-	}
-}
-
-func benchExecTrue(b *testing.B, svc *Service) {
+	svc := benchService(b)
 	ctx := context.Background()
 	sb, err := svc.Create(ctx, "team", client.CreateSandboxRequest{Template: "base"})
 	if err != nil {
@@ -182,12 +153,7 @@ func benchExecTrue(b *testing.B, svc *Service) {
 }
 
 func BenchmarkServiceCreateExecDestroy(b *testing.B) {
-	for _, tr := range transports {
-		b.Run(tr.name, func(b *testing.B) { benchCreateExecDestroy(b, benchService(b, tr.remote)) })
-	}
-}
-
-func benchCreateExecDestroy(b *testing.B, svc *Service) {
+	svc := benchService(b)
 	ctx := context.Background()
 	req := client.ExecRequest{Argv: []string{"true"}}
 	for b.Loop() {
