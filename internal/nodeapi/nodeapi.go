@@ -131,6 +131,12 @@ type CreateRequest struct {
 	// Wait is how long a start may queue for host capacity (0: not at
 	// all; < 0: until ctx ends).
 	Wait time.Duration
+	// ContentDigest is the sha256 of the template's export stream
+	// ("sha256:…", template.Registry.ContentDigest): a node that lacks
+	// Spec.Template fetches it from the control plane and keeps it only
+	// when the stream hashes to this. Empty: a node that lacks the
+	// template does not fetch it (ErrTemplateMissing).
+	ContentDigest string
 }
 
 // SandboxInfo describes a sandbox a node runs.
