@@ -46,7 +46,7 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		Catalog:       catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
 		OutputMemory:  int64(c.OutputMemoryMB) << 20,
 		HTTP:          server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
-		RegistryAllow: c.RegistryAllow, RegistryHostCredentials: c.RegistryHostCredentials,
+		RegistryAllow: c.RegistryAllow, RegistryHostCredentials: c.RegistryHostCredentials, NodeToken: c.NodeToken,
 		Logger: c.Logger,
 	})
 }

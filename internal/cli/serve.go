@@ -68,6 +68,9 @@ type ServeConfig struct {
 	// RegistryHostCredentials: imports use the host's registry
 	// credentials (shared by every team).
 	RegistryHostCredentials bool
+	// NodeToken is the node token (from --node-token-file, trimmed): node
+	// agents that send it may fetch templates. Never printed or logged.
+	NodeToken string `json:"-"`
 }
 
 // PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
@@ -112,15 +115,16 @@ const (
 func newServeCmd() *cobra.Command {
 	cfg := ServeConfig{}
 	var (
-		defTimeout   = seconds(DefaultTimeout)
-		maxTimeout   = seconds(DefaultMaxTimeout)
-		maxFileBytes = byteSize(DefaultMaxFileBytes)
-		buildTimeout = seconds(DefaultBuildTimeout)
-		execWait     = seconds(DefaultExecWait)
-		readHeader   = seconds(DefaultReadHeader)
-		idleTimeout  = seconds(DefaultIdleTimeout)
-		pool         string
-		nodeFlags    = nodeFlagSet{cfg: &cfg.NodeFlags}
+		defTimeout    = seconds(DefaultTimeout)
+		maxTimeout    = seconds(DefaultMaxTimeout)
+		maxFileBytes  = byteSize(DefaultMaxFileBytes)
+		buildTimeout  = seconds(DefaultBuildTimeout)
+		execWait      = seconds(DefaultExecWait)
+		readHeader    = seconds(DefaultReadHeader)
+		idleTimeout   = seconds(DefaultIdleTimeout)
+		pool          string
+		nodeTokenFile string
+		nodeFlags     = nodeFlagSet{cfg: &cfg.NodeFlags}
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -188,6 +192,15 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			if cfg.MaxStorageMB < 0 || cfg.MaxStorageMB > 1<<30 {
 				return usagef(cmd, "--max-storage-mb must be between 0 (no limit) and %d", 1<<30)
 			}
+			if nodeTokenFile != "" {
+				b, err := os.ReadFile(nodeTokenFile)
+				if err != nil {
+					return usagef(cmd, "--node-token-file: %v", err)
+				}
+				if cfg.NodeToken = strings.TrimSpace(string(b)); cfg.NodeToken == "" {
+					return usagef(cmd, "--node-token-file %s is empty", nodeTokenFile)
+				}
+			}
 			if ServeFunc == nil {
 				return errors.New("this evalbox binary was built without a server (cli.ServeFunc is not set)")
 			}
@@ -203,6 +216,7 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	nodeFlags.register(f, DefaultDataDir)
 	f.StringVar(&cfg.Database, "database", "", "state database: postgres://USER@HOST/DB (password from PGPASSWORD or ~/.pgpass), or an SQLite file (PATH or sqlite:PATH) (default: evalbox.db in --data-dir)")
 	f.StringVar(&cfg.Listen, "listen", DefaultListen, "address of the API (host:port)")
+	f.StringVar(&nodeTokenFile, "node-token-file", "", "file holding the node token (trimmed): node agents that send it fetch templates from GET /v1/internal/templates/{digest} (default: none, not served)")
 	f.Var(&defTimeout, "default-timeout", "sandbox TTL when a create request gives none (seconds or a duration)")
 	f.Var(&maxTimeout, "max-timeout", "longest sandbox TTL (seconds or a duration)")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "a team's default limit of running sandboxes")

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -15,16 +14,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/evalbox/evalbox/internal/fleet/membership"
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/template"
 )
-
-// HeaderContentDigest is the header of the control plane's answer to a
-// template fetch that names the stream's content digest.
-const HeaderContentDigest = "Evalbox-Content-Digest"
-
-// TemplatePath is the control plane's path of a template's export stream,
-// for its digest.
-func TemplatePath(digest string) string { return "/v1/internal/templates/" + url.PathEscape(digest) }
 
 // fetchTimeout bounds one template fetch.
 const fetchTimeout = 30 * time.Minute
@@ -87,7 +79,7 @@ func (f *fetcher) do(digest, contentDigest string) error {
 	ctx, cancel := context.WithTimeout(f.life, fetchTimeout)
 	defer cancel()
 	start := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.base+TemplatePath(digest), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.base+nodeapi.TemplatePath(digest), nil)
 	if err != nil {
 		return fmt.Errorf("nodeagent: fetch %s: %w", digest, err)
 	}
@@ -100,7 +92,7 @@ func (f *fetcher) do(digest, contentDigest string) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("nodeagent: fetch %s: the control plane answered %s", digest, resp.Status)
 	}
-	if got := resp.Header.Get(HeaderContentDigest); got != "" && got != contentDigest {
+	if got := resp.Header.Get(nodeapi.HeaderContentDigest); got != "" && got != contentDigest {
 		return fmt.Errorf("nodeagent: fetch %s: %w: the control plane sends %s, the create asks for %s",
 			digest, template.ErrContentMismatch, got, contentDigest)
 	}

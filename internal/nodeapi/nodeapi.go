@@ -21,6 +21,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/url"
 	"time"
 )
 
@@ -94,6 +95,18 @@ type Node interface {
 	// recursive. Removing "/" is refused.
 	Remove(ctx context.Context, id, path string, recursive bool) error
 }
+
+// Templates by digest: a node that lacks a create's template fetches it
+// from the control plane, GET TemplatePath(digest) with "authorization:
+// Bearer <node token>", which answers the template's export stream (its
+// metadata and root filesystem as one tar; internal/template's Export) with
+// its content digest in HeaderContentDigest. The node keeps it only when
+// the stream hashes to CreateRequest.ContentDigest.
+const HeaderContentDigest = "Evalbox-Content-Digest"
+
+// TemplatePath is the control plane's path of the export stream of the
+// template of digest.
+func TemplatePath(digest string) string { return "/v1/internal/templates/" + url.PathEscape(digest) }
 
 // Network modes of a Shape.
 const (

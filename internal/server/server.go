@@ -82,7 +82,10 @@ type Config struct {
 	// RegistryHostCredentials makes registry imports use the host's
 	// registry credentials, for every team (default: anonymous pulls).
 	RegistryHostCredentials bool
-	Logger                  *slog.Logger
+	// NodeToken, when set, serves templates to node agents that send it
+	// (GET /v1/internal/templates/{digest}). Never logged.
+	NodeToken string
+	Logger    *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
 	Ready func(addr string)
@@ -235,8 +238,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 
-	handler := api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
+	var handler http.Handler = api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
 		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: n.Runtimes(), Pools: local, Capacity: local, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log})
+	if cfg.NodeToken != "" {
+		handler = internalTemplates(handler, templates, cfg.NodeToken, log)
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
