@@ -378,7 +378,7 @@ func TestNodeAgent(t *testing.T) {
 func TestNodeRestartSweeps(t *testing.T) {
 	c := startCluster(t, true)
 	n := startNode(t, c, nodeOptions{id: "node-r"})
-	n.waitReady(2 * time.Minute)
+	t.Logf("node start to ready (swept, serving, Lease written): %v", n.waitReady(2*time.Minute).Round(time.Millisecond))
 	first := c.lease(t, "node-r")
 	node := n.client(t, n.token)
 	var ids []string
@@ -396,7 +396,7 @@ func TestNodeRestartSweeps(t *testing.T) {
 		}
 	}
 	n2 := startNode(t, c, nodeOptions{id: "node-r", dataDir: n.dataDir})
-	n2.waitReady(2 * time.Minute)
+	t.Logf("node restart to ready, sweeping 2 sandboxes left by kill -9: %v", n2.waitReady(2*time.Minute).Round(time.Millisecond))
 	assertNoLeftovers(t, n.dataDir, ids...)
 	again := c.lease(t, "node-r")
 	if again == nil || !again.AcquireTime.After(first.AcquireTime) || again.Capacity.Sandboxes != 0 || again.Address != n2.addr {
