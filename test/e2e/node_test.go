@@ -355,11 +355,24 @@ func TestNodeAgent(t *testing.T) {
 
 	// SIGTERM with a sandbox running: not ready, then gone, sandbox and
 	// Lease with it, exit 0.
+	// not ready while it shuts down (its gVisor sandbox takes a while to
+	// destroy): /readyz answers 503 until the process is gone.
 	_ = n.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-n.exited:
-	case <-time.After(90 * time.Second):
-		t.Fatal("node did not stop")
+	saw503 := false
+	for stopBy := time.Now().Add(90 * time.Second); n.running(); {
+		if time.Now().After(stopBy) {
+			t.Fatal("node did not stop")
+		}
+		code := n.readyz()
+		if code == http.StatusServiceUnavailable {
+			saw503 = true
+		} else if code == http.StatusOK && saw503 {
+			t.Fatal("/readyz answered 200 again during the shutdown")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !saw503 {
+		t.Error("/readyz never answered 503 during the shutdown")
 	}
 	if n.exitErr != nil {
 		t.Fatalf("exit: %v\n%s", n.exitErr, tail(n.logPath, 20))
