@@ -8,11 +8,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -20,15 +18,11 @@ import (
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/evalrun"
-	"github.com/evalbox/evalbox/internal/instance"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/nodeapi"
+	"github.com/evalbox/evalbox/internal/nodehost"
 	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/quota"
-	"github.com/evalbox/evalbox/internal/runtime"
-	"github.com/evalbox/evalbox/internal/runtime/gvisor"
-	"github.com/evalbox/evalbox/internal/runtime/namespaces"
-	"github.com/evalbox/evalbox/internal/runtime/network"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template"
@@ -88,7 +82,10 @@ type Config struct {
 	// RegistryHostCredentials makes registry imports use the host's
 	// registry credentials, for every team (default: anonymous pulls).
 	RegistryHostCredentials bool
-	Logger                  *slog.Logger
+	// NodeToken, when set, serves templates to node agents that send it
+	// (GET /v1/internal/templates/{digest}). Never logged.
+	NodeToken string
+	Logger    *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
 	Ready func(addr string)
@@ -141,38 +138,23 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.DataDir == "" {
 		return errors.New("server: data dir is required")
 	}
-	// The data dir holds the database, the admin key and every team's
-	// templates and logs: the owner's alone, also when it existed before.
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+	// The node first: it makes the data dir (the owner's alone), which
+	// also holds the SQLite database, the admin key and build logs.
+	host, err := nodehost.Open(ctx, nodehost.Config{DataDir: cfg.DataDir, Runsc: cfg.Runsc, Agent: cfg.Agent,
+		TemplatesDir: cfg.TemplatesDir, Mirror: cfg.Mirror, Builtins: cfg.Builtins, Runtimes: cfg.Runtimes,
+		Build: cfg.Build, Capacity: cfg.Capacity, Logger: log})
+	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
-	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
-		return fmt.Errorf("server: %w", err)
-	}
-	exeDir := ""
-	if exe, err := os.Executable(); err == nil {
-		exeDir = filepath.Dir(exe)
-	}
-	if cfg.Agent == "" {
-		cfg.Agent = filepath.Join(exeDir, "evalbox-agent")
-	}
-	if cfg.Runsc == "" {
-		cfg.Runsc = filepath.Join(exeDir, "runsc")
-	}
-	if _, err := os.Stat(cfg.Agent); err != nil {
-		return fmt.Errorf("server: agent binary: %w (build cmd/evalbox-agent, or pass --agent)", err)
-	}
-	if cfg.TemplatesDir == "" {
-		cfg.TemplatesDir = filepath.Join(cfg.DataDir, "templates")
-	}
+	// After the node destroyed every sandbox (below), or at once on an
+	// error before: closing twice does nothing more.
+	defer host.Close(context.Background())
+	n, templates := host.Node, host.Templates
 	if cfg.Limits.MaxSandboxes == 0 {
 		cfg.Limits.MaxSandboxes = 20
 	}
 	if cfg.Limits.MaxConcurrentExec == 0 {
 		cfg.Limits.MaxConcurrentExec = 64
-	}
-	if len(cfg.Runtimes) == 0 {
-		cfg.Runtimes = []string{client.RuntimeGVisor, client.RuntimeNamespaces}
 	}
 
 	dsn := cfg.Database
@@ -193,77 +175,6 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Info("created admin key", "file", filepath.Join(cfg.DataDir, "admin.key"))
 	}
 
-	templates, err := template.Open(cfg.TemplatesDir, log)
-	if err != nil {
-		return fmt.Errorf("server: %w", err)
-	}
-	for _, name := range cfg.Builtins {
-		if _, err := templates.EnsureBuiltin(ctx, name, cfg.Mirror, io.Discard); err != nil {
-			return fmt.Errorf("server: %w", err)
-		}
-	}
-	// Built and imported templates and the layer cache are this server's
-	// state, next to its database (the built-ins' directory is a cache that
-	// servers may share).
-	if err := templates.UseStore(filepath.Join(cfg.DataDir, "images")); err != nil {
-		return fmt.Errorf("server: %w", err)
-	}
-
-	// Host-wide names (cgroup parents, link aliases) carry the instance,
-	// so that two servers on one host never sweep each other's sandboxes.
-	inst := instance.ID(cfg.DataDir)
-	// One outbound network for all drivers: one address pool.
-	netm, err := network.New(network.Config{Scope: inst, Logger: log})
-	if err != nil {
-		return fmt.Errorf("server: %w", err)
-	}
-	var runtimes []runtime.Runtime
-	var closers []interface{ Close() error }
-	for _, name := range cfg.Runtimes {
-		switch name {
-		case client.RuntimeGVisor:
-			gv, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, RootDir: filepath.Join(cfg.DataDir, "runsc"),
-				CgroupParent: instance.GVisorCgroupParent(inst), Network: netm, Logger: log})
-			if err != nil {
-				return fmt.Errorf("server: %w", err)
-			}
-			runtimes = append(runtimes, gv)
-			closers = append(closers, gv)
-		case client.RuntimeNamespaces:
-			ns, err := namespaces.New(namespaces.Config{CgroupParent: instance.NamespacesCgroupParent(inst), Network: netm, Logger: log})
-			if err != nil {
-				return fmt.Errorf("server: %w", err)
-			}
-			runtimes = append(runtimes, ns)
-			closers = append(closers, ns)
-		default:
-			return fmt.Errorf("server: unknown runtime %q", name)
-		}
-	}
-	defer func() {
-		// After the node destroyed every sandbox (deferred calls run last in, first out).
-		for _, c := range closers {
-			if err := c.Close(); err != nil {
-				log.Warn("closing runtime", "err", err)
-			}
-		}
-	}()
-
-	capacity, err := node.NewCapacity(cfg.Capacity)
-	if err != nil {
-		return fmt.Errorf("server: %w", err)
-	}
-	n, err := node.New(node.Config{Runtimes: runtimes, Templates: templates, AgentPath: cfg.Agent,
-		StateDir: filepath.Join(cfg.DataDir, "sandboxes"), Build: cfg.Build, Capacity: capacity, Logger: log})
-	if err != nil {
-		return fmt.Errorf("server: %w", err)
-	}
-	if removed, err := n.Sweep(ctx); err != nil {
-		log.Warn("sweeping leftovers", "err", err)
-	} else if len(removed) > 0 {
-		log.Info("removed leftover sandboxes", "count", len(removed))
-	}
-	n.SweepEvery(time.Minute)
 	cat := cfg.Catalog
 	if cat.Mirror == "" {
 		cat.Mirror = cfg.Mirror
@@ -327,8 +238,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 
-	handler := api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
+	var handler http.Handler = api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
 		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: n.Runtimes(), Pools: local, Capacity: local, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log})
+	if cfg.NodeToken != "" {
+		handler = internalTemplates(handler, templates, cfg.NodeToken, log)
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
