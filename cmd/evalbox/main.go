@@ -42,6 +42,7 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		OutputMemory:  int64(c.OutputMemoryMB) << 20,
 		HTTP:          server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
 		RegistryAllow: c.RegistryAllow, RegistryHostCredentials: c.RegistryHostCredentials,
+		ReplicaID: c.ReplicaID, EvalLease: c.EvalLease,
 		Logger: c.Logger,
 	})
 }

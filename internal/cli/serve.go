@@ -83,6 +83,14 @@ type ServeConfig struct {
 	// RegistryHostCredentials: imports use the host's registry
 	// credentials (shared by every team).
 	RegistryHostCredentials bool
+	// ReplicaID names this API replica among those sharing a PostgreSQL
+	// database (the leases of its eval runs, its creates' team slots);
+	// empty: the host name and process id.
+	ReplicaID string
+	// EvalLease is how long an eval run's lease outlives its replica's
+	// last renewal, i.e. how soon another replica takes over the runs of
+	// one that died (hidden flag; tests shorten it).
+	EvalLease time.Duration
 	// LogLevel is the minimum level logged; Logger logs to stderr at it.
 	LogLevel slog.Level
 	Logger   *slog.Logger
@@ -123,6 +131,7 @@ const (
 	DefaultPids             = 1024
 	DefaultMemoryOvercommit = 2
 	DefaultReadHeader       = 10 * time.Second
+	DefaultEvalLease        = 15 * time.Second
 	DefaultIdleTimeout      = 2 * time.Minute
 	defaultLogLevelString   = "info"
 )
@@ -137,6 +146,7 @@ func newServeCmd() *cobra.Command {
 		execWait     = seconds(DefaultExecWait)
 		readHeader   = seconds(DefaultReadHeader)
 		idleTimeout  = seconds(DefaultIdleTimeout)
+		evalLease    = seconds(DefaultEvalLease)
 		pool         string
 		logLevel     string
 	)
@@ -171,6 +181,10 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			cfg.ExecWait = time.Duration(execWait)
 			cfg.ReadHeaderTimeout = time.Duration(readHeader)
 			cfg.IdleTimeout = time.Duration(idleTimeout)
+			cfg.EvalLease = time.Duration(evalLease)
+			if cfg.EvalLease < time.Second {
+				return usagef(cmd, "--eval-lease must be at least 1s")
+			}
 			if cfg.ReadHeaderTimeout <= 0 || cfg.IdleTimeout <= 0 {
 				return usagef(cmd, "--http-read-header-timeout and --http-idle-timeout must be positive")
 			}
@@ -261,6 +275,9 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 		"host memory kept out of the sandboxes' budget, in MiB; no sandbox starts while MemAvailable is below it (default: max(2048, 10% of MemTotal))")
 	f.Float64Var(&cfg.MemoryOvercommit, "memory-overcommit", DefaultMemoryOvercommit,
 		"how many times the host's memory (less the reserve) the sandboxes' memory limits may add up to; raise it for many idle sandboxes")
+	f.StringVar(&cfg.ReplicaID, "replica-id", "", "name of this API replica among those sharing one PostgreSQL database (default: host name and process id)")
+	f.Var(&evalLease, "eval-lease", "how long an eval run's lease outlives its replica's last renewal (another replica then takes the run over)")
+	_ = f.MarkHidden("eval-lease")
 	// Hidden: the HTTP connection bounds, for tests.
 	f.Var(&readHeader, "http-read-header-timeout", "time a client has to send a request's headers")
 	f.Var(&idleTimeout, "http-idle-timeout", "time a keep-alive connection may stay idle")

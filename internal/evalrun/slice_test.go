@@ -161,7 +161,7 @@ func newHostService(t *testing.T) (*Service, *store.Store, *hostSandboxes, strin
 		t.Fatal(err)
 	}
 	h := &hostSandboxes{dirs: map[string]string{}}
-	s := New(st, h, nil, nil, nil)
+	s := New(st, h, nil, nil, Leases{}, nil)
 	s.trials.Backoff = time.Millisecond
 	s.hostHarness = true
 	t.Cleanup(func() {

@@ -204,3 +204,17 @@ func benchCreateExecDestroy(b *testing.B, svc *Service) {
 		}
 	}
 }
+
+func (m *memStore) TakeSlot(ctx context.Context, teamID, replica string, ttl time.Duration) (string, error) {
+	return store.NewID("slot"), nil
+}
+func (m *memStore) ReleaseSlot(ctx context.Context, id string) error { return nil }
+func (m *memStore) RenewSlots(ctx context.Context, replica string, ttl time.Duration) error {
+	return nil
+}
+func (m *memStore) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, nodeID, slotID string) (client.Sandbox, error) {
+	return m.InsertSandbox(ctx, sb)
+}
+func (m *memStore) ListRunningOnNode(ctx context.Context, nodeID string) ([]client.Sandbox, error) {
+	return nil, nil
+}

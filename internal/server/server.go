@@ -88,7 +88,13 @@ type Config struct {
 	// RegistryHostCredentials makes registry imports use the host's
 	// registry credentials, for every team (default: anonymous pulls).
 	RegistryHostCredentials bool
-	Logger                  *slog.Logger
+	// ReplicaID names this API replica among those sharing a PostgreSQL
+	// database: the leases of the eval runs it runs and the team slots
+	// its creates hold (empty: the host name and process id).
+	ReplicaID string
+	// EvalLease is an eval run's lease (0: evalrun.DefaultLeaseTTL).
+	EvalLease time.Duration
+	Logger    *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
 	Ready func(addr string)
@@ -300,6 +306,20 @@ func Run(ctx context.Context, cfg Config) error {
 	// The control plane drives the node through the node contract only;
 	// in process, without serialisation.
 	local := node.NewLocal(n)
+	// Several API replicas may share a PostgreSQL database; an SQLite one
+	// is this server's alone. The embedded node is named by the host and
+	// the data dir (stable across restarts: its rows are recovered by the
+	// server that restarts on that dir, never by another replica).
+	exclusive := st.Backend() != "postgres"
+	replica := cfg.ReplicaID
+	if replica == "" {
+		host, _ := os.Hostname()
+		replica = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	host, _ := os.Hostname()
+	nodeID := "local:" + host + ":" + inst
+	log.Info("replica", "replica", replica, "node", nodeID, "exclusive", exclusive)
+	cfg.Service.NodeID, cfg.Service.Exclusive, cfg.Service.ReplicaID = nodeID, exclusive, replica
 	svc := sandbox.New(cfg.Service, st, local, tmpls, log)
 	if err := svc.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -311,7 +331,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.OutputMemory = DefaultOutputMemory
 	}
 	outputBudget := outbuf.NewBudget(cfg.OutputMemory)
-	evals := evalrun.New(st, svc, outputBudget, storage, log)
+	evals := evalrun.New(st, svc, outputBudget, storage, evalrun.Leases{Owner: replica, TTL: cfg.EvalLease, Exclusive: exclusive}, log)
 	defer evals.Close()
 	if err := evals.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
