@@ -47,6 +47,7 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		OutputMemory:  int64(c.OutputMemoryMB) << 20,
 		HTTP:          server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
 		RegistryAllow: c.RegistryAllow, RegistryHostCredentials: c.RegistryHostCredentials, NodeToken: c.NodeToken,
+		ReplicaID: c.ReplicaID, EvalLease: c.EvalLease,
 		Logger: c.Logger,
 	})
 }

@@ -456,7 +456,7 @@ func TestServe(t *testing.T) {
 		"--max-file-bytes", "512MiB", "--pool", "base:gvisor=4, python:namespaces=2,node=1", "--log-level", "debug",
 		"--max-builds", "3", "--build-timeout", "10m", "--build-network", "none", "--exec-wait", "30",
 		"--output-memory-mb", "256", "--http-read-header-timeout", "3", "--http-idle-timeout", "1m", "--max-storage-mb", "512",
-		"--registry-allow", "registry.internal:5000,ghcr.io",
+		"--registry-allow", "registry.internal:5000,ghcr.io", "--replica-id", "api-1", "--eval-lease", "5s",
 		"--pids", "512", "--host-pids", "16996", "--host-reserve-memory-mb", "4096", "--memory-overcommit", "3.5").ok(t)
 	want := ServeConfig{
 		NodeFlags: NodeFlags{DataDir: "/tmp/ebx", RunscPath: "/bin/runsc", AgentPath: "/bin/agent", TemplatesDir: "/tmp/tmpl",
@@ -468,6 +468,7 @@ func TestServe(t *testing.T) {
 		OutputMemoryMB: 256, ReadHeaderTimeout: 3 * time.Second, IdleTimeout: time.Minute, MaxStorageMB: 512,
 		RegistryAllow: []string{"registry.internal:5000", "ghcr.io"},
 		Pids:          512,
+		ReplicaID:     "api-1", EvalLease: 5 * time.Second,
 	}
 	if got.Logger == nil || !got.Logger.Enabled(context.Background(), -4) {
 		t.Error("no debug logger")
@@ -483,7 +484,8 @@ func TestServe(t *testing.T) {
 		got.MaxTimeout != DefaultMaxTimeout || got.MaxFileBytes != DefaultMaxFileBytes || got.Pool != nil || got.LogLevel != 0 ||
 		got.OutputMemoryMB != DefaultOutputMemoryMB || got.ReadHeaderTimeout != DefaultReadHeader || got.IdleTimeout != DefaultIdleTimeout ||
 		got.MaxStorageMB != DefaultMaxStorageMB || got.RegistryAllow != nil ||
-		got.Pids != DefaultPids || got.MemoryOvercommit != DefaultMemoryOvercommit || got.HostPids != 0 || got.HostReservePids != 0 || got.HostReserveMemoryMB != 0 {
+		got.Pids != DefaultPids || got.MemoryOvercommit != DefaultMemoryOvercommit || got.HostPids != 0 || got.HostReservePids != 0 || got.HostReserveMemoryMB != 0 ||
+		got.ReplicaID != "" || got.EvalLease != DefaultEvalLease {
 		t.Errorf("defaults %+v", got)
 	}
 

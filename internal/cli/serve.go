@@ -71,6 +71,14 @@ type ServeConfig struct {
 	// NodeToken is the node token (from --node-token-file, trimmed): node
 	// agents that send it may fetch templates. Never printed or logged.
 	NodeToken string `json:"-"`
+	// ReplicaID names this API replica among those sharing a PostgreSQL
+	// database (the leases of its eval runs, its creates' team slots);
+	// empty: the host name and process id.
+	ReplicaID string
+	// EvalLease is how long an eval run's lease outlives its replica's
+	// last renewal, i.e. how soon another replica takes over the runs of
+	// one that died (hidden flag; tests shorten it).
+	EvalLease time.Duration
 }
 
 // PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
@@ -108,6 +116,7 @@ const (
 	DefaultPids             = 1024
 	DefaultMemoryOvercommit = 2
 	DefaultReadHeader       = 10 * time.Second
+	DefaultEvalLease        = 15 * time.Second
 	DefaultIdleTimeout      = 2 * time.Minute
 	defaultLogLevelString   = "info"
 )
@@ -122,6 +131,7 @@ func newServeCmd() *cobra.Command {
 		execWait      = seconds(DefaultExecWait)
 		readHeader    = seconds(DefaultReadHeader)
 		idleTimeout   = seconds(DefaultIdleTimeout)
+		evalLease     = seconds(DefaultEvalLease)
 		pool          string
 		nodeTokenFile string
 		nodeFlags     = nodeFlagSet{cfg: &cfg.NodeFlags}
@@ -157,6 +167,10 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			cfg.ExecWait = time.Duration(execWait)
 			cfg.ReadHeaderTimeout = time.Duration(readHeader)
 			cfg.IdleTimeout = time.Duration(idleTimeout)
+			cfg.EvalLease = time.Duration(evalLease)
+			if cfg.EvalLease < time.Second {
+				return usagef(cmd, "--eval-lease must be at least 1s")
+			}
 			if cfg.ReadHeaderTimeout <= 0 || cfg.IdleTimeout <= 0 {
 				return usagef(cmd, "--http-read-header-timeout and --http-idle-timeout must be positive")
 			}
@@ -234,6 +248,9 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.IntVar(&cfg.OutputMemoryMB, "output-memory-mb", DefaultOutputMemoryMB,
 		"memory for command output held for buffered (JSON) answers and eval runs, server-wide, in MiB; past it a request gets 429 output_budget_exhausted (streamed answers need none)")
 	f.IntVar(&cfg.Pids, "pids", DefaultPids, "task limit (processes and threads) of every sandbox; each reserves it from the host's pids (gVisor: plus 256 for the Sentry)")
+	f.StringVar(&cfg.ReplicaID, "replica-id", "", "name of this API replica among those sharing one PostgreSQL database (default: host name and process id)")
+	f.Var(&evalLease, "eval-lease", "how long an eval run's lease outlives its replica's last renewal (another replica then takes the run over)")
+	_ = f.MarkHidden("eval-lease")
 	// Hidden: the HTTP connection bounds, for tests.
 	f.Var(&readHeader, "http-read-header-timeout", "time a client has to send a request's headers")
 	f.Var(&idleTimeout, "http-idle-timeout", "time a keep-alive connection may stay idle")

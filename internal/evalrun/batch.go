@@ -150,10 +150,11 @@ func (s *Service) trialOne(ctx context.Context, w *work, i int) (retries int, er
 	env := store.TrialEnv{SandboxID: out.Sandbox.ID, TemplateDigest: out.Sandbox.TemplateDigest,
 		Runtime: out.Sandbox.Runtime, RuntimeVersion: out.Sandbox.RuntimeVersion, Times: trialTimes(out)}
 	wr := wire(res)
-	if err := s.st.PutEvalTrial(ctx, run.TeamID, run.ID, wr, env); err != nil {
+	if ok, err := s.record(ctx, w, wr, env); err != nil {
 		return 0, fmt.Errorf("record trial %d: %w", i, err)
+	} else if ok {
+		w.live.publish(wr)
 	}
-	w.live.publish(wr)
 	return out.Attempts - 1, nil
 }
 
@@ -360,12 +361,15 @@ func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResul
 		}
 		res := eval.NewResult(p.TaskID, l.ID, v, l.DurationMs)
 		wr := wire(res)
-		if err := s.st.PutEvalTrial(ctx, run.TeamID, run.ID, wr, env); err != nil {
+		ok, err := s.record(ctx, w, wr, env)
+		if err != nil {
 			out.fatal = fmt.Errorf("record trial %d: %w", l.ID, err)
 			return
 		}
 		out.done[l.ID] = true
-		w.live.publish(wr)
+		if ok {
+			w.live.publish(wr)
+		}
 	}}
 	stderr := tail{keep: 512}
 	res, err := s.sb.Exec(ctx, run.TeamID, sb.ID, client.ExecRequest{

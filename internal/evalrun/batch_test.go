@@ -113,7 +113,7 @@ func TestCreateRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(st, nil, nil, nil, nil)
+	s := New(st, nil, nil, nil, Leases{}, nil)
 	defer s.Close()
 	one := "    return 1\n"
 	for _, edit := range []func(*client.CreateEvalRequest){

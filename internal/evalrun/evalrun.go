@@ -72,7 +72,12 @@ type Store interface {
 	ListEvals(ctx context.Context, teamID string) ([]client.EvalRun, error)
 	ListEvalsByState(ctx context.Context, state string) ([]client.EvalRun, error)
 	FinishEval(ctx context.Context, teamID, id, state, errText string, sum *client.EvalSummary) error
-	PutEvalTrial(ctx context.Context, teamID, runID string, r client.EvalResult, env store.TrialEnv) error
+	FinishOwnedEval(ctx context.Context, teamID, id, owner, state, errText string, sum *client.EvalSummary) error
+	PutEvalTrial(ctx context.Context, teamID, runID, owner string, r client.EvalResult, env store.TrialEnv) (bool, error)
+	ClaimEval(ctx context.Context, id, owner string, now, until time.Time) (bool, error)
+	RenewEval(ctx context.Context, id, owner string, until time.Time) (bool, error)
+	ReleaseEval(ctx context.Context, id, owner string) error
+	ListClaimableEvals(ctx context.Context, now time.Time) ([]client.EvalRun, error)
 	EvalTrials(ctx context.Context, teamID, runID string, fn func(client.EvalResult) error) error
 	EvalCounts(ctx context.Context, teamID, runID string) (map[string]int, error)
 	EvalEnv(ctx context.Context, teamID, runID string) (store.TrialEnv, error)
@@ -93,8 +98,34 @@ type Sandboxes interface {
 	Team(ctx context.Context, teamID string) (client.Team, error)
 }
 
+// Leases says how API replicas sharing the store share its runs. A run is
+// run by the replica that holds its lease (the store's owner and
+// lease_until): the one that created it, or one that claimed it when it
+// was free or its lease had run out. The holder renews its lease every
+// TTL/3 and drops it when the run ends or the replica shuts down; every
+// replica looks for runs to take over every TTL/3. A replica whose renewal
+// fails (another took the run over, or it was cancelled) or that could
+// not renew before its lease ran out stops the run's workers, and the
+// store refuses its verdicts once the lease is another's.
+type Leases struct {
+	// Owner names this replica in the leases (default "local").
+	Owner string
+	// TTL is how long a lease outlives its holder's last renewal: how
+	// long a run of a replica that died waits before another takes it
+	// over (0: DefaultLeaseTTL).
+	TTL time.Duration
+	// Exclusive says that no other server uses the store (SQLite):
+	// Recover then resumes every running run at once, whoever's lease it
+	// has (a previous process's).
+	Exclusive bool
+}
+
+// DefaultLeaseTTL is the default Leases.TTL.
+const DefaultLeaseTTL = 15 * time.Second
+
 // Service runs eval runs.
 type Service struct {
+	leases  Leases
 	st      Store
 	sb      Sandboxes
 	storage Storage // nil: no limit
@@ -129,13 +160,20 @@ type Service struct {
 
 // New returns the service. Call Recover once at start and Close at the end.
 // output bounds the command output its trials hold (nil: no bound);
-// storage (nil: none) bounds what a team's runs store.
-func New(st Store, sb Sandboxes, output *outbuf.Budget, storage Storage, log *slog.Logger) *Service {
+// storage (nil: none) bounds what a team's runs store; leases says how it
+// shares runs with other replicas.
+func New(st Store, sb Sandboxes, output *outbuf.Budget, storage Storage, leases Leases, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
+	if leases.Owner == "" {
+		leases.Owner = "local"
+	}
+	if leases.TTL <= 0 {
+		leases.TTL = DefaultLeaseTTL
+	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Service{st: st, sb: sb, storage: storage, trials: trial.New(sb, log), log: log, output: output, ctx: ctx, stop: stop,
+	return &Service{leases: leases, st: st, sb: sb, storage: storage, trials: trial.New(sb, log), log: log, output: output, ctx: ctx, stop: stop,
 		draining: make(chan struct{}), progressEvery: progressEvery, running: map[string]*liveRun{}}
 }
 
@@ -233,7 +271,7 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateEv
 	var run client.EvalRun
 	insert := func() error {
 		var err error
-		run, err = s.st.InsertEval(ctx, store.EvalRow{Input: in, Run: client.EvalRun{
+		run, err = s.st.InsertEval(ctx, store.EvalRow{Input: in, Owner: s.leases.Owner, LeaseUntil: time.Now().Add(s.leases.TTL), Run: client.EvalRun{
 			TeamID: teamID, State: client.EvalStateRunning, K: req.K, Timeout: req.Timeout, Template: req.Template,
 			Runtime: req.Runtime, Concurrency: req.Concurrency, Seed: req.Seed, Tasks: len(tasks), Samples: len(req.Samples),
 			Mode: req.Mode, Slice: req.Slice,
@@ -262,17 +300,116 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateEv
 	return run, nil
 }
 
-// Recover resumes the runs a previous server left running.
+// Recover resumes the runs a previous server left running whose lease is
+// free or ran out (every running run when the store is this server's
+// alone), and from then on takes over those of replicas that stop renewing
+// theirs.
 func (s *Service) Recover(ctx context.Context) error {
-	runs, err := s.st.ListEvalsByState(ctx, client.EvalStateRunning)
-	if err != nil {
+	now := time.Now()
+	if s.leases.Exclusive {
+		// Every lease is a previous process's: as good as ended.
+		now = now.Add(100 * 365 * 24 * time.Hour)
+	}
+	if err := s.takeOver(ctx, now); err != nil {
 		return fmt.Errorf("evalrun: recover: %w", err)
 	}
+	s.wg.Go(s.takeOverLoop)
+	return nil
+}
+
+// takeOver claims and starts the running runs whose lease ended before now
+// (or that nobody leases) and that this process does not run.
+func (s *Service) takeOver(ctx context.Context, now time.Time) error {
+	runs, err := s.st.ListClaimableEvals(ctx, now)
+	if err != nil {
+		return err
+	}
 	for _, r := range runs {
-		s.log.Info("eval run resumed", "run", r.ID, "team", r.TeamID)
+		s.mu.Lock()
+		_, mine := s.running[r.ID]
+		s.mu.Unlock()
+		if mine {
+			continue // stopping after it lost its lease: claimed again once it stopped
+		}
+		ok, err := s.st.ClaimEval(ctx, r.ID, s.leases.Owner, now, time.Now().Add(s.leases.TTL))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue // another replica was first
+		}
+		s.log.Info("eval run resumed", "run", r.ID, "team", r.TeamID, "owner", s.leases.Owner)
 		s.start(r)
 	}
 	return nil
+}
+
+// takeOverLoop looks for runs to take over every TTL/3 until Close.
+func (s *Service) takeOverLoop() {
+	t := time.NewTicker(s.leases.TTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(s.ctx, s.leases.TTL)
+			if err := s.takeOver(ctx, time.Now()); err != nil && s.ctx.Err() == nil {
+				s.log.Warn("eval runs: looking for runs to take over", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// keepLease renews the lease of the run live runs until ctx ends, and
+// cancels the run (live.leaseLost set) once the lease is no longer this
+// replica's: another took it over, the run was cancelled elsewhere, or no
+// renewal succeeded before the lease ran out.
+func (s *Service) keepLease(ctx context.Context, run client.EvalRun, live *liveRun) {
+	until := time.Now().Add(s.leases.TTL)
+	t := time.NewTicker(s.leases.TTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		next := time.Now().Add(s.leases.TTL)
+		rctx, cancel := context.WithTimeout(ctx, s.leases.TTL/3)
+		ok, err := s.st.RenewEval(rctx, run.ID, s.leases.Owner, next)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil && ok:
+			until = next
+			continue
+		case err == nil:
+			s.log.Warn("eval run: lease lost (taken over or ended elsewhere); stopping its trials", "run", run.ID, "owner", s.leases.Owner)
+		case time.Now().Before(until):
+			s.log.Warn("eval run: renewing its lease", "run", run.ID, "err", err)
+			continue
+		default:
+			s.log.Warn("eval run: lease ran out before a renewal; stopping its trials", "run", run.ID, "err", err)
+		}
+		live.leaseLost.Store(true)
+		live.cancel()
+		return
+	}
+}
+
+// record stores a verdict of a run under this replica's lease. It reports
+// false when the sample already had one (kept). A lease lost stops the run
+// (its context is cancelled) and is returned as an error.
+func (s *Service) record(ctx context.Context, w *work, r client.EvalResult, env store.TrialEnv) (bool, error) {
+	ok, err := s.st.PutEvalTrial(ctx, w.run.TeamID, w.run.ID, s.leases.Owner, r, env)
+	if errors.Is(err, store.ErrLeaseLost) {
+		w.live.leaseLost.Store(true)
+		w.live.cancel()
+	}
+	return ok, err
 }
 
 // Close stops the runs in progress (they stay running in the store and
@@ -305,7 +442,23 @@ func (s *Service) start(run client.EvalRun) {
 			cancel()
 			close(live.done)
 		}()
+		lctx, stopLease := context.WithCancel(ctx)
+		leaseDone := make(chan struct{})
+		go func() {
+			defer close(leaseDone)
+			s.keepLease(lctx, run, live)
+		}()
 		s.run(ctx, run, live)
+		stopLease()
+		<-leaseDone
+		if s.ctx.Err() != nil && !live.leaseLost.Load() {
+			// Shutting down: another replica may take the run at once.
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := s.st.ReleaseEval(rctx, run.ID, s.leases.Owner); err != nil {
+				s.log.Warn("eval run: releasing its lease", "run", run.ID, "err", err)
+			}
+			cancel()
+		}
 	})
 }
 
@@ -451,7 +604,11 @@ func (s *Service) run(ctx context.Context, run client.EvalRun, live *liveRun) {
 	if sum != nil {
 		sum.Retries = retries
 	}
-	if err := s.st.FinishEval(context.WithoutCancel(ctx), run.TeamID, run.ID, state, errText, sum); err != nil && !errors.Is(err, store.ErrConflict) {
+	switch err := s.st.FinishOwnedEval(context.WithoutCancel(ctx), run.TeamID, run.ID, s.leases.Owner, state, errText, sum); {
+	case errors.Is(err, store.ErrLeaseLost):
+		log.Warn("eval run: another replica took it over before its end was recorded")
+		return
+	case err != nil && !errors.Is(err, store.ErrConflict):
 		log.Error("eval run: record end", "err", err)
 	}
 	log.Info("eval run ended", "state", state, "trials", ran, "duration", time.Since(started))

@@ -36,6 +36,9 @@ type liveRun struct {
 	cancel  context.CancelFunc
 	retries atomic.Int64
 	done    chan struct{} // closed once the run's worker ended
+	// leaseLost is set when the run stopped because this replica no
+	// longer holds its lease.
+	leaseLost atomic.Bool
 
 	mu   sync.Mutex
 	subs map[*follower]struct{} // nil once the run stopped

@@ -33,7 +33,7 @@ func newEventService(t *testing.T, n int) (s *Service, team string, run client.E
 	if err != nil {
 		t.Fatal(err)
 	}
-	s = New(st, nil, nil, nil, nil)
+	s = New(st, nil, nil, nil, Leases{}, nil)
 	t.Cleanup(s.Close)
 	s.progressEvery = 5 * time.Millisecond
 	run, err = st.InsertEval(ctx, store.EvalRow{Input: []byte("{}"), Run: client.EvalRun{TeamID: tm.ID, State: client.EvalStateRunning,
@@ -107,7 +107,7 @@ func TestFollowSnapshotRace(t *testing.T) {
 	statuses := []string{"passed", "failed", "timed_out"}
 	for i := range n {
 		r := client.EvalResult{TaskID: "t", CompletionID: i, Status: statuses[i%3]}
-		if err := s.st.PutEvalTrial(ctx, team, run.ID, r, store.TrialEnv{}); err != nil {
+		if _, err := s.st.PutEvalTrial(ctx, team, run.ID, "", r, store.TrialEnv{}); err != nil {
 			t.Fatal(err)
 		}
 		live.publish(r)

@@ -145,6 +145,12 @@ func (h *hostSandboxes) Delete(ctx context.Context, teamID, id string) error {
 // processes (skipped where pid namespaces or python3 are missing).
 func newHostService(t *testing.T) (*Service, *store.Store, *hostSandboxes, string) {
 	t.Helper()
+	return newLeasedHostService(t, Leases{})
+}
+
+// newLeasedHostService is newHostService with these leases.
+func newLeasedHostService(t *testing.T, leases Leases) (*Service, *store.Store, *hostSandboxes, string) {
+	t.Helper()
 	for _, c := range [][]string{{"unshare", "--pid", "--fork", "--mount", "--mount-proc", "true"}, {"python3", "-c", ""}, {"setpriv", "--reuid", "65534", "true"}} {
 		if err := exec.Command(c[0], c[1:]...).Run(); err != nil {
 			t.Skipf("%v: %v", c, err)
@@ -161,7 +167,7 @@ func newHostService(t *testing.T) (*Service, *store.Store, *hostSandboxes, strin
 		t.Fatal(err)
 	}
 	h := &hostSandboxes{dirs: map[string]string{}}
-	s := New(st, h, nil, nil, nil)
+	s := New(st, h, nil, nil, leases, nil)
 	s.trials.Backoff = time.Millisecond
 	s.hostHarness = true
 	t.Cleanup(func() {

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,6 +38,10 @@ func TestMain(m *testing.M) {
 type memStore struct {
 	mu   sync.Mutex
 	rows map[string]client.Sandbox
+	// full makes TakeSlot answer that the team is at its limit (other
+	// replicas hold its slots); slots counts the slots held.
+	full  atomic.Bool
+	slots atomic.Int64
 }
 
 func (m *memStore) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sandbox, error) {
@@ -169,4 +174,23 @@ func BenchmarkServiceCreateExecDestroy(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+func (m *memStore) TakeSlot(ctx context.Context, teamID, replica string, ttl time.Duration) (string, error) {
+	if m.full.Load() {
+		return "", fmt.Errorf("store: %w", &store.LimitError{Running: 1, Limit: 1})
+	}
+	m.slots.Add(1)
+	return store.NewID("slot"), nil
+}
+func (m *memStore) ReleaseSlot(ctx context.Context, id string) error { m.slots.Add(-1); return nil }
+func (m *memStore) RenewSlots(ctx context.Context, replica string, ttl time.Duration) error {
+	return nil
+}
+func (m *memStore) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, nodeID, slotID string) (client.Sandbox, error) {
+	m.slots.Add(-1)
+	return m.InsertSandbox(ctx, sb)
+}
+func (m *memStore) ListRunningOnNode(ctx context.Context, nodeID string) ([]client.Sandbox, error) {
+	return nil, nil
 }

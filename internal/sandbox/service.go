@@ -35,6 +35,14 @@ type Store interface {
 	MarkEnded(ctx context.Context, id, state, reason string, at time.Time) (bool, error)
 	ListByState(ctx context.Context, state string) ([]client.Sandbox, error)
 	GetTeam(ctx context.Context, id string) (client.Team, error)
+
+	// The team's sandbox slots in the database (store.TakeSlot): the
+	// authority on its active-sandbox limit across API replicas.
+	TakeSlot(ctx context.Context, teamID, replica string, ttl time.Duration) (string, error)
+	ReleaseSlot(ctx context.Context, id string) error
+	RenewSlots(ctx context.Context, replica string, ttl time.Duration) error
+	InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, nodeID, slotID string) (client.Sandbox, error)
+	ListRunningOnNode(ctx context.Context, nodeID string) ([]client.Sandbox, error)
 }
 
 // Templates resolves the template a team names for a new sandbox.
@@ -71,6 +79,20 @@ type Config struct {
 	MaxFileBytes   int64
 	// ReapInterval is how often the TTL reaper looks for expired sandboxes.
 	ReapInterval time.Duration
+
+	// NodeID names the node this service's sandboxes run on, recorded in
+	// their rows: Recover ends only that node's rows. Exclusive says that
+	// no other server uses the database (SQLite): Recover then ends every
+	// running row, whatever its node.
+	NodeID    string
+	Exclusive bool
+	// ReplicaID names this API replica in the team slots its creates
+	// hold in the database (default: "local").
+	ReplicaID string
+	// SlotTTL is how long a create's team slot outlives its replica's
+	// last renewal (renewed every SlotTTL/6): what a replica that dies
+	// mid-create holds its teams' slots for (0: 1 minute).
+	SlotTTL time.Duration
 }
 
 // DefaultPids is the default task limit of a sandbox.
@@ -115,6 +137,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReapInterval == 0 {
 		c.ReapInterval = time.Second
+	}
+	if c.ReplicaID == "" {
+		c.ReplicaID = "local"
+	}
+	if c.SlotTTL == 0 {
+		c.SlotTTL = time.Minute
 	}
 }
 
@@ -176,16 +204,45 @@ func New(cfg Config, st Store, n nodeapi.Node, templates Templates, log *slog.Lo
 		live: map[string]*entry{}, teamCache: map[string]cachedTeam{},
 		stop: make(chan struct{}),
 	}
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.reaper()
+	go s.renewSlots()
 	return s
 }
 
-// Recover marks every sandbox the store still lists as running, but that
-// this process does not run, as lost: after a restart their processes are
-// gone (the node sweeps what is left of them on the host).
+// renewSlots keeps the team slots this replica's creates hold in the
+// database from expiring.
+func (s *Service) renewSlots() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.SlotTTL / 6)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.SlotTTL/6)
+			if err := s.store.RenewSlots(ctx, s.cfg.ReplicaID, s.cfg.SlotTTL); err != nil {
+				s.log.Warn("renewing team slots", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// Recover marks every sandbox of this service's node that the store still
+// lists as running, but that this process does not run, as lost: after a
+// restart their processes are gone (the node sweeps what is left of them
+// on the host). Other replicas' sandboxes (other nodes) are left alone,
+// unless the database is this server's alone (Config.Exclusive).
 func (s *Service) Recover(ctx context.Context) error {
-	rows, err := s.store.ListByState(ctx, client.StateRunning)
+	var rows []client.Sandbox
+	var err error
+	if s.cfg.Exclusive {
+		rows, err = s.store.ListByState(ctx, client.StateRunning)
+	} else {
+		rows, err = s.store.ListRunningOnNode(ctx, s.cfg.NodeID)
+	}
 	if err != nil {
 		return fmt.Errorf("recover: %w", err)
 	}
@@ -300,13 +357,62 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 	// everyone else's. Both waits together last at most wait_seconds.
 	wait := time.Duration(req.WaitSeconds) * time.Second
 	deadline := time.Now().Add(wait)
+	//
+	// The team slot is taken twice: in this process first (FIFO among this
+	// replica's waiters), then in the database (store.TakeSlot), which is
+	// the authority: other replicas' sandboxes count there. A request that
+	// holds its local slot but finds the team's database count full (other
+	// replicas hold the rest) retries until its deadline.
 	release, err := s.sandboxSlots.Acquire(ctx, teamID, team.Limits.MaxSandboxes, wait)
+	var slot string
+	if err == nil {
+		if slot, err = s.takeSlot(ctx, teamID, deadline); err != nil {
+			release()
+		}
+	}
 	if err != nil {
-		if errors.Is(err, quota.ErrLimit) {
+		if errors.Is(err, quota.ErrLimit) || errors.Is(err, store.ErrTeamLimit) {
 			return client.Sandbox{}, &apierr.Error{Code: client.CodeTooManySandboxes, RetryAfter: 1, Err: err,
 				Message: fmt.Sprintf("team %s has %d active sandboxes (its limit); delete one, or pass wait_seconds to queue", team.Name, team.Limits.MaxSandboxes)}
 		}
 		return client.Sandbox{}, err
+	}
+	return s.createInSlot(ctx, teamID, req, key, ttl, tpl, wait, deadline, slot, release)
+}
+
+// takeSlot takes one of the team's slots in the database, retrying with
+// backoff until deadline while the team is at its limit there.
+func (s *Service) takeSlot(ctx context.Context, teamID string, deadline time.Time) (string, error) {
+	backoff := 20 * time.Millisecond
+	for {
+		slot, err := s.store.TakeSlot(ctx, teamID, s.cfg.ReplicaID, s.cfg.SlotTTL)
+		if err == nil || !errors.Is(err, store.ErrTeamLimit) {
+			return slot, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return "", err
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(min(backoff, left)):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// createInSlot starts the sandbox that holds the team's slot (slot in the
+// database; localRelease gives back this process's) and records it.
+func (s *Service) createInSlot(ctx context.Context, teamID string, req client.CreateSandboxRequest, key nodeapi.Spec, ttl time.Duration,
+	tpl *template.Template, wait time.Duration, deadline time.Time, slot string, localRelease func()) (client.Sandbox, error) {
+	// Until the sandbox's row replaces it, the slot is given back on
+	// failure (the database's first: then this process's waiters).
+	release := func() {
+		if err := s.store.ReleaseSlot(context.WithoutCancel(ctx), slot); err != nil {
+			s.log.Warn("releasing a team slot", "team", teamID, "err", err)
+		}
+		localRelease()
 	}
 	hostWait := time.Duration(0)
 	if wait > 0 {
@@ -346,14 +452,20 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 	if row.Metadata == nil {
 		row.Metadata = map[string]string{}
 	}
-	row, err = s.store.InsertSandbox(context.WithoutCancel(ctx), row)
+	row, err = s.store.InsertSandboxInSlot(context.WithoutCancel(ctx), row, s.cfg.NodeID, slot)
 	if err != nil {
 		_ = s.node.Destroy(context.WithoutCancel(ctx), sb.ID)
 		release()
+		if errors.Is(err, store.ErrSlotLost) {
+			s.log.Error("sandbox started after its team slot expired", "team", teamID, "sandbox", sb.ID)
+			return client.Sandbox{}, &apierr.Error{Code: client.CodeUnavailable, RetryAfter: 1, Err: err,
+				Message: "the sandbox's admission expired while it started; try again"}
+		}
 		return client.Sandbox{}, fmt.Errorf("record sandbox: %w", err)
 	}
+	// The running row holds the team's slot in the database now.
 	watchCtx, stopWatch := context.WithCancel(context.Background())
-	e := &entry{row: row, env: req.Env, release: release, expires: row.ExpiresAt, ended: make(chan struct{}), stopWatch: stopWatch}
+	e := &entry{row: row, env: req.Env, release: localRelease, expires: row.ExpiresAt, ended: make(chan struct{}), stopWatch: stopWatch}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()

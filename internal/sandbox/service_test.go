@@ -286,3 +286,38 @@ func TestBackgroundSlotThroughAnUnreachableNode(t *testing.T) {
 	}
 	waitFor(t, "the waits", func() bool { return p.waits.Load() == 4 })
 }
+
+// TestCreateWaitsForTheDatabaseSlot: the database is the authority on a
+// team's limit. A create this replica would admit, but whose team the
+// database finds full (other replicas' sandboxes), is refused at once
+// without wait_seconds, retried until its deadline with it, and admitted
+// once the database has room; a refused create gives its local slot back.
+func TestCreateWaitsForTheDatabaseSlot(t *testing.T) {
+	f := newFakeNode()
+	svc, st := newTestService(t, f)
+	st.full.Store(true)
+	_, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"})
+	if apierr.Code(err) != client.CodeTooManySandboxes {
+		t.Fatalf("database full, no wait: %v", err)
+	}
+	start := time.Now()
+	_, err = svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base", WaitSeconds: 1})
+	if apierr.Code(err) != client.CodeTooManySandboxes || time.Since(start) < time.Second {
+		t.Fatalf("database full, 1 s wait: %v after %v", err, time.Since(start))
+	}
+	if n := svc.sandboxSlots.InUse("team"); n != 0 {
+		t.Fatalf("%d local slots held after refusals", n)
+	}
+	time.AfterFunc(300*time.Millisecond, func() { st.full.Store(false) })
+	start = time.Now()
+	sb, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base", WaitSeconds: 10})
+	if err != nil || time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("admitted once the database had room: %v after %v", err, time.Since(start))
+	}
+	if n := st.slots.Load(); n != 0 {
+		t.Errorf("%d database slots held once the row exists", n)
+	}
+	if err := svc.Delete(t.Context(), "team", sb.ID); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -85,6 +86,12 @@ type Config struct {
 	// NodeToken, when set, serves templates to node agents that send it
 	// (GET /v1/internal/templates/{digest}). Never logged.
 	NodeToken string
+	// ReplicaID names this API replica among those sharing a PostgreSQL
+	// database: the leases of the eval runs it runs and the team slots
+	// its creates hold (empty: the host name and process id).
+	ReplicaID string
+	// EvalLease is an eval run's lease (0: evalrun.DefaultLeaseTTL).
+	EvalLease time.Duration
 	Logger    *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
@@ -211,6 +218,19 @@ func Run(ctx context.Context, cfg Config) error {
 	// The control plane drives the node through the node contract only;
 	// in process, without serialisation.
 	local := node.NewLocal(n)
+	// Several API replicas may share a PostgreSQL database; an SQLite one
+	// is this server's alone. The embedded node is named by the host and
+	// the data dir (stable across restarts: its rows are recovered by the
+	// server that restarts on that dir, never by another replica).
+	exclusive := st.Backend() != "postgres"
+	hostname, _ := os.Hostname()
+	replica := cfg.ReplicaID
+	if replica == "" {
+		replica = fmt.Sprintf("%s-%d", hostname, os.Getpid())
+	}
+	nodeID := "local:" + hostname + ":" + host.Instance
+	log.Info("replica", "replica", replica, "node", nodeID, "exclusive", exclusive)
+	cfg.Service.NodeID, cfg.Service.Exclusive, cfg.Service.ReplicaID = nodeID, exclusive, replica
 	svc := sandbox.New(cfg.Service, st, local, tmpls, log)
 	if err := svc.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -222,7 +242,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.OutputMemory = DefaultOutputMemory
 	}
 	outputBudget := outbuf.NewBudget(cfg.OutputMemory)
-	evals := evalrun.New(st, svc, outputBudget, storage, log)
+	evals := evalrun.New(st, svc, outputBudget, storage, evalrun.Leases{Owner: replica, TTL: cfg.EvalLease, Exclusive: exclusive}, log)
 	defer evals.Close()
 	if err := evals.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)

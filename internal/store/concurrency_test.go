@@ -226,7 +226,7 @@ func TestDeleteEvalRacesTrials(t *testing.T) {
 					}
 					return
 				}
-				err := s.PutEvalTrial(ctx, team.ID, run.ID, client.EvalResult{CompletionID: i, TaskID: "t/0", Status: "passed"}, TrialEnv{})
+				_, err := s.PutEvalTrial(ctx, team.ID, run.ID, "", client.EvalResult{CompletionID: i, TaskID: "t/0", Status: "passed"}, TrialEnv{})
 				if err != nil && !errors.Is(err, ErrNotFound) {
 					t.Errorf("round %d: PutEvalTrial: %v", round, err)
 				}

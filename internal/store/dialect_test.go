@@ -146,7 +146,7 @@ func TestTextTheDatabaseCannotHold(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.PutEvalTrial(ctx, team.ID, run.ID, client.EvalResult{TaskID: odd, Status: "failed", Detail: odd, Result: "failed: " + odd}, TrialEnv{}); err != nil {
+		if _, err := s.PutEvalTrial(ctx, team.ID, run.ID, "", client.EvalResult{TaskID: odd, Status: "failed", Detail: odd, Result: "failed: " + odd}, TrialEnv{}); err != nil {
 			t.Fatal(err)
 		}
 		var got client.EvalResult

@@ -16,6 +16,10 @@ import (
 type EvalRow struct {
 	Run   client.EvalRun
 	Input []byte
+	// Owner, if set, holds the new run's lease until LeaseUntil (the
+	// replica that starts it; see ClaimEval).
+	Owner      string
+	LeaseUntil time.Time
 }
 
 // evalSettings is the settings column.
@@ -42,9 +46,13 @@ func (s *Store) InsertEval(ctx context.Context, r EvalRow) (client.EvalRun, erro
 	if run.Mode == "" {
 		run.Mode = client.EvalModeTrial
 	}
-	_, err = s.exec(ctx, `INSERT INTO eval_runs (id, team_id, state, settings, input, tasks, samples, created_at, mode, slice)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, run.ID, run.TeamID, run.State, string(set), r.Input, run.Tasks, run.Samples, toDB(run.CreatedAt),
-		run.Mode, run.Slice)
+	var until int64
+	if r.Owner != "" {
+		until = toDB(r.LeaseUntil)
+	}
+	_, err = s.exec(ctx, `INSERT INTO eval_runs (id, team_id, state, settings, input, tasks, samples, created_at, mode, slice, owner, lease_until)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, run.ID, run.TeamID, run.State, string(set), r.Input, run.Tasks, run.Samples, toDB(run.CreatedAt),
+		run.Mode, run.Slice, r.Owner, until)
 	if err != nil {
 		return client.EvalRun{}, s.mapConstraint(err, "team")
 	}
@@ -123,10 +131,21 @@ func (s *Store) queryEvals(ctx context.Context, q string, arg string) ([]client.
 	return out, rows.Err()
 }
 
-// FinishEval ends a running eval run in state with its error and summary.
-// It returns ErrConflict when the run was no longer running (e.g. it was
-// cancelled meanwhile).
+// FinishEval ends a running eval run in state with its error and summary,
+// whoever leases it (a cancel). It returns ErrConflict when the run was no
+// longer running (e.g. it was cancelled meanwhile).
 func (s *Store) FinishEval(ctx context.Context, teamID, id, state, errText string, sum *client.EvalSummary) error {
+	return s.finishEval(ctx, teamID, id, "", false, state, errText, sum)
+}
+
+// FinishOwnedEval is FinishEval for the replica that ran the run: it ends
+// it only while owner holds its lease (ErrLeaseLost otherwise; ErrConflict
+// when it was no longer running), and drops the lease.
+func (s *Store) FinishOwnedEval(ctx context.Context, teamID, id, owner, state, errText string, sum *client.EvalSummary) error {
+	return s.finishEval(ctx, teamID, id, owner, true, state, errText, sum)
+}
+
+func (s *Store) finishEval(ctx context.Context, teamID, id, owner string, owned bool, state, errText string, sum *client.EvalSummary) error {
 	summary := ""
 	if sum != nil {
 		b, err := json.Marshal(sum)
@@ -135,15 +154,28 @@ func (s *Store) FinishEval(ctx context.Context, teamID, id, state, errText strin
 		}
 		summary = string(b)
 	}
-	res, err := s.exec(ctx, `UPDATE eval_runs SET state = ?, error = ?, summary = ?, finished_at = ?
-		WHERE id = ? AND team_id = ? AND state = ?`, state, errText, summary, toDB(now()), id, teamID, client.EvalStateRunning)
+	q := `UPDATE eval_runs SET state = ?, error = ?, summary = ?, finished_at = ?, owner = '', lease_until = 0
+		WHERE id = ? AND team_id = ? AND state = ?`
+	args := []any{state, errText, summary, toDB(now()), id, teamID, client.EvalStateRunning}
+	if owned {
+		q += ` AND owner = ?`
+		args = append(args, owner)
+	}
+	res, err := s.exec(ctx, q, args...)
 	if err != nil {
 		return err
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return ErrConflict
+	if n, _ := res.RowsAffected(); n > 0 {
+		return nil
 	}
-	return nil
+	if owned {
+		var st, got string
+		err := s.queryRow(ctx, `SELECT state, owner FROM eval_runs WHERE id = ? AND team_id = ?`, id, teamID).Scan(&st, &got)
+		if err == nil && st == client.EvalStateRunning && got != owner {
+			return ErrLeaseLost
+		}
+	}
+	return ErrConflict
 }
 
 // TrialEnv is where a trial ran: its last sandbox and that sandbox's
@@ -161,16 +193,131 @@ type TrialTimes struct {
 	Attempts                          int
 }
 
-// PutEvalTrial records a finished trial of a run.
-func (s *Store) PutEvalTrial(ctx context.Context, teamID, runID string, r client.EvalResult, env TrialEnv) error {
+// ErrLeaseLost: the eval run is not (or no longer) leased to the caller:
+// another replica took it over, or it ended.
+var ErrLeaseLost = errors.New("eval run lease lost")
+
+// PutEvalTrial records a finished trial of a run that owner holds the
+// lease of (” for a run nobody leased). A sample has one verdict: when
+// one is already stored, it is kept and PutEvalTrial returns false (a
+// replica that took the run over and judged the sample again). A run
+// another replica owns is ErrLeaseLost, and nothing is written.
+func (s *Store) PutEvalTrial(ctx context.Context, teamID, runID, owner string, r client.EvalResult, env TrialEnv) (bool, error) {
 	tt := env.Times
-	_, err := s.exec(ctx, `INSERT INTO eval_trials (run_id, team_id, completion_id, task_id, status, detail, result,
+	// One statement: the owner check and the insert see one version of
+	// the run's row. (Its primary key keeps the first verdict should a
+	// takeover commit between a check and an insert.)
+	res, err := s.exec(ctx, `INSERT INTO eval_trials (run_id, team_id, completion_id, task_id, status, detail, result,
 		duration_ms, sandbox_id, template_digest, runtime, runtime_version,
-		create_us, write_us, run_us, delete_us, trial_us, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		create_us, write_us, run_us, delete_us, trial_us, attempts)
+		SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
+		WHERE EXISTS (SELECT 1 FROM eval_runs WHERE id = ? AND team_id = ? AND owner = ?)
+		ON CONFLICT (run_id, completion_id) DO NOTHING`,
 		runID, teamID, r.CompletionID, r.TaskID, r.Status, r.Detail, r.Result, r.DurationMs,
 		env.SandboxID, env.TemplateDigest, env.Runtime, env.RuntimeVersion,
-		tt.Create.Microseconds(), tt.Write.Microseconds(), tt.Run.Microseconds(), tt.Delete.Microseconds(), tt.Trial.Microseconds(), tt.Attempts)
-	return s.mapConstraint(err, "eval run")
+		tt.Create.Microseconds(), tt.Write.Microseconds(), tt.Run.Microseconds(), tt.Delete.Microseconds(), tt.Trial.Microseconds(), tt.Attempts,
+		runID, teamID, owner)
+	if err != nil {
+		return false, fmt.Errorf("store: record trial %d of %s: %w", r.CompletionID, runID, s.mapConstraint(err, "eval run"))
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return false, fmt.Errorf("store: record trial %d of %s: %w", r.CompletionID, runID, err)
+	} else if n == 1 {
+		return true, nil
+	}
+	// Nothing written: a verdict was there, or the run is not owner's.
+	var got string
+	err = s.queryRow(ctx, `SELECT owner FROM eval_runs WHERE id = ? AND team_id = ?`, runID, teamID).Scan(&got)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, fmt.Errorf("store: record trial %d of %s: eval run %w", r.CompletionID, runID, ErrNotFound)
+	case err != nil:
+		return false, fmt.Errorf("store: record trial %d of %s: %w", r.CompletionID, runID, err)
+	case got != owner:
+		return false, fmt.Errorf("store: record trial %d of %s: %w (owned by %q)", r.CompletionID, runID, ErrLeaseLost, got)
+	}
+	return false, nil
+}
+
+// ClaimEval leases a running eval run to owner until until, if nobody
+// holds it, owner already does, or its lease ended before now. It reports
+// whether owner holds it now: of replicas claiming one run at once,
+// exactly one does.
+func (s *Store) ClaimEval(ctx context.Context, id, owner string, now, until time.Time) (bool, error) {
+	res, err := s.exec(ctx, `UPDATE eval_runs SET owner = ?, lease_until = ?
+		WHERE id = ? AND state = ? AND (owner = '' OR owner = ? OR lease_until < ?)`,
+		owner, toDB(until), id, client.EvalStateRunning, owner, toDB(now))
+	if err != nil {
+		return false, fmt.Errorf("store: claim eval %s: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("store: claim eval %s: %w", id, err)
+	}
+	return n == 1, nil
+}
+
+// RenewEval extends owner's lease of a running run to until. It reports
+// false when the run is no longer owner's (taken over) or no longer
+// running (finished, cancelled): owner must stop working on it.
+func (s *Store) RenewEval(ctx context.Context, id, owner string, until time.Time) (bool, error) {
+	res, err := s.exec(ctx, `UPDATE eval_runs SET lease_until = ? WHERE id = ? AND owner = ? AND state = ?`,
+		toDB(until), id, owner, client.EvalStateRunning)
+	if err != nil {
+		return false, fmt.Errorf("store: renew eval %s: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("store: renew eval %s: %w", id, err)
+	}
+	return n == 1, nil
+}
+
+// ReleaseEval gives up owner's lease of a run (its replica stops), so
+// that another replica may take it at once.
+func (s *Store) ReleaseEval(ctx context.Context, id, owner string) error {
+	if _, err := s.exec(ctx, `UPDATE eval_runs SET owner = '', lease_until = 0 WHERE id = ? AND owner = ?`, id, owner); err != nil {
+		return fmt.Errorf("store: release eval %s: %w", id, err)
+	}
+	return nil
+}
+
+// EvalLease returns who holds a run's lease and until when (” and zero:
+// nobody).
+func (s *Store) EvalLease(ctx context.Context, id string) (owner string, until time.Time, err error) {
+	var us int64
+	err = s.queryRow(ctx, `SELECT owner, lease_until FROM eval_runs WHERE id = ?`, id).Scan(&owner, &us)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", time.Time{}, fmt.Errorf("store: lease of eval %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("store: lease of eval %s: %w", id, err)
+	}
+	if us != 0 {
+		until = fromDB(us)
+	}
+	return owner, until, nil
+}
+
+// ListClaimableEvals returns the running runs of every team that nobody
+// leases or whose lease ended before now, oldest first: what a replica
+// takes over.
+func (s *Store) ListClaimableEvals(ctx context.Context, now time.Time) ([]client.EvalRun, error) {
+	rows, err := s.query(ctx, `SELECT `+evalCols+` FROM eval_runs WHERE state = ? AND (owner = '' OR lease_until < ?)
+		ORDER BY created_at`, client.EvalStateRunning, toDB(now))
+	if err != nil {
+		return nil, fmt.Errorf("store: claimable evals: %w", err)
+	}
+	defer rows.Close()
+	var out []client.EvalRun
+	for rows.Next() {
+		r, err := scanEval(rows)
+		if err != nil {
+			return nil, fmt.Errorf("store: claimable evals: %w", err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 // EvalTimes calls fn with the recorded times of each finished trial of a

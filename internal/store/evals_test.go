@@ -37,12 +37,16 @@ func TestEvals(t *testing.T) {
 			{TaskID: "t/1", CompletionID: 2, Status: "failed", Detail: "AssertionError", Result: "failed: "},
 			{TaskID: "t/0", CompletionID: 0, Status: "passed", Result: "passed", DurationMs: 5},
 		} {
-			if err := s.PutEvalTrial(ctx, a.ID, run.ID, r, env); err != nil {
+			if _, err := s.PutEvalTrial(ctx, a.ID, run.ID, "", r, env); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := s.PutEvalTrial(ctx, a.ID, run.ID, client.EvalResult{CompletionID: 0, Status: "passed"}, env); !errors.Is(err, ErrConflict) {
-			t.Fatalf("a trial recorded twice: %v", err)
+		// A second verdict of a sample is not written: the first stays.
+		if ok, err := s.PutEvalTrial(ctx, a.ID, run.ID, "", client.EvalResult{CompletionID: 0, Status: "failed"}, env); ok || err != nil {
+			t.Fatalf("a trial recorded twice: %v, %v", ok, err)
+		}
+		if counts, err := s.EvalCounts(ctx, a.ID, run.ID); err != nil || counts["passed"] != 1 || counts["failed"] != 1 {
+			t.Fatalf("after a second verdict: %v, %v", counts, err)
 		}
 		var ids []int
 		if err := s.EvalTrials(ctx, a.ID, run.ID, func(r client.EvalResult) error {

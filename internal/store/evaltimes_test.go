@@ -19,7 +19,7 @@ func TestEvalTimes(t *testing.T) {
 		want := TrialTimes{Create: 1500 * us, Write: 300 * us, Run: 40 * time.Millisecond, Delete: 2 * time.Millisecond, Trial: 45 * time.Millisecond, Attempts: 2}
 		for i, tt := range []TrialTimes{want, {}} { // the second: times not recorded
 			r := client.EvalResult{TaskID: "t/0", CompletionID: i, Status: "passed"}
-			if err := s.PutEvalTrial(ctx, a.ID, run.ID, r, TrialEnv{SandboxID: "sb", Times: tt}); err != nil {
+			if _, err := s.PutEvalTrial(ctx, a.ID, run.ID, "", r, TrialEnv{SandboxID: "sb", Times: tt}); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -130,6 +130,27 @@ var migrations = []string{
 	ALTER TABLE eval_runs ADD COLUMN slice INTEGER NOT NULL DEFAULT 0;`,
 	// 6: a team's storage limit (MiB; 0 = the server's default).
 	`ALTER TABLE teams ADD COLUMN max_storage_mb INTEGER NOT NULL DEFAULT 0;`,
+	// 7: the node a sandbox runs on ('' for rows written before this
+	// migration), so that a replica recovers only its own node's rows.
+	// (Fleet mode adds the same column: keep one of the two when merging.)
+	`ALTER TABLE sandboxes ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+	CREATE INDEX sandboxes_node ON sandboxes(node_id, state);`,
+	// 8: several API replicas on one database. A team's sandbox slots held
+	// by creates in progress (a reservation per create, of a replica,
+	// until expires_at unless renewed), and eval runs' leases (the replica
+	// that runs a run, until lease_until unless renewed; '' and 0: none).
+	`CREATE TABLE sandbox_slots (
+		id         TEXT PRIMARY KEY,
+		team_id    TEXT NOT NULL REFERENCES teams(id),
+		replica    TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		expires_at INTEGER NOT NULL
+	);
+	CREATE INDEX sandbox_slots_team ON sandbox_slots(team_id, expires_at);
+	CREATE INDEX sandbox_slots_replica ON sandbox_slots(replica);
+	CREATE INDEX sandboxes_team_state ON sandboxes(team_id, state);
+	ALTER TABLE eval_runs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+	ALTER TABLE eval_runs ADD COLUMN lease_until INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

@@ -35,8 +35,25 @@ type SandboxFilter struct {
 // a new "sb_…" id, an empty State "running" and a zero CreatedAt the current
 // time. A duplicate id is ErrConflict; an unknown team is ErrNotFound.
 func (s *Store) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sandbox, error) {
+	sb, args, err := sandboxArgs(sb)
+	if err != nil {
+		return client.Sandbox{}, err
+	}
+	if _, err = s.exec(ctx, insertSandboxSQL, append(args, "")...); err != nil {
+		return client.Sandbox{}, fmt.Errorf("store: insert sandbox %s: %w", sb.ID, s.mapConstraint(err, "team"))
+	}
+	return sb, nil
+}
+
+// insertSandboxSQL inserts a row: sandboxArgs, then the node id.
+const insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxCols + `, node_id)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+
+// sandboxArgs fills sb's defaults (InsertSandbox's) and returns it with the
+// values of sandboxCols.
+func sandboxArgs(sb client.Sandbox) (client.Sandbox, []any, error) {
 	if sb.TeamID == "" {
-		return client.Sandbox{}, errors.New("store: insert sandbox: empty team")
+		return client.Sandbox{}, nil, errors.New("store: insert sandbox: empty team")
 	}
 	if sb.ID == "" {
 		sb.ID = NewID("sb")
@@ -57,7 +74,7 @@ func (s *Store) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sa
 	}
 	meta, err := json.Marshal(sb.Metadata)
 	if err != nil {
-		return client.Sandbox{}, fmt.Errorf("store: insert sandbox: %w", err)
+		return client.Sandbox{}, nil, fmt.Errorf("store: insert sandbox: %w", err)
 	}
 	envKeys := []byte("[]")
 	if len(sb.EnvKeys) == 0 {
@@ -66,18 +83,12 @@ func (s *Store) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sa
 		sb.EnvKeys = slices.Clone(sb.EnvKeys)
 		slices.Sort(sb.EnvKeys)
 		if envKeys, err = json.Marshal(sb.EnvKeys); err != nil {
-			return client.Sandbox{}, fmt.Errorf("store: insert sandbox: %w", err)
+			return client.Sandbox{}, nil, fmt.Errorf("store: insert sandbox: %w", err)
 		}
 	}
-	_, err = s.exec(ctx, `INSERT INTO sandboxes (`+sandboxCols+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		sb.ID, sb.TeamID, sb.Template, sb.TemplateDigest, sb.Runtime, sb.RuntimeVersion, sb.State,
+	return sb, []any{sb.ID, sb.TeamID, sb.Template, sb.TemplateDigest, sb.Runtime, sb.RuntimeVersion, sb.State,
 		sb.CPU, sb.MemoryMB, sb.DiskMB, sb.Network, string(meta), string(envKeys), boolInt(sb.FromPool),
-		toDB(sb.CreatedAt), toDB(sb.ExpiresAt), nullTime(sb.EndedAt), sb.EndReason)
-	if err != nil {
-		return client.Sandbox{}, fmt.Errorf("store: insert sandbox %s: %w", sb.ID, s.mapConstraint(err, "team"))
-	}
-	return sb, nil
+		toDB(sb.CreatedAt), toDB(sb.ExpiresAt), nullTime(sb.EndedAt), sb.EndReason}, nil
 }
 
 // GetSandbox returns the team's sandbox with this id; another team's is

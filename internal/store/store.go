@@ -45,9 +45,12 @@
 // then its trials), so transactions do not deadlock, and READ COMMITTED
 // with row locks raises no serialization failures: nothing is retried.
 // Migrations run under a transaction-scoped advisory lock, so replicas
-// starting at once apply them once. (What is decided outside the store —
-// quota admission, which server runs an eval run — is still decided in
-// one process: issue 10's next steps move it into the database.)
+// starting at once apply them once. What replicas must agree on is
+// decided here too: a team's active-sandbox admission (slots.go: the team
+// row locked, its running rows and slot rows counted) and which replica
+// runs an eval run (evals.go: leases, claimed and renewed by single
+// UPDATEs; a verdict written only under its writer's lease, the first one
+// kept).
 //
 // Text: PostgreSQL's text holds neither NUL characters nor invalid UTF-8;
 // SQLite's holds both. So that no input makes a write fail on one database
