@@ -120,3 +120,16 @@ func (m *memStore) ListByState(context.Context, string) ([]client.Sandbox, error
 func (m *memStore) GetTeam(ctx context.Context, id string) (client.Team, error) {
 	return client.Team{ID: id, Name: id, Limits: client.Limits{MaxSandboxes: 100, MaxConcurrentExec: 100}}, nil
 }
+
+// The team's slots: this benchmark's team is never full.
+func (m *memStore) TakeSlot(ctx context.Context, teamID, replica string, ttl time.Duration) (string, error) {
+	return store.NewID("slot"), nil
+}
+func (m *memStore) ReleaseSlot(context.Context, string) error               { return nil }
+func (m *memStore) RenewSlots(context.Context, string, time.Duration) error { return nil }
+func (m *memStore) ListRunningOnNode(context.Context, string) ([]client.Sandbox, error) {
+	return nil, nil
+}
+func (m *memStore) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, nodeID, slotID string) (client.Sandbox, error) {
+	return m.InsertSandbox(ctx, sb)
+}
