@@ -21,6 +21,9 @@ mkdir -p bin
 export CGO_ENABLED=0
 go build -trimpath -o bin/evalbox ./cmd/evalbox
 go build -trimpath -ldflags='-s -w' -o bin/evalbox-agent ./cmd/evalbox-agent
+# The namespaces runtime's init stage, run once per sandbox start: a binary
+# of its own starts several milliseconds sooner than evalbox would.
+go build -trimpath -ldflags='-s -w' -o bin/evalbox-nsinit ./cmd/evalbox-nsinit
 # runsc: the cgo build breaks the gofer, so it is always CGO_ENABLED=0. Its
 # seccomp filters are precompiled (internal/runtime/gvisor/seccompgen) into
 # a copy of the pinned gvisor module, cached by that module's version and
@@ -35,4 +38,4 @@ if [ ! -f "$runsc_src/.done" ]; then
   touch "$runsc_src/.done"
 fi
 go build -trimpath -modfile "$runsc_src/go.mod" -o bin/runsc gvisor.dev/gvisor/runsc
-echo "build: bin/evalbox bin/evalbox-agent bin/runsc" >&2
+echo "build: bin/evalbox bin/evalbox-agent bin/evalbox-nsinit bin/runsc" >&2

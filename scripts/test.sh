@@ -63,6 +63,7 @@ mkdir -p bin/race
 CGO_ENABLED=1 go build -race -o bin/race/evalbox ./cmd/evalbox
 ln -sf ../evalbox-agent bin/race/evalbox-agent
 ln -sf ../runsc bin/race/runsc
+ln -sf ../evalbox-nsinit bin/race/evalbox-nsinit
 export EVALBOX_BIN_DIR="$PWD/bin/race"
 # Memory measurements (TestOutputBudgetBoundsWaits) need a server without
 # the race detector, which multiplies a process's memory.

@@ -58,6 +58,13 @@ type Config struct {
 	CgroupParent string
 	// Logger receives operational logs; default slog.Default().
 	Logger *slog.Logger
+	// InitPath is the binary a sandbox's init stage runs: one whose main
+	// calls Init first (cmd/evalbox-nsinit; empty: the running binary,
+	// /proc/self/exe). It is run once per sandbox start, so a small one
+	// starts sandboxes faster: a binary that links more packages runs
+	// more init functions before Init (evalbox's own took 9.8 ms to
+	// evalbox-nsinit's fraction of one).
+	InitPath string
 
 	// Network provides outbound networking (addresses, host rules). Every
 	// driver of a process must share one Manager, so that no two
@@ -99,6 +106,7 @@ type Runtime struct {
 	ids      *idBlocks
 	agents   agentImages
 	mntPoint string
+	initPath string // the init stage's binary
 
 	mu       sync.Mutex
 	live     map[string]*Sandbox // started and not destroyed
@@ -164,6 +172,7 @@ func New(cfg Config) (*Runtime, error) {
 		logLimit: cmp.Or(cfg.AgentLogLimit, 8<<20),
 		ids:      ids,
 		mntPoint: mnt,
+		initPath: cmp.Or(cfg.InitPath, "/proc/self/exe"),
 		live:     make(map[string]*Sandbox),
 		starting: make(map[string]struct{}),
 	}, nil
@@ -398,7 +407,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 
 	hostID := int(blk.hostID)
 	cmd := &exec.Cmd{
-		Path:       "/proc/self/exe",
+		Path:       r.initPath,
 		Args:       []string{initArg0},
 		Env:        []string{},
 		Dir:        "/",
