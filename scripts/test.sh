@@ -33,7 +33,7 @@ fi
 export EVALBOX_PG_BIN_DIR=${EVALBOX_PG_BIN_DIR:-$(pg_bin)}
 
 echo "== gofmt, go vet"
-unformatted=$(gofmt -l cmd internal pkg test)
+unformatted=$(gofmt -l cmd deploy internal pkg test)
 if [ -n "$unformatted" ]; then
   echo "gofmt would change:"; echo "$unformatted"; exit 1
 fi

@@ -140,6 +140,25 @@ func Start(t testing.TB) *Env {
 	return e
 }
 
+// EtcdURL is the client URL of the Env's etcd, for tests that look at what
+// the apiserver stores (etcd's JSON gateway: /v3/kv/range).
+func (e *Env) EtcdURL() string { return "http://127.0.0.1:" + strconv.Itoa(e.etcdPort) }
+
+// Pids returns the process ids of the running etcd and kube-apiserver (0
+// while stopped), for tests that measure what the servers cost
+// (/proc/<pid>/stat).
+func (e *Env) Pids() (etcd, apiserver int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.etcd != nil {
+		etcd = e.etcd.cmd.Process.Pid
+	}
+	if e.api != nil {
+		apiserver = e.api.cmd.Process.Pid
+	}
+	return etcd, apiserver
+}
+
 // binDir returns the binaries' directory, or skips or fails the test.
 func binDir(t testing.TB) string {
 	t.Helper()

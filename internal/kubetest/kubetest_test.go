@@ -134,3 +134,39 @@ data:
 	// Applied again: the same objects, no conflict with itself.
 	env.ApplyFile(t, path, ApplyOptions{})
 }
+
+// TestApplyStrict: a field the schema lacks fails an apply, a dry run too
+// (server-side apply refuses it whatever the field validation), and so
+// does a field given twice, unless FieldValidation says otherwise; the
+// answer names the field.
+func TestApplyStrict(t *testing.T) {
+	env := Start(t)
+	ctx := context.Background()
+	unknown := []byte(`apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: unknown
+datta:
+  a: "1"
+`)
+	twice := []byte(`apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: twice
+data:
+  a: "1"
+data:
+  a: "2"
+`)
+	for _, dry := range []bool{true, false} {
+		if _, err := env.Apply(ctx, "unknown.yaml", unknown, ApplyOptions{DryRun: dry}); err == nil || !strings.Contains(err.Error(), ".datta: field not declared in schema") {
+			t.Errorf("dry run %v: an unknown field: %v, want it refused by name", dry, err)
+		}
+		if _, err := env.Apply(ctx, "twice.yaml", twice, ApplyOptions{DryRun: dry}); err == nil || !strings.Contains(err.Error(), `"data"`) {
+			t.Errorf("dry run %v: a field given twice: %v, want it refused by name", dry, err)
+		}
+	}
+	if _, err := env.Apply(ctx, "twice.yaml", twice, ApplyOptions{DryRun: true, FieldValidation: metav1.FieldValidationIgnore}); err != nil {
+		t.Errorf("a field given twice with FieldValidation Ignore: %v", err)
+	}
+}
