@@ -362,10 +362,12 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 	// replica's waiters), then in the database (store.TakeSlot), which is
 	// the authority: other replicas' sandboxes count there. A request that
 	// holds its local slot but finds the team's database count full (other
-	// replicas hold the rest) retries until its deadline.
+	// replicas hold the rest) retries until its deadline. A database that
+	// is this server's alone (Exclusive: SQLite) needs no second count:
+	// the create path then spends no transaction on a slot.
 	release, err := s.sandboxSlots.Acquire(ctx, teamID, team.Limits.MaxSandboxes, wait)
-	var slot string
-	if err == nil {
+	var slot string // none when the database is this server's alone
+	if err == nil && !s.cfg.Exclusive {
 		if slot, err = s.takeSlot(ctx, teamID, deadline); err != nil {
 			release()
 		}
@@ -409,8 +411,10 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 	// Until the sandbox's row replaces it, the slot is given back on
 	// failure (the database's first: then this process's waiters).
 	release := func() {
-		if err := s.store.ReleaseSlot(context.WithoutCancel(ctx), slot); err != nil {
-			s.log.Warn("releasing a team slot", "team", teamID, "err", err)
+		if slot != "" {
+			if err := s.store.ReleaseSlot(context.WithoutCancel(ctx), slot); err != nil {
+				s.log.Warn("releasing a team slot", "team", teamID, "err", err)
+			}
 		}
 		localRelease()
 	}

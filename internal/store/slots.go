@@ -117,13 +117,19 @@ func (s *Store) CountSlots(ctx context.Context, teamID string) (int, error) {
 // InsertSandboxInSlot stores sb, running on node nodeID, in place of the
 // slot that admitted it, in one transaction: the team's count never sees
 // both or neither. A slot that is gone (expired and swept) is
-// ErrSlotLost, and nothing is stored. Otherwise as InsertSandbox.
+// ErrSlotLost, and nothing is stored. Otherwise as InsertSandbox. An
+// empty slotID stores sb admitted without a slot (a database that is one
+// server's alone: its own count is the authority).
 func (s *Store) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, nodeID, slotID string) (client.Sandbox, error) {
 	sb, args, err := sandboxArgs(sb)
 	if err != nil {
 		return client.Sandbox{}, err
 	}
 	err = s.inTx(ctx, func(tx *txn) error {
+		if slotID == "" {
+			_, err := tx.exec(ctx, insertSandboxSQL, append(args, nodeID)...)
+			return s.mapConstraint(err, "team")
+		}
 		res, err := tx.exec(ctx, `DELETE FROM sandbox_slots WHERE id = ? AND team_id = ?`, slotID, sb.TeamID)
 		if err != nil {
 			return err
