@@ -204,9 +204,12 @@ func New(cfg Config, st Store, n nodeapi.Node, templates Templates, log *slog.Lo
 		live: map[string]*entry{}, teamCache: map[string]cachedTeam{},
 		stop: make(chan struct{}),
 	}
-	s.wg.Add(2)
+	s.wg.Add(1)
 	go s.reaper()
-	go s.renewSlots()
+	if !cfg.Exclusive { // no database slots to renew otherwise
+		s.wg.Add(1)
+		go s.renewSlots()
+	}
 	return s
 }
 
