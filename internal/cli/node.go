@@ -131,6 +131,12 @@ deleted, exit 0.`,
 				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
 					return usagef(cmd, "--control-plane %q: want http(s)://HOST[:PORT]", cfg.ControlPlane)
 				}
+				// Template fetches send the node token, which also drives
+				// every sandbox of the node: never in the clear over a
+				// network, unless the operator says it is trusted.
+				if u.Scheme == "http" && !cfg.Insecure && !loopbackHost(u.Hostname()) {
+					return usagef(cmd, "--control-plane %q: plain http sends the node token in the clear; use https, or --insecure on a network you trust", cfg.ControlPlane)
+				}
 			}
 			if NodeFunc == nil {
 				return errors.New("this evalbox binary was built without a node agent (cli.NodeFunc is not set)")
@@ -158,4 +164,14 @@ deleted, exit 0.`,
 	f.Var(&leaseDuration, "lease-duration", "how long a Lease renewal counts (whole seconds, or a duration)")
 	f.StringVar(&cfg.ControlPlane, "control-plane", "", "the API's URL, which templates the node lacks are fetched from (default: none, never fetch)")
 	return cmd
+}
+
+// loopbackHost reports whether host (a name or an address) is this host's
+// loopback.
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -59,6 +59,7 @@ func TestNode(t *testing.T) {
 		{"--token-file", tokenFile, "--namespace", "Bad_NS"},
 		{"--token-file", tokenFile, "--control-plane", "ftp://x"},
 		{"--token-file", tokenFile, "--control-plane", "http://user:pw@x"},
+		{"--token-file", tokenFile, "--control-plane", "http://api.example:8080"}, // the token in the clear
 		{"--token-file", tokenFile, "--runtimes", "docker"},
 		{"--token-file", tokenFile, "--memory-overcommit", "0.5"},
 		{"--token-file", tokenFile, "--log-level", "loud"},
