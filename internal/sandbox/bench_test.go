@@ -36,6 +36,8 @@ func TestMain(m *testing.M) {
 type memStore struct {
 	mu   sync.Mutex
 	rows map[string]client.Sandbox
+	// listByState makes ListByState answer (else it lists nothing).
+	listByState bool
 }
 
 func (m *memStore) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sandbox, error) {
@@ -69,7 +71,26 @@ func (m *memStore) MarkEnded(ctx context.Context, id, state, reason string, at t
 	return true, nil
 }
 func (m *memStore) ListByState(ctx context.Context, state string) ([]client.Sandbox, error) {
-	return nil, nil
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []client.Sandbox
+	for _, r := range m.rows {
+		if m.listByState && r.State == state {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+func (m *memStore) ListRunningOn(ctx context.Context, nodeID string) ([]client.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []client.Sandbox
+	for _, r := range m.rows {
+		if r.NodeID == nodeID && r.State == client.StateRunning {
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }
 func (m *memStore) GetTeam(ctx context.Context, id string) (client.Team, error) {
 	return client.Team{ID: id, Name: id, Limits: client.Limits{MaxSandboxes: 100, MaxConcurrentExec: 100}}, nil

@@ -7,6 +7,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,6 +35,7 @@ type Store interface {
 	SetExpiry(ctx context.Context, teamID, id string, t time.Time) error
 	MarkEnded(ctx context.Context, id, state, reason string, at time.Time) (bool, error)
 	ListByState(ctx context.Context, state string) ([]client.Sandbox, error)
+	ListRunningOn(ctx context.Context, nodeID string) ([]client.Sandbox, error)
 	GetTeam(ctx context.Context, id string) (client.Team, error)
 }
 
@@ -71,6 +73,14 @@ type Config struct {
 	MaxFileBytes   int64
 	// ReapInterval is how often the TTL reaper looks for expired sandboxes.
 	ReapInterval time.Duration
+	// NodeID is the node id recorded on the rows of sandboxes the node
+	// does not name (SandboxInfo.Node): the embedded node's.
+	NodeID string
+	// NodeLive, when set, says whether a node is live (a fleet): at
+	// start, Recover marks lost only the running rows of nodes that are not
+	// live. Nil (one embedded node): the rows of NodeID, and rows of no
+	// node, are lost across a restart.
+	NodeLive func(nodeID string) bool
 }
 
 // DefaultPids is the default task limit of a sandbox.
@@ -196,11 +206,47 @@ func (s *Service) Recover(ctx context.Context) error {
 		if live {
 			continue
 		}
-		if _, err := s.store.MarkEnded(ctx, row.ID, client.StateLost, "server restarted", time.Now()); err != nil {
+		reason := "server restarted"
+		switch {
+		case s.cfg.NodeLive != nil && s.cfg.NodeLive(row.NodeID):
+			continue // another replica's, or gone with its node later
+		case s.cfg.NodeLive != nil:
+			reason = (&nodeapi.NodeLostError{NodeID: row.NodeID, Why: "it is not live"}).Error()
+		case row.NodeID != "" && row.NodeID != s.cfg.NodeID:
+			continue // another embedded server's, on a shared database
+		}
+		if _, err := s.store.MarkEnded(ctx, row.ID, client.StateLost, reason, time.Now()); err != nil {
 			return fmt.Errorf("recover %s: %w", row.ID, err)
 		}
-		s.log.Info("sandbox lost across restart", "sandbox", row.ID, "team", row.TeamID)
+		s.log.Info("sandbox lost across restart", "sandbox", row.ID, "team", row.TeamID, "node", row.NodeID, "reason", reason)
 	}
+	return nil
+}
+
+// NodeLost ends every running sandbox of a node that was lost: those this
+// service runs end as lost with reason (their team slots released), as
+// their Waits and calls fail; rows no one here runs (another replica's,
+// one that is gone) are marked lost in the store. It is idempotent.
+func (s *Service) NodeLost(ctx context.Context, nodeID, reason string) error {
+	rows, err := s.store.ListRunningOn(ctx, nodeID)
+	if err != nil {
+		return fmt.Errorf("sandbox: drain node %s: %w", nodeID, err)
+	}
+	var mine []*entry
+	for _, row := range rows {
+		s.mu.Lock()
+		e, live := s.live[row.ID]
+		s.mu.Unlock()
+		if live {
+			mine = append(mine, e)
+			continue
+		}
+		if _, err := s.store.MarkEnded(ctx, row.ID, client.StateLost, reason, time.Now()); err != nil {
+			return fmt.Errorf("sandbox: drain node %s: %w", nodeID, err)
+		}
+	}
+	s.endAll(ctx, mine, client.StateLost, reason)
+	s.log.Warn("node lost: its sandboxes ended", "node", nodeID, "sandboxes", len(rows), "reason", reason)
 	return nil
 }
 
@@ -342,6 +388,7 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 		Runtime: sb.Runtime, RuntimeVersion: sb.RuntimeVersion, State: client.StateRunning,
 		CPU: key.Shape.CPU, MemoryMB: key.Shape.MemoryMB, DiskMB: key.Shape.DiskMB, Network: key.Shape.Network,
 		Metadata: req.Metadata, EnvKeys: envKeys, CreatedAt: now, ExpiresAt: now.Add(ttl), FromPool: sb.FromPool,
+		NodeID: cmp.Or(sb.Node, s.cfg.NodeID),
 	}
 	if row.Metadata == nil {
 		row.Metadata = map[string]string{}
@@ -501,6 +548,11 @@ func (s *Service) watch(ctx context.Context, e *entry) {
 	for {
 		end, err := s.node.Wait(ctx, e.row.ID)
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, nodeapi.ErrNodeLost) {
+			s.log.Warn("sandbox lost with its node", "sandbox", e.row.ID, "team", e.row.TeamID, "reason", end.Reason)
+			s.endWith(context.Background(), e, client.StateLost, cmp.Or(end.Reason, err.Error()), 0)
 			return
 		}
 		if err == nil || errors.Is(err, nodeapi.ErrSandboxNotFound) {

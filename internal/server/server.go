@@ -5,6 +5,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -88,6 +89,11 @@ type Config struct {
 	// RegistryHostCredentials makes registry imports use the host's
 	// registry credentials, for every team (default: anonymous pulls).
 	RegistryHostCredentials bool
+	// Nodes is where sandboxes run: NodesLocal ("" too), one node in
+	// process; NodesKubernetes, the node agents of Fleet, and none here
+	// (runtimes, capacity, pools and build settings are the nodes').
+	Nodes string
+	Fleet FleetConfig
 	Logger                  *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
@@ -159,7 +165,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Runsc == "" {
 		cfg.Runsc = filepath.Join(exeDir, "runsc")
 	}
-	if _, err := os.Stat(cfg.Agent); err != nil {
+	fleetMode := cfg.Nodes == NodesKubernetes
+	switch cfg.Nodes {
+	case "", NodesLocal, NodesKubernetes:
+	default:
+		return fmt.Errorf("server: --nodes %q: want %s or %s", cfg.Nodes, NodesLocal, NodesKubernetes)
+	}
+	if _, err := os.Stat(cfg.Agent); err != nil && !fleetMode {
 		return fmt.Errorf("server: agent binary: %w (build cmd/evalbox-agent, or pass --agent)", err)
 	}
 	if cfg.TemplatesDir == "" {
@@ -212,58 +224,35 @@ func Run(ctx context.Context, cfg Config) error {
 	// Host-wide names (cgroup parents, link aliases) carry the instance,
 	// so that two servers on one host never sweep each other's sandboxes.
 	inst := instance.ID(cfg.DataDir)
-	// One outbound network for all drivers: one address pool.
-	netm, err := network.New(network.Config{Scope: inst, Logger: log})
-	if err != nil {
-		return fmt.Errorf("server: %w", err)
-	}
-	var runtimes []runtime.Runtime
-	var closers []interface{ Close() error }
-	for _, name := range cfg.Runtimes {
-		switch name {
-		case client.RuntimeGVisor:
-			gv, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, RootDir: filepath.Join(cfg.DataDir, "runsc"),
-				CgroupParent: instance.GVisorCgroupParent(inst), Network: netm, Logger: log})
-			if err != nil {
-				return fmt.Errorf("server: %w", err)
-			}
-			runtimes = append(runtimes, gv)
-			closers = append(closers, gv)
-		case client.RuntimeNamespaces:
-			ns, err := namespaces.New(namespaces.Config{CgroupParent: instance.NamespacesCgroupParent(inst), Network: netm, Logger: log})
-			if err != nil {
-				return fmt.Errorf("server: %w", err)
-			}
-			runtimes = append(runtimes, ns)
-			closers = append(closers, ns)
-		default:
-			return fmt.Errorf("server: unknown runtime %q", name)
+	var (
+		n       *localNode
+		nodes   nodeapi.Node    // what the services drive: the local node or the fleet
+		runner  template.Runner // template build steps
+		fp      *fleetPlane
+		svcConf = cfg.Service
+	)
+	if fleetMode {
+		if fp, err = startFleet(ctx, cfg.Fleet, lookupNode(st), log); err != nil {
+			return err
 		}
-	}
-	defer func() {
-		// After the node destroyed every sandbox (deferred calls run last in, first out).
-		for _, c := range closers {
-			if err := c.Close(); err != nil {
-				log.Warn("closing runtime", "err", err)
-			}
+		defer fp.stop()
+		nodes, runner = fp.router, noBuilds{}
+		svcConf.NodeLive = fp.router.Live
+	} else {
+		if n, err = startLocalNode(ctx, cfg, inst, templates, log); err != nil {
+			return err
 		}
-	}()
-
-	capacity, err := node.NewCapacity(cfg.Capacity)
-	if err != nil {
-		return fmt.Errorf("server: %w", err)
+		defer func() {
+			// Closing runtimes after the node destroyed every sandbox.
+			for _, c := range n.Closers {
+				if err := c.Close(); err != nil {
+					log.Warn("closing runtime", "err", err)
+				}
+			}
+		}()
+		nodes, runner = node.NewLocal(n.Node), n.Node
+		svcConf.NodeID = "embedded-" + inst
 	}
-	n, err := node.New(node.Config{Runtimes: runtimes, Templates: templates, AgentPath: cfg.Agent,
-		StateDir: filepath.Join(cfg.DataDir, "sandboxes"), Build: cfg.Build, Capacity: capacity, Logger: log})
-	if err != nil {
-		return fmt.Errorf("server: %w", err)
-	}
-	if removed, err := n.Sweep(ctx); err != nil {
-		log.Warn("sweeping leftovers", "err", err)
-	} else if len(removed) > 0 {
-		log.Info("removed leftover sandboxes", "count", len(removed))
-	}
-	n.SweepEvery(time.Minute)
 	cat := cfg.Catalog
 	if cat.Mirror == "" {
 		cat.Mirror = cfg.Mirror
@@ -289,7 +278,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("server: --registry-allow: %w", err)
 	}
-	tmpls, err := catalog.New(cat, st, templates, n, ociImporter{&oci.Importer{AllowRegistries: allow, HostCredentials: cfg.RegistryHostCredentials}}, log)
+	tmpls, err := catalog.New(cat, st, templates, runner, ociImporter{&oci.Importer{AllowRegistries: allow, HostCredentials: cfg.RegistryHostCredentials}}, log)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
@@ -299,8 +288,14 @@ func Run(ctx context.Context, cfg Config) error {
 	defer tmpls.Close()
 	// The control plane drives the node through the node contract only;
 	// in process, without serialisation.
-	local := node.NewLocal(n)
-	svc := sandbox.New(cfg.Service, st, local, tmpls, log)
+	svc := sandbox.New(svcConf, st, nodes, tmpls, log)
+	if fp != nil {
+		fp.OnNodeLost(func(id, reason string) {
+			if err := svc.NodeLost(context.Background(), id, reason); err != nil {
+				log.Error("draining a lost node", "node", id, "err", err)
+			}
+		})
+	}
 	if err := svc.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
@@ -316,19 +311,26 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := evals.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
-	logCapacity(ctx, log, n, svc)
+	if n != nil {
+		logCapacity(ctx, log, n.Node, svc)
+	}
 	for _, p := range cfg.Pools {
 		key, err := svc.DefaultKey(ctx, p.Template, p.Runtime)
 		if err != nil {
 			return fmt.Errorf("server: pool %s:%s: %w", p.Template, p.Runtime, err)
 		}
-		if err := local.SetPool(ctx, nodeapi.PoolSpec{Spec: key, TemplateName: p.Template, Target: p.Size}); err != nil {
+		if err := nodes.SetPool(ctx, nodeapi.PoolSpec{Spec: key, TemplateName: p.Template, Target: p.Size}); err != nil {
 			return fmt.Errorf("server: pool %s:%s: %w", p.Template, p.Runtime, err)
 		}
 	}
 
-	handler := api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
-		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: n.Runtimes(), Pools: local, Capacity: local, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log})
+	apiCfg := api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
+		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: runtimesOf(ctx, nodes), Pools: nodes, Capacity: nodes, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log}
+	if fleetMode {
+		apiCfg.RuntimesNow = func() []string { return runtimesOf(context.Background(), nodes) }
+		apiCfg.NoTemplateBuilds = noBuildsOnFleet
+	}
+	handler := api.New(apiCfg)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -342,7 +344,7 @@ func Run(ctx context.Context, cfg Config) error {
 	srv.RegisterOnShutdown(evals.Drain)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("evalbox serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "runtimes", n.Runtimes())
+	log.Info("evalbox serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "nodes", cmp.Or(cfg.Nodes, NodesLocal), "runtimes", runtimesOf(ctx, nodes))
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}
@@ -374,13 +376,83 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := <-shutdown; err != nil {
 		_ = srv.Close()
 	}
-	if err := n.Close(shutCtx); err != nil {
-		log.Error("closing node", "err", err)
+	if n != nil {
+		if err := n.Close(shutCtx); err != nil {
+			log.Error("closing node", "err", err)
+		}
 	}
 	if errors.Is(serveErr, http.ErrServerClosed) {
 		serveErr = nil
 	}
 	return serveErr
+}
+
+// localNode is the embedded node and the runtimes to close after it.
+type localNode struct {
+	*node.Node
+	Closers []interface{ Close() error }
+}
+
+// startLocalNode starts the embedded node: its runtimes, its network, and
+// a sweep of what a previous process left.
+func startLocalNode(ctx context.Context, cfg Config, inst string, templates *template.Registry, log *slog.Logger) (*localNode, error) {
+	// One outbound network for all drivers: one address pool.
+	netm, err := network.New(network.Config{Scope: inst, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	var runtimes []runtime.Runtime
+	var closers []interface{ Close() error }
+	fail := func(err error) (*localNode, error) {
+		for _, c := range closers {
+			_ = c.Close()
+		}
+		return nil, err
+	}
+	for _, name := range cfg.Runtimes {
+		switch name {
+		case client.RuntimeGVisor:
+			gv, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, RootDir: filepath.Join(cfg.DataDir, "runsc"),
+				CgroupParent: instance.GVisorCgroupParent(inst), Network: netm, Logger: log})
+			if err != nil {
+				return fail(fmt.Errorf("server: %w", err))
+			}
+			runtimes = append(runtimes, gv)
+			closers = append(closers, gv)
+		case client.RuntimeNamespaces:
+			ns, err := namespaces.New(namespaces.Config{CgroupParent: instance.NamespacesCgroupParent(inst), Network: netm, Logger: log})
+			if err != nil {
+				return fail(fmt.Errorf("server: %w", err))
+			}
+			runtimes = append(runtimes, ns)
+			closers = append(closers, ns)
+		default:
+			return fail(fmt.Errorf("server: unknown runtime %q", name))
+		}
+	}
+
+	capacity, err := node.NewCapacity(cfg.Capacity)
+	if err != nil {
+		return fail(fmt.Errorf("server: %w", err))
+	}
+	n, err := node.New(node.Config{Runtimes: runtimes, Templates: templates, AgentPath: cfg.Agent,
+		StateDir: filepath.Join(cfg.DataDir, "sandboxes"), Build: cfg.Build, Capacity: capacity, Logger: log})
+	if err != nil {
+		return fail(fmt.Errorf("server: %w", err))
+	}
+	if removed, err := n.Sweep(ctx); err != nil {
+		log.Warn("sweeping leftovers", "err", err)
+	} else if len(removed) > 0 {
+		log.Info("removed leftover sandboxes", "count", len(removed))
+	}
+	n.SweepEvery(time.Minute)
+	return &localNode{Node: n, Closers: closers}, nil
+}
+
+// runtimesOf lists the runtimes the nodes run (none when they cannot say).
+func runtimesOf(ctx context.Context, n nodeapi.Node) []string {
+	rts, _ := n.Runtimes(ctx)
+	return rts
 }
 
 // logCapacity says how large the host budget is and how many sandboxes of

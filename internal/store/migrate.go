@@ -130,6 +130,10 @@ var migrations = []string{
 	ALTER TABLE eval_runs ADD COLUMN slice INTEGER NOT NULL DEFAULT 0;`,
 	// 6: a team's storage limit (MiB; 0 = the server's default).
 	`ALTER TABLE teams ADD COLUMN max_storage_mb INTEGER NOT NULL DEFAULT 0;`,
+	// 7: the node a sandbox runs on ('': rows written before this
+	// migration, by an embedded server).
+	`ALTER TABLE sandboxes ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+	CREATE INDEX sandboxes_node ON sandboxes(node_id, state);`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

@@ -19,7 +19,7 @@ import (
 
 const sandboxCols = `id, team_id, template, template_digest, runtime, runtime_version, state,
 	cpu, memory_mb, disk_mb, network, metadata, env_keys, from_pool,
-	created_at, expires_at, ended_at, end_reason`
+	created_at, expires_at, ended_at, end_reason, node_id`
 
 // SandboxFilter selects sandboxes in ListSandboxes.
 type SandboxFilter struct {
@@ -70,10 +70,10 @@ func (s *Store) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sa
 		}
 	}
 	_, err = s.exec(ctx, `INSERT INTO sandboxes (`+sandboxCols+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.TeamID, sb.Template, sb.TemplateDigest, sb.Runtime, sb.RuntimeVersion, sb.State,
 		sb.CPU, sb.MemoryMB, sb.DiskMB, sb.Network, string(meta), string(envKeys), boolInt(sb.FromPool),
-		toDB(sb.CreatedAt), toDB(sb.ExpiresAt), nullTime(sb.EndedAt), sb.EndReason)
+		toDB(sb.CreatedAt), toDB(sb.ExpiresAt), nullTime(sb.EndedAt), sb.EndReason, sb.NodeID)
 	if err != nil {
 		return client.Sandbox{}, fmt.Errorf("store: insert sandbox %s: %w", sb.ID, s.mapConstraint(err, "team"))
 	}
@@ -195,6 +195,31 @@ func (s *Store) ListByState(ctx context.Context, state string) ([]client.Sandbox
 	return out, nil
 }
 
+// SandboxNode returns the id of the node a sandbox of any team runs (or
+// ran) on: where a replica that did not create it sends its calls.
+func (s *Store) SandboxNode(ctx context.Context, id string) (string, error) {
+	var node string
+	err := s.queryRow(ctx, `SELECT node_id FROM sandboxes WHERE id = ?`, id).Scan(&node)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("store: sandbox %s node: %w", id, err)
+	}
+	return node, nil
+}
+
+// ListRunningOn returns the running sandboxes of all teams on a node,
+// oldest first (to drain a node that was lost).
+func (s *Store) ListRunningOn(ctx context.Context, nodeID string) ([]client.Sandbox, error) {
+	out, err := s.querySandboxes(ctx,
+		`SELECT `+sandboxCols+` FROM sandboxes WHERE node_id = ? AND state = ? ORDER BY created_at, id`, nodeID, client.StateRunning)
+	if err != nil {
+		return nil, fmt.Errorf("store: list sandboxes on node %s: %w", nodeID, err)
+	}
+	return out, nil
+}
+
 // ListExpired returns the running sandboxes of all teams whose expiry is at
 // or before now, soonest expiry first.
 func (s *Store) ListExpired(ctx context.Context, now time.Time) ([]client.Sandbox, error) {
@@ -242,7 +267,7 @@ func scanSandbox(sc scanner) (client.Sandbox, error) {
 	var ended sql.NullInt64
 	err := sc.Scan(&sb.ID, &sb.TeamID, &sb.Template, &sb.TemplateDigest, &sb.Runtime, &sb.RuntimeVersion, &sb.State,
 		&sb.CPU, &sb.MemoryMB, &sb.DiskMB, &sb.Network, &meta, &envKeys, &fromPool,
-		&created, &expires, &ended, &sb.EndReason)
+		&created, &expires, &ended, &sb.EndReason, &sb.NodeID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return client.Sandbox{}, ErrNotFound
 	}
