@@ -42,6 +42,9 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		OutputMemory:  int64(c.OutputMemoryMB) << 20,
 		HTTP:          server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
 		RegistryAllow: c.RegistryAllow, RegistryHostCredentials: c.RegistryHostCredentials,
+		Nodes: c.Nodes,
+		Fleet: server.FleetConfig{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace, NodeTokenFile: c.NodeTokenFile,
+			NodeTLSCA: c.NodeTLSCA, NodeTLSCert: c.NodeTLSCert, NodeTLSKey: c.NodeTLSKey},
 		Logger: c.Logger,
 	})
 }

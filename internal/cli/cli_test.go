@@ -466,6 +466,7 @@ func TestServe(t *testing.T) {
 		OutputMemoryMB: 256, ReadHeaderTimeout: 3 * time.Second, IdleTimeout: time.Minute, MaxStorageMB: 512,
 		RegistryAllow: []string{"registry.internal:5000", "ghcr.io"},
 		Pids:          512, HostPids: 16996, HostReserveMemoryMB: 4096, MemoryOvercommit: 3.5,
+		Nodes: "local", Namespace: "evalbox",
 		LogLevel: -4, Logger: got.Logger,
 	}
 	if got.Logger == nil || !got.Logger.Enabled(context.Background(), -4) {
@@ -475,8 +476,26 @@ func TestServe(t *testing.T) {
 		t.Errorf("config\n%s\nwant\n%s", gj, wj)
 	}
 
-	// Defaults.
+	// A fleet replica.
 	ServeFunc = func(ctx context.Context, cfg ServeConfig) error { got = cfg; return nil }
+	runCLI(t, "", "serve", "--nodes", "kubernetes", "--kubeconfig", "/k", "--namespace", "ns", "--node-token-file", "/t",
+		"--node-tls-ca", "/ca", "--node-tls-cert", "/c", "--node-tls-key", "/k2").ok(t)
+	if got.Nodes != "kubernetes" || got.Kubeconfig != "/k" || got.Namespace != "ns" || got.NodeTokenFile != "/t" ||
+		got.NodeTLSCA != "/ca" || got.NodeTLSCert != "/c" || got.NodeTLSKey != "/k2" {
+		t.Errorf("fleet flags %+v", got)
+	}
+	for _, args := range [][]string{
+		{"--nodes", "k8s"},
+		{"--nodes", "kubernetes"},
+		{"--nodes", "kubernetes", "--node-token-file", "/t", "--node-tls-cert", "/c"},
+		{"--kubeconfig", "/k"},
+	} {
+		if r := runCLI(t, "", append([]string{"serve"}, args...)...); r.code != 2 {
+			t.Errorf("serve %v: exit %d %q, want a usage error", args, r.code, r.stderr)
+		}
+	}
+
+	// Defaults.
 	runCLI(t, "", "serve").ok(t)
 	if got.DataDir != DefaultDataDir || got.Database != "" || got.Listen != DefaultListen || got.DefaultTimeout != DefaultTimeout ||
 		got.MaxTimeout != DefaultMaxTimeout || got.MaxFileBytes != DefaultMaxFileBytes || got.Pool != nil || got.LogLevel != 0 ||

@@ -83,6 +83,15 @@ type ServeConfig struct {
 	// RegistryHostCredentials: imports use the host's registry
 	// credentials (shared by every team).
 	RegistryHostCredentials bool
+	// Nodes is where sandboxes run: "local" (one node in this process)
+	// or "kubernetes" (the node agents whose Leases are in Namespace,
+	// reached over gRPC with the token in NodeTokenFile and, when given,
+	// TLS: NodeTLSCA verifies them, NodeTLSCert/Key is this replica's
+	// client certificate). Kubeconfig "" is in-cluster.
+	Nodes                              string
+	Kubeconfig, Namespace              string
+	NodeTokenFile                      string
+	NodeTLSCA, NodeTLSCert, NodeTLSKey string
 	// LogLevel is the minimum level logged; Logger logs to stderr at it.
 	LogLevel slog.Level
 	Logger   *slog.Logger
@@ -212,6 +221,23 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 					return usagef(cmd, "--database: %v", strings.TrimPrefix(err.Error(), "store: "))
 				}
 			}
+			switch cfg.Nodes {
+			case "local":
+				for _, name := range []string{"kubeconfig", "namespace", "node-token-file", "node-tls-ca", "node-tls-cert", "node-tls-key"} {
+					if cmd.Flags().Changed(name) {
+						return usagef(cmd, "--%s is for --nodes kubernetes", name)
+					}
+				}
+			case "kubernetes":
+				if cfg.NodeTokenFile == "" {
+					return usagef(cmd, "--nodes kubernetes needs --node-token-file (the node agents' shared token)")
+				}
+				if (cfg.NodeTLSCert == "") != (cfg.NodeTLSKey == "") {
+					return usagef(cmd, "--node-tls-cert and --node-tls-key go together")
+				}
+			default:
+				return usagef(cmd, "--nodes %q: want local or kubernetes", cfg.Nodes)
+			}
 			if cfg.MaxStorageMB < 0 || cfg.MaxStorageMB > 1<<30 {
 				return usagef(cmd, "--max-storage-mb must be between 0 (no limit) and %d", 1<<30)
 			}
@@ -231,6 +257,13 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.StringVar(&cfg.DataDir, "data-dir", DefaultDataDir, "directory for the server's state")
 	f.StringVar(&cfg.Database, "database", "", "state database: postgres://USER@HOST/DB (password from PGPASSWORD or ~/.pgpass), or an SQLite file (PATH or sqlite:PATH) (default: evalbox.db in --data-dir)")
 	f.StringVar(&cfg.Listen, "listen", DefaultListen, "address of the API (host:port)")
+	f.StringVar(&cfg.Nodes, "nodes", "local", "where sandboxes run: local (a node in this process) or kubernetes (the node agents of --namespace, over gRPC; no template builds)")
+	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster whose node Leases to watch (--nodes kubernetes; default: in-cluster)")
+	f.StringVar(&cfg.Namespace, "namespace", "evalbox", "namespace of the node Leases (--nodes kubernetes)")
+	f.StringVar(&cfg.NodeTokenFile, "node-token-file", "", "file holding the node agents' shared token (--nodes kubernetes)")
+	f.StringVar(&cfg.NodeTLSCA, "node-tls-ca", "", "CA that verifies the node agents' certificates (--nodes kubernetes; default: plaintext, loopback nodes only)")
+	f.StringVar(&cfg.NodeTLSCert, "node-tls-cert", "", "this replica's client certificate for the node agents' mutual TLS (with --node-tls-key)")
+	f.StringVar(&cfg.NodeTLSKey, "node-tls-key", "", "the key of --node-tls-cert")
 	f.StringVar(&cfg.RunscPath, "runsc", "", "path of the runsc binary (default: found by the server)")
 	f.StringVar(&cfg.AgentPath, "agent", "", "path of the guest agent binary (default: found by the server)")
 	f.StringVar(&cfg.TemplatesDir, "templates-dir", "", "directory of the templates (default: under --data-dir)")

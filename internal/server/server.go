@@ -92,9 +92,9 @@ type Config struct {
 	// Nodes is where sandboxes run: NodesLocal ("" too), one node in
 	// process; NodesKubernetes, the node agents of Fleet, and none here
 	// (runtimes, capacity, pools and build settings are the nodes').
-	Nodes string
-	Fleet FleetConfig
-	Logger                  *slog.Logger
+	Nodes  string
+	Fleet  FleetConfig
+	Logger *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
 	Ready func(addr string)
