@@ -1,13 +1,18 @@
-// Command evalbox is the evalbox server (`evalbox serve`), its command line
-// client, and its benchmarks (`evalbox bench`).
+// Command evalbox is the evalbox server (`evalbox serve`), the node agent
+// (`evalbox node`), its command line client, and its benchmarks (`evalbox
+// bench`).
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"github.com/evalbox/evalbox/internal/bench"
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/cli"
 	"github.com/evalbox/evalbox/internal/node"
+	"github.com/evalbox/evalbox/internal/nodeagent"
+	"github.com/evalbox/evalbox/internal/nodeapi/grpcnode"
+	"github.com/evalbox/evalbox/internal/nodehost"
 	"github.com/evalbox/evalbox/internal/runtime/namespaces"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/server"
@@ -20,6 +25,7 @@ func main() {
 	// run before anything else (and never returns there).
 	namespaces.Init()
 	cli.ServeFunc = serve
+	cli.NodeFunc = runNode
 	cli.Execute(bench.Command())
 }
 
@@ -36,16 +42,40 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		Limits: client.Limits{MaxSandboxes: c.MaxSandboxes, MaxConcurrentExec: c.MaxConcurrentExecs, MaxStorageMB: c.MaxStorageMB},
 		Service: sandbox.Config{DefaultTimeout: c.DefaultTimeout, MaxTimeout: c.MaxTimeout, MaxFileBytes: c.MaxFileBytes,
 			ExecWait: execWait(c.ExecWait), Pids: c.Pids},
-		Capacity: node.CapacityConfig{HostPids: c.HostPids, ReservePids: c.HostReservePids,
-			ReserveMemoryMB: c.HostReserveMemoryMB, MemoryOvercommit: c.MemoryOvercommit},
+		Capacity:      nodeCapacity(c.NodeFlags),
 		Catalog:       catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
 		OutputMemory:  int64(c.OutputMemoryMB) << 20,
 		HTTP:          server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
-		RegistryAllow: c.RegistryAllow, RegistryHostCredentials: c.RegistryHostCredentials,
+		RegistryAllow: c.RegistryAllow, RegistryHostCredentials: c.RegistryHostCredentials, NodeToken: c.NodeToken,
 		Nodes: c.Nodes,
-		Fleet: server.FleetConfig{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace, NodeTokenFile: c.NodeTokenFile,
+		Fleet: server.FleetConfig{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace,
 			NodeTLSCA: c.NodeTLSCA, NodeTLSCert: c.NodeTLSCert, NodeTLSKey: c.NodeTLSKey},
 		Logger: c.Logger,
+	})
+}
+
+// nodeCapacity maps the node's capacity flags onto node.CapacityConfig.
+func nodeCapacity(f cli.NodeFlags) node.CapacityConfig {
+	return node.CapacityConfig{HostPids: f.HostPids, ReservePids: f.HostReservePids,
+		ReserveMemoryMB: f.HostReserveMemoryMB, MemoryOvercommit: f.MemoryOvercommit}
+}
+
+// runNode maps the CLI's node flags onto a node agent.
+func runNode(ctx context.Context, c cli.NodeConfig) error {
+	var tlsConfig *tls.Config
+	if c.TLSCert != "" {
+		var err error
+		if tlsConfig, err = grpcnode.ServerTLS(c.TLSCert, c.TLSKey, c.TLSClientCA); err != nil {
+			return err
+		}
+	}
+	return nodeagent.Run(ctx, nodeagent.Config{
+		Host: nodehost.Config{DataDir: c.DataDir, Runsc: c.RunscPath, Agent: c.AgentPath, TemplatesDir: c.TemplatesDir,
+			Runtimes: c.Runtimes, Capacity: nodeCapacity(c.NodeFlags)},
+		Listen: c.Listen, HealthListen: c.HealthListen, NodeID: c.NodeID, Advertise: c.Advertise,
+		Token: c.Token, TLS: tlsConfig, Insecure: c.Insecure,
+		Kubeconfig: c.Kubeconfig, Namespace: c.Namespace, LeaseDuration: c.LeaseDuration,
+		ControlPlane: c.ControlPlane, Logger: c.Logger,
 	})
 }
 

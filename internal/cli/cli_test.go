@@ -459,15 +459,16 @@ func TestServe(t *testing.T) {
 		"--registry-allow", "registry.internal:5000,ghcr.io",
 		"--pids", "512", "--host-pids", "16996", "--host-reserve-memory-mb", "4096", "--memory-overcommit", "3.5").ok(t)
 	want := ServeConfig{
-		DataDir: "/tmp/ebx", Database: "postgres://evalbox@db.internal/evalbox?sslmode=require", Listen: "127.0.0.1:0", RunscPath: "/bin/runsc", AgentPath: "/bin/agent", TemplatesDir: "/tmp/tmpl",
+		NodeFlags: NodeFlags{DataDir: "/tmp/ebx", RunscPath: "/bin/runsc", AgentPath: "/bin/agent", TemplatesDir: "/tmp/tmpl",
+			HostPids: 16996, HostReserveMemoryMB: 4096, MemoryOvercommit: 3.5, LogLevel: -4, Logger: got.Logger},
+		Database: "postgres://evalbox@db.internal/evalbox?sslmode=require", Listen: "127.0.0.1:0",
 		DefaultTimeout: 10 * time.Minute, MaxTimeout: 2 * time.Hour, MaxSandboxes: 10, MaxConcurrentExecs: 20, MaxFileBytes: 512 << 20,
 		Pool:      []PoolSpec{{"base", "gvisor", 4}, {"python", "namespaces", 2}, {"node", "", 1}},
 		MaxBuilds: 3, BuildTimeout: 10 * time.Minute, BuildNetwork: "none", ExecWait: 30 * time.Second,
 		OutputMemoryMB: 256, ReadHeaderTimeout: 3 * time.Second, IdleTimeout: time.Minute, MaxStorageMB: 512,
 		RegistryAllow: []string{"registry.internal:5000", "ghcr.io"},
-		Pids:          512, HostPids: 16996, HostReserveMemoryMB: 4096, MemoryOvercommit: 3.5,
-		Nodes: "local", Namespace: "evalbox",
-		LogLevel: -4, Logger: got.Logger,
+		Pids:          512,
+		Nodes:         "local", Namespace: "evalbox",
 	}
 	if got.Logger == nil || !got.Logger.Enabled(context.Background(), -4) {
 		t.Error("no debug logger")
@@ -478,16 +479,20 @@ func TestServe(t *testing.T) {
 
 	// A fleet replica.
 	ServeFunc = func(ctx context.Context, cfg ServeConfig) error { got = cfg; return nil }
-	runCLI(t, "", "serve", "--nodes", "kubernetes", "--kubeconfig", "/k", "--namespace", "ns", "--node-token-file", "/t",
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runCLI(t, "", "serve", "--nodes", "kubernetes", "--kubeconfig", "/k", "--namespace", "ns", "--node-token-file", tokenFile,
 		"--node-tls-ca", "/ca", "--node-tls-cert", "/c", "--node-tls-key", "/k2").ok(t)
-	if got.Nodes != "kubernetes" || got.Kubeconfig != "/k" || got.Namespace != "ns" || got.NodeTokenFile != "/t" ||
+	if got.Nodes != "kubernetes" || got.Kubeconfig != "/k" || got.Namespace != "ns" || got.NodeToken != "s3cret" ||
 		got.NodeTLSCA != "/ca" || got.NodeTLSCert != "/c" || got.NodeTLSKey != "/k2" {
 		t.Errorf("fleet flags %+v", got)
 	}
 	for _, args := range [][]string{
 		{"--nodes", "k8s"},
 		{"--nodes", "kubernetes"},
-		{"--nodes", "kubernetes", "--node-token-file", "/t", "--node-tls-cert", "/c"},
+		{"--nodes", "kubernetes", "--node-token-file", tokenFile, "--node-tls-cert", "/c"},
 		{"--kubeconfig", "/k"},
 	} {
 		if r := runCLI(t, "", append([]string{"serve"}, args...)...); r.code != 2 {

@@ -163,6 +163,7 @@ with the key --api-key (default $` + client.EnvAPIKey + `).
 
 	root.AddCommand(
 		newServeCmd(),
+		newNodeCmd(),
 		newSandboxCmd(a),
 		newKeysCmd(a),
 		newTeamsCmd(a),

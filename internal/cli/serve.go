@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -18,20 +17,14 @@ import (
 
 // ServeConfig is what `evalbox serve` passes to ServeFunc.
 type ServeConfig struct {
-	// DataDir holds the server's state (database, sandboxes, templates).
-	DataDir string
+	// NodeFlags configure the embedded node (its data dir also holds the
+	// server's database, admin key and build logs).
+	NodeFlags
 	// Database names the state database (a path, sqlite:PATH or
 	// postgres://…, see store.Open); empty = evalbox.db in DataDir.
 	Database string
 	// Listen is the API's TCP address (host:port).
 	Listen string
-	// RunscPath and AgentPath locate the runsc and guest agent binaries;
-	// empty lets the server find them.
-	RunscPath string
-	AgentPath string
-	// TemplatesDir holds the templates; empty = the server's default under
-	// DataDir.
-	TemplatesDir string
 	// DefaultTimeout and MaxTimeout bound a sandbox's TTL.
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
@@ -45,8 +38,6 @@ type ServeConfig struct {
 	MaxStorageMB int
 	// Pool lists the warm pools to keep filled.
 	Pool []PoolSpec
-	// Runtimes lists the runtimes to enable (empty = all available).
-	Runtimes []string
 	// Mirror is the Debian mirror built-in templates are bootstrapped from
 	// (empty = the host's apt sources).
 	Mirror string
@@ -59,15 +50,9 @@ type ServeConfig struct {
 	// its concurrent-exec limit, before 429 rate_limited.
 	ExecWait     time.Duration
 	BuildNetwork string
-	// Pids is the task limit (processes and threads) of every sandbox.
+	// Pids is the task limit (processes and threads) of every sandbox: the
+	// default shape the control plane asks nodes for.
 	Pids int
-	// HostPids, HostReservePids, HostReserveMemoryMB and MemoryOvercommit
-	// size the host budget every sandbox is admitted against (0: derived
-	// from the host; see node.CapacityConfig).
-	HostPids            int64
-	HostReservePids     int64
-	HostReserveMemoryMB int64
-	MemoryOvercommit    float64
 	// OutputMemoryMB bounds the command output the server holds in memory
 	// for buffered answers and eval runs, in MiB (past it: 429
 	// output_budget_exhausted).
@@ -83,18 +68,18 @@ type ServeConfig struct {
 	// RegistryHostCredentials: imports use the host's registry
 	// credentials (shared by every team).
 	RegistryHostCredentials bool
+	// NodeToken is the node token (from --node-token-file, trimmed): node
+	// agents that send it may fetch templates, and a replica with
+	// --nodes kubernetes sends it to them. Never printed or logged.
+	NodeToken string `json:"-"`
 	// Nodes is where sandboxes run: "local" (one node in this process)
 	// or "kubernetes" (the node agents whose Leases are in Namespace,
-	// reached over gRPC with the token in NodeTokenFile and, when given,
-	// TLS: NodeTLSCA verifies them, NodeTLSCert/Key is this replica's
-	// client certificate). Kubeconfig "" is in-cluster.
+	// reached over gRPC with NodeToken and, when given, TLS: NodeTLSCA
+	// verifies them, NodeTLSCert/Key is this replica's client
+	// certificate). Kubeconfig "" is in-cluster.
 	Nodes                              string
 	Kubeconfig, Namespace              string
-	NodeTokenFile                      string
 	NodeTLSCA, NodeTLSCert, NodeTLSKey string
-	// LogLevel is the minimum level logged; Logger logs to stderr at it.
-	LogLevel slog.Level
-	Logger   *slog.Logger
 }
 
 // PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
@@ -139,15 +124,16 @@ const (
 func newServeCmd() *cobra.Command {
 	cfg := ServeConfig{}
 	var (
-		defTimeout   = seconds(DefaultTimeout)
-		maxTimeout   = seconds(DefaultMaxTimeout)
-		maxFileBytes = byteSize(DefaultMaxFileBytes)
-		buildTimeout = seconds(DefaultBuildTimeout)
-		execWait     = seconds(DefaultExecWait)
-		readHeader   = seconds(DefaultReadHeader)
-		idleTimeout  = seconds(DefaultIdleTimeout)
-		pool         string
-		logLevel     string
+		defTimeout    = seconds(DefaultTimeout)
+		maxTimeout    = seconds(DefaultMaxTimeout)
+		maxFileBytes  = byteSize(DefaultMaxFileBytes)
+		buildTimeout  = seconds(DefaultBuildTimeout)
+		execWait      = seconds(DefaultExecWait)
+		readHeader    = seconds(DefaultReadHeader)
+		idleTimeout   = seconds(DefaultIdleTimeout)
+		pool          string
+		nodeTokenFile string
+		nodeFlags     = nodeFlagSet{cfg: &cfg.NodeFlags}
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -170,8 +156,8 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			if cfg.Pool, err = parsePool(pool); err != nil {
 				return usagef(cmd, "--pool: %v", err)
 			}
-			if err := cfg.LogLevel.UnmarshalText([]byte(logLevel)); err != nil {
-				return usagef(cmd, "--log-level %q: want debug, info, warn or error", logLevel)
+			if err := nodeFlags.check(cmd); err != nil {
+				return err
 			}
 			cfg.DefaultTimeout = time.Duration(defTimeout)
 			cfg.MaxTimeout = time.Duration(maxTimeout)
@@ -188,15 +174,6 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			}
 			if cfg.Pids < 64 {
 				return usagef(cmd, "--pids must be at least 64")
-			}
-			if cfg.HostPids < 0 || cfg.HostReservePids < 0 || cfg.HostReserveMemoryMB < 0 {
-				return usagef(cmd, "--host-pids, --host-reserve-pids and --host-reserve-memory-mb must not be negative")
-			}
-			if cfg.HostPids > 0 && cmd.Flags().Changed("host-reserve-pids") {
-				return usagef(cmd, "--host-pids sets the budget itself: give it or --host-reserve-pids, not both")
-			}
-			if cfg.MemoryOvercommit < 1 {
-				return usagef(cmd, "--memory-overcommit must be at least 1")
 			}
 			if cfg.ExecWait < 0 {
 				return usagef(cmd, "--exec-wait must not be negative")
@@ -223,13 +200,13 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			}
 			switch cfg.Nodes {
 			case "local":
-				for _, name := range []string{"kubeconfig", "namespace", "node-token-file", "node-tls-ca", "node-tls-cert", "node-tls-key"} {
+				for _, name := range []string{"kubeconfig", "namespace", "node-tls-ca", "node-tls-cert", "node-tls-key"} {
 					if cmd.Flags().Changed(name) {
 						return usagef(cmd, "--%s is for --nodes kubernetes", name)
 					}
 				}
 			case "kubernetes":
-				if cfg.NodeTokenFile == "" {
+				if nodeTokenFile == "" {
 					return usagef(cmd, "--nodes kubernetes needs --node-token-file (the node agents' shared token)")
 				}
 				if (cfg.NodeTLSCert == "") != (cfg.NodeTLSKey == "") {
@@ -241,7 +218,15 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			if cfg.MaxStorageMB < 0 || cfg.MaxStorageMB > 1<<30 {
 				return usagef(cmd, "--max-storage-mb must be between 0 (no limit) and %d", 1<<30)
 			}
-			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: cfg.LogLevel}))
+			if nodeTokenFile != "" {
+				b, err := os.ReadFile(nodeTokenFile)
+				if err != nil {
+					return usagef(cmd, "--node-token-file: %v", err)
+				}
+				if cfg.NodeToken = strings.TrimSpace(string(b)); cfg.NodeToken == "" {
+					return usagef(cmd, "--node-token-file %s is empty", nodeTokenFile)
+				}
+			}
 			if ServeFunc == nil {
 				return errors.New("this evalbox binary was built without a server (cli.ServeFunc is not set)")
 			}
@@ -254,19 +239,16 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.DataDir, "data-dir", DefaultDataDir, "directory for the server's state")
+	nodeFlags.register(f, DefaultDataDir)
 	f.StringVar(&cfg.Database, "database", "", "state database: postgres://USER@HOST/DB (password from PGPASSWORD or ~/.pgpass), or an SQLite file (PATH or sqlite:PATH) (default: evalbox.db in --data-dir)")
 	f.StringVar(&cfg.Listen, "listen", DefaultListen, "address of the API (host:port)")
+	f.StringVar(&nodeTokenFile, "node-token-file", "", "file holding the node token (trimmed): node agents that send it fetch templates from GET /v1/internal/templates/{digest}, and --nodes kubernetes dials them with it (default: none, not served)")
 	f.StringVar(&cfg.Nodes, "nodes", "local", "where sandboxes run: local (a node in this process) or kubernetes (the node agents of --namespace, over gRPC; no template builds)")
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster whose node Leases to watch (--nodes kubernetes; default: in-cluster)")
 	f.StringVar(&cfg.Namespace, "namespace", "evalbox", "namespace of the node Leases (--nodes kubernetes)")
-	f.StringVar(&cfg.NodeTokenFile, "node-token-file", "", "file holding the node agents' shared token (--nodes kubernetes)")
 	f.StringVar(&cfg.NodeTLSCA, "node-tls-ca", "", "CA that verifies the node agents' certificates (--nodes kubernetes; default: plaintext, loopback nodes only)")
 	f.StringVar(&cfg.NodeTLSCert, "node-tls-cert", "", "this replica's client certificate for the node agents' mutual TLS (with --node-tls-key)")
 	f.StringVar(&cfg.NodeTLSKey, "node-tls-key", "", "the key of --node-tls-cert")
-	f.StringVar(&cfg.RunscPath, "runsc", "", "path of the runsc binary (default: found by the server)")
-	f.StringVar(&cfg.AgentPath, "agent", "", "path of the guest agent binary (default: found by the server)")
-	f.StringVar(&cfg.TemplatesDir, "templates-dir", "", "directory of the templates (default: under --data-dir)")
 	f.Var(&defTimeout, "default-timeout", "sandbox TTL when a create request gives none (seconds or a duration)")
 	f.Var(&maxTimeout, "max-timeout", "longest sandbox TTL (seconds or a duration)")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "a team's default limit of running sandboxes")
@@ -274,7 +256,6 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.Var(&maxFileBytes, "max-file-bytes", "largest file upload (bytes, or 512MiB, 2G)")
 	f.IntVar(&cfg.MaxStorageMB, "max-storage-mb", DefaultMaxStorageMB, "a team's default storage limit in MiB: its templates, uploads being processed and eval inputs (0 = none)")
 	f.StringVar(&pool, "pool", "", `warm pools, e.g. "base:gvisor=4,python:namespaces=2"`)
-	f.StringSliceVar(&cfg.Runtimes, "runtimes", nil, "runtimes to enable, e.g. gvisor,namespaces (default: all)")
 	f.StringVar(&cfg.Mirror, "mirror", os.Getenv("EVALBOX_DEBIAN_MIRROR"), "Debian mirror for the built-in templates (default: the host's apt sources; env EVALBOX_DEBIAN_MIRROR)")
 	f.IntVar(&cfg.MaxBuilds, "max-builds", DefaultMaxBuilds, "template builds of a team that run at once (more queue)")
 	f.Var(&buildTimeout, "build-timeout", "longest template build (seconds or a duration)")
@@ -282,18 +263,9 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.StringVar(&cfg.BuildNetwork, "build-network", "outbound", "network of template build steps: outbound (specs may opt out) or none")
 	f.BoolVar(&cfg.RegistryHostCredentials, "registry-host-credentials", false, "registry imports authenticate with the host's registry credentials (~/.docker/config.json), for every team alike (default: anonymous pulls)")
 	f.StringSliceVar(&cfg.RegistryAllow, "registry-allow", nil, "the only registries image imports pull from, HOST[:PORT],... (they may be private or loopback; default: any registry on a public address)")
-	f.StringVar(&logLevel, "log-level", defaultLogLevelString, "debug, info, warn or error")
 	f.IntVar(&cfg.OutputMemoryMB, "output-memory-mb", DefaultOutputMemoryMB,
 		"memory for command output held for buffered (JSON) answers and eval runs, server-wide, in MiB; past it a request gets 429 output_budget_exhausted (streamed answers need none)")
-	// Host capacity: every sandbox (user, warm pool, build) reserves its
-	// pids and memory limits from one host budget.
 	f.IntVar(&cfg.Pids, "pids", DefaultPids, "task limit (processes and threads) of every sandbox; each reserves it from the host's pids (gVisor: plus 256 for the Sentry)")
-	f.Int64Var(&cfg.HostPids, "host-pids", 0, "host pids all sandboxes may reserve together (default: min(kernel.pid_max, kernel.threads-max) less --host-reserve-pids)")
-	f.Int64Var(&cfg.HostReservePids, "host-reserve-pids", 0, "host pids kept out of the sandboxes' budget (default: max(4096, 1/8 of the host's))")
-	f.Int64Var(&cfg.HostReserveMemoryMB, "host-reserve-memory-mb", 0,
-		"host memory kept out of the sandboxes' budget, in MiB; no sandbox starts while MemAvailable is below it (default: max(2048, 10% of MemTotal))")
-	f.Float64Var(&cfg.MemoryOvercommit, "memory-overcommit", DefaultMemoryOvercommit,
-		"how many times the host's memory (less the reserve) the sandboxes' memory limits may add up to; raise it for many idle sandboxes")
 	// Hidden: the HTTP connection bounds, for tests.
 	f.Var(&readHeader, "http-read-header-timeout", "time a client has to send a request's headers")
 	f.Var(&idleTimeout, "http-idle-timeout", "time a keep-alive connection may stay idle")

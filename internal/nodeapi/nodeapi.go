@@ -21,6 +21,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/url"
 	"time"
 )
 
@@ -95,6 +96,18 @@ type Node interface {
 	Remove(ctx context.Context, id, path string, recursive bool) error
 }
 
+// Templates by digest: a node that lacks a create's template fetches it
+// from the control plane, GET TemplatePath(digest) with "authorization:
+// Bearer <node token>", which answers the template's export stream (its
+// metadata and root filesystem as one tar; internal/template's Export) with
+// its content digest in HeaderContentDigest. The node keeps it only when
+// the stream hashes to CreateRequest.ContentDigest.
+const HeaderContentDigest = "Evalbox-Content-Digest"
+
+// TemplatePath is the control plane's path of the export stream of the
+// template of digest.
+func TemplatePath(digest string) string { return "/v1/internal/templates/" + url.PathEscape(digest) }
+
 // Network modes of a Shape.
 const (
 	NetworkNone     = "none"
@@ -131,6 +144,12 @@ type CreateRequest struct {
 	// Wait is how long a start may queue for host capacity (0: not at
 	// all; < 0: until ctx ends).
 	Wait time.Duration
+	// ContentDigest is the sha256 of the template's export stream
+	// ("sha256:…", template.Registry.ContentDigest): a node that lacks
+	// Spec.Template fetches it from the control plane and keeps it only
+	// when the stream hashes to this. Empty: a node that lacks the
+	// template does not fetch it (ErrTemplateMissing).
+	ContentDigest string
 }
 
 // SandboxInfo describes a sandbox a node runs.

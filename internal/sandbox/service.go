@@ -81,6 +81,11 @@ type Config struct {
 	// live. Nil (one embedded node): the rows of NodeID, and rows of no
 	// node, are lost across a restart.
 	NodeLive func(nodeID string) bool
+	// ContentDigest, when set, gives the content digest of a template
+	// (template.Registry.ContentDigest) that a create sends, so that a
+	// node that lacks the template fetches and verifies it. Nil: none is
+	// sent (the embedded node has every template).
+	ContentDigest func(ctx context.Context, digest string) (string, error)
 }
 
 // DefaultPids is the default task limit of a sandbox.
@@ -358,7 +363,14 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 	if wait > 0 {
 		hostWait = max(0, time.Until(deadline))
 	}
-	sb, err := s.node.Create(ctx, nodeapi.CreateRequest{Spec: key, Wait: hostWait})
+	creq := nodeapi.CreateRequest{Spec: key, Wait: hostWait}
+	if s.cfg.ContentDigest != nil {
+		if creq.ContentDigest, err = s.cfg.ContentDigest(ctx, key.Template); err != nil {
+			release()
+			return client.Sandbox{}, fmt.Errorf("sandbox: template %s: %w", req.Template, err)
+		}
+	}
+	sb, err := s.node.Create(ctx, creq)
 	if err != nil {
 		release()
 		if ctx.Err() != nil {

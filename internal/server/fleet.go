@@ -8,7 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -40,8 +40,6 @@ type FleetConfig struct {
 	Kubeconfig string
 	// Namespace holds the node Leases ("": evalbox).
 	Namespace string
-	// NodeTokenFile holds the shared node token (required).
-	NodeTokenFile string
 	// NodeTLSCA verifies the nodes' certificates; NodeTLSCert and
 	// NodeTLSKey are this replica's client certificate for mutual TLS.
 	// All empty: plaintext, which grpcnode allows to loopback nodes only.
@@ -68,25 +66,20 @@ type fleetPlane struct {
 
 // startFleet watches the node Leases and returns once they were first
 // listed. lookup finds the node of a sandbox this replica did not create.
-func startFleet(ctx context.Context, cfg FleetConfig, lookup func(context.Context, string) (string, error), log *slog.Logger) (*fleetPlane, error) {
+func startFleet(ctx context.Context, cfg FleetConfig, token string, lookup func(context.Context, string) (string, error), log *slog.Logger) (*fleetPlane, error) {
 	if cfg.Namespace == "" {
 		cfg.Namespace = "evalbox"
 	}
 	if cfg.SyncTimeout == 0 {
 		cfg.SyncTimeout = 30 * time.Second
 	}
-	if cfg.NodeTokenFile == "" {
-		return nil, errors.New("server: --nodes kubernetes needs --node-token-file")
-	}
-	raw, err := os.ReadFile(cfg.NodeTokenFile)
-	if err != nil {
-		return nil, fmt.Errorf("server: node token: %w", err)
-	}
-	token := strings.TrimSpace(string(raw))
 	if token == "" {
-		return nil, fmt.Errorf("server: node token file %s is empty", cfg.NodeTokenFile)
+		return nil, errors.New("server: --nodes kubernetes needs the node token (--node-token-file)")
 	}
-	var tlsCfg *tls.Config
+	var (
+		tlsCfg *tls.Config
+		err    error
+	)
 	if cfg.NodeTLSCA != "" || cfg.NodeTLSCert != "" || cfg.NodeTLSKey != "" {
 		if (cfg.NodeTLSCert == "") != (cfg.NodeTLSKey == "") {
 			return nil, errors.New("server: --node-tls-cert and --node-tls-key go together")
@@ -164,6 +157,37 @@ func (fp *fleetPlane) OnNodeLost(f func(nodeID, reason string)) {
 func (fp *fleetPlane) stop() {
 	fp.cancel()
 	fp.wg.Wait()
+}
+
+// openTemplates opens the template registry of a replica without a node:
+// the built-ins (which it resolves names to digests with, and serves to
+// nodes that lack them) and the data dir's store.
+func openTemplates(ctx context.Context, cfg Config, log *slog.Logger) (*template.Registry, error) {
+	// The data dir holds the database, the admin key and every team's
+	// templates: the owner's alone, also when it existed before.
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	dir := cfg.TemplatesDir
+	if dir == "" {
+		dir = filepath.Join(cfg.DataDir, "templates")
+	}
+	templates, err := template.Open(dir, log)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	for _, name := range cfg.Builtins {
+		if _, err := templates.EnsureBuiltin(ctx, name, cfg.Mirror, io.Discard); err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+	}
+	if err := templates.UseStore(filepath.Join(cfg.DataDir, "images")); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	return templates, nil
 }
 
 // lookupNode reads a sandbox's node from its row.

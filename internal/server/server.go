@@ -9,11 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -21,15 +19,11 @@ import (
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/evalrun"
-	"github.com/evalbox/evalbox/internal/instance"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/nodeapi"
+	"github.com/evalbox/evalbox/internal/nodehost"
 	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/quota"
-	"github.com/evalbox/evalbox/internal/runtime"
-	"github.com/evalbox/evalbox/internal/runtime/gvisor"
-	"github.com/evalbox/evalbox/internal/runtime/namespaces"
-	"github.com/evalbox/evalbox/internal/runtime/network"
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template"
@@ -89,9 +83,13 @@ type Config struct {
 	// RegistryHostCredentials makes registry imports use the host's
 	// registry credentials, for every team (default: anonymous pulls).
 	RegistryHostCredentials bool
+	// NodeToken, when set, serves templates to node agents that send it
+	// (GET /v1/internal/templates/{digest}). Never logged.
+	NodeToken string
 	// Nodes is where sandboxes run: NodesLocal ("" too), one node in
-	// process; NodesKubernetes, the node agents of Fleet, and none here
-	// (runtimes, capacity, pools and build settings are the nodes').
+	// process; NodesKubernetes, the node agents of Fleet (dialled with
+	// NodeToken), and none here (runtimes, capacity, pools and build
+	// settings are the nodes').
 	Nodes  string
 	Fleet  FleetConfig
 	Logger *slog.Logger
@@ -147,44 +145,42 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.DataDir == "" {
 		return errors.New("server: data dir is required")
 	}
-	// The data dir holds the database, the admin key and every team's
-	// templates and logs: the owner's alone, also when it existed before.
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return fmt.Errorf("server: %w", err)
-	}
-	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
-		return fmt.Errorf("server: %w", err)
-	}
-	exeDir := ""
-	if exe, err := os.Executable(); err == nil {
-		exeDir = filepath.Dir(exe)
-	}
-	if cfg.Agent == "" {
-		cfg.Agent = filepath.Join(exeDir, "evalbox-agent")
-	}
-	if cfg.Runsc == "" {
-		cfg.Runsc = filepath.Join(exeDir, "runsc")
-	}
 	fleetMode := cfg.Nodes == NodesKubernetes
 	switch cfg.Nodes {
 	case "", NodesLocal, NodesKubernetes:
 	default:
-		return fmt.Errorf("server: --nodes %q: want %s or %s", cfg.Nodes, NodesLocal, NodesKubernetes)
+		return fmt.Errorf("server: nodes %q: want %s or %s", cfg.Nodes, NodesLocal, NodesKubernetes)
 	}
-	if _, err := os.Stat(cfg.Agent); err != nil && !fleetMode {
-		return fmt.Errorf("server: agent binary: %w (build cmd/evalbox-agent, or pass --agent)", err)
-	}
-	if cfg.TemplatesDir == "" {
-		cfg.TemplatesDir = filepath.Join(cfg.DataDir, "templates")
+	var (
+		n         *node.Node // the embedded node (local mode)
+		templates *template.Registry
+		svcConf   = cfg.Service
+	)
+	if fleetMode {
+		var err error
+		if templates, err = openTemplates(ctx, cfg, log); err != nil {
+			return err
+		}
+	} else {
+		// The node first: it makes the data dir (the owner's alone), which
+		// also holds the SQLite database, the admin key and build logs.
+		host, err := nodehost.Open(ctx, nodehost.Config{DataDir: cfg.DataDir, Runsc: cfg.Runsc, Agent: cfg.Agent,
+			TemplatesDir: cfg.TemplatesDir, Mirror: cfg.Mirror, Builtins: cfg.Builtins, Runtimes: cfg.Runtimes,
+			Build: cfg.Build, Capacity: cfg.Capacity, Logger: log})
+		if err != nil {
+			return fmt.Errorf("server: %w", err)
+		}
+		// After the node destroyed every sandbox (below), or at once on an
+		// error before: closing twice does nothing more.
+		defer host.Close(context.Background())
+		n, templates = host.Node, host.Templates
+		svcConf.NodeID = "embedded-" + host.Instance
 	}
 	if cfg.Limits.MaxSandboxes == 0 {
 		cfg.Limits.MaxSandboxes = 20
 	}
 	if cfg.Limits.MaxConcurrentExec == 0 {
 		cfg.Limits.MaxConcurrentExec = 64
-	}
-	if len(cfg.Runtimes) == 0 {
-		cfg.Runtimes = []string{client.RuntimeGVisor, client.RuntimeNamespaces}
 	}
 
 	dsn := cfg.Database
@@ -205,54 +201,6 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Info("created admin key", "file", filepath.Join(cfg.DataDir, "admin.key"))
 	}
 
-	templates, err := template.Open(cfg.TemplatesDir, log)
-	if err != nil {
-		return fmt.Errorf("server: %w", err)
-	}
-	for _, name := range cfg.Builtins {
-		if _, err := templates.EnsureBuiltin(ctx, name, cfg.Mirror, io.Discard); err != nil {
-			return fmt.Errorf("server: %w", err)
-		}
-	}
-	// Built and imported templates and the layer cache are this server's
-	// state, next to its database (the built-ins' directory is a cache that
-	// servers may share).
-	if err := templates.UseStore(filepath.Join(cfg.DataDir, "images")); err != nil {
-		return fmt.Errorf("server: %w", err)
-	}
-
-	// Host-wide names (cgroup parents, link aliases) carry the instance,
-	// so that two servers on one host never sweep each other's sandboxes.
-	inst := instance.ID(cfg.DataDir)
-	var (
-		n       *localNode
-		nodes   nodeapi.Node    // what the services drive: the local node or the fleet
-		runner  template.Runner // template build steps
-		fp      *fleetPlane
-		svcConf = cfg.Service
-	)
-	if fleetMode {
-		if fp, err = startFleet(ctx, cfg.Fleet, lookupNode(st), log); err != nil {
-			return err
-		}
-		defer fp.stop()
-		nodes, runner = fp.router, noBuilds{}
-		svcConf.NodeLive = fp.router.Live
-	} else {
-		if n, err = startLocalNode(ctx, cfg, inst, templates, log); err != nil {
-			return err
-		}
-		defer func() {
-			// Closing runtimes after the node destroyed every sandbox.
-			for _, c := range n.Closers {
-				if err := c.Close(); err != nil {
-					log.Warn("closing runtime", "err", err)
-				}
-			}
-		}()
-		nodes, runner = node.NewLocal(n.Node), n.Node
-		svcConf.NodeID = "embedded-" + inst
-	}
 	cat := cfg.Catalog
 	if cat.Mirror == "" {
 		cat.Mirror = cfg.Mirror
@@ -278,6 +226,24 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("server: --registry-allow: %w", err)
 	}
+	// The control plane drives nodes through the node contract only: the
+	// embedded one in process, without serialisation, or the fleet's.
+	var (
+		nodes  nodeapi.Node
+		runner template.Runner = n
+		fp     *fleetPlane
+	)
+	if fleetMode {
+		if fp, err = startFleet(ctx, cfg.Fleet, cfg.NodeToken, lookupNode(st), log); err != nil {
+			return err
+		}
+		defer fp.stop()
+		nodes, runner = fp.router, noBuilds{}
+		svcConf.NodeLive = fp.router.Live
+		svcConf.ContentDigest = templates.ContentDigest
+	} else {
+		nodes = node.NewLocal(n)
+	}
 	tmpls, err := catalog.New(cat, st, templates, runner, ociImporter{&oci.Importer{AllowRegistries: allow, HostCredentials: cfg.RegistryHostCredentials}}, log)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -286,8 +252,6 @@ func Run(ctx context.Context, cfg Config) error {
 	storage.AddSource(st.EvalInputBytes)
 	// Stops builds (their sandboxes go with the node, closed before).
 	defer tmpls.Close()
-	// The control plane drives the node through the node contract only;
-	// in process, without serialisation.
 	svc := sandbox.New(svcConf, st, nodes, tmpls, log)
 	if fp != nil {
 		fp.OnNodeLost(func(id, reason string) {
@@ -312,7 +276,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("server: %w", err)
 	}
 	if n != nil {
-		logCapacity(ctx, log, n.Node, svc)
+		logCapacity(ctx, log, n, svc)
 	}
 	for _, p := range cfg.Pools {
 		key, err := svc.DefaultKey(ctx, p.Template, p.Runtime)
@@ -330,7 +294,10 @@ func Run(ctx context.Context, cfg Config) error {
 		apiCfg.RuntimesNow = func() []string { return runtimesOf(context.Background(), nodes) }
 		apiCfg.NoTemplateBuilds = noBuildsOnFleet
 	}
-	handler := api.New(apiCfg)
+	var handler http.Handler = api.New(apiCfg)
+	if cfg.NodeToken != "" {
+		handler = internalTemplates(handler, templates, cfg.NodeToken, log)
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
@@ -385,68 +352,6 @@ func Run(ctx context.Context, cfg Config) error {
 		serveErr = nil
 	}
 	return serveErr
-}
-
-// localNode is the embedded node and the runtimes to close after it.
-type localNode struct {
-	*node.Node
-	Closers []interface{ Close() error }
-}
-
-// startLocalNode starts the embedded node: its runtimes, its network, and
-// a sweep of what a previous process left.
-func startLocalNode(ctx context.Context, cfg Config, inst string, templates *template.Registry, log *slog.Logger) (*localNode, error) {
-	// One outbound network for all drivers: one address pool.
-	netm, err := network.New(network.Config{Scope: inst, Logger: log})
-	if err != nil {
-		return nil, fmt.Errorf("server: %w", err)
-	}
-	var runtimes []runtime.Runtime
-	var closers []interface{ Close() error }
-	fail := func(err error) (*localNode, error) {
-		for _, c := range closers {
-			_ = c.Close()
-		}
-		return nil, err
-	}
-	for _, name := range cfg.Runtimes {
-		switch name {
-		case client.RuntimeGVisor:
-			gv, err := gvisor.New(gvisor.Config{Runsc: cfg.Runsc, RootDir: filepath.Join(cfg.DataDir, "runsc"),
-				CgroupParent: instance.GVisorCgroupParent(inst), Network: netm, Logger: log})
-			if err != nil {
-				return fail(fmt.Errorf("server: %w", err))
-			}
-			runtimes = append(runtimes, gv)
-			closers = append(closers, gv)
-		case client.RuntimeNamespaces:
-			ns, err := namespaces.New(namespaces.Config{CgroupParent: instance.NamespacesCgroupParent(inst), Network: netm, Logger: log})
-			if err != nil {
-				return fail(fmt.Errorf("server: %w", err))
-			}
-			runtimes = append(runtimes, ns)
-			closers = append(closers, ns)
-		default:
-			return fail(fmt.Errorf("server: unknown runtime %q", name))
-		}
-	}
-
-	capacity, err := node.NewCapacity(cfg.Capacity)
-	if err != nil {
-		return fail(fmt.Errorf("server: %w", err))
-	}
-	n, err := node.New(node.Config{Runtimes: runtimes, Templates: templates, AgentPath: cfg.Agent,
-		StateDir: filepath.Join(cfg.DataDir, "sandboxes"), Build: cfg.Build, Capacity: capacity, Logger: log})
-	if err != nil {
-		return fail(fmt.Errorf("server: %w", err))
-	}
-	if removed, err := n.Sweep(ctx); err != nil {
-		log.Warn("sweeping leftovers", "err", err)
-	} else if len(removed) > 0 {
-		log.Info("removed leftover sandboxes", "count", len(removed))
-	}
-	n.SweepEvery(time.Minute)
-	return &localNode{Node: n, Closers: closers}, nil
 }
 
 // runtimesOf lists the runtimes the nodes run (none when they cannot say).

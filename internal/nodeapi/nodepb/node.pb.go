@@ -828,7 +828,11 @@ type CreateRequest struct {
 	Spec         *Spec                  `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
 	TemplateName string                 `protobuf:"bytes,2,opt,name=template_name,json=templateName,proto3" json:"template_name,omitempty"`
 	// 0: do not queue for host capacity; < 0: until the call ends.
-	WaitNanos     int64 `protobuf:"varint,3,opt,name=wait_nanos,json=waitNanos,proto3" json:"wait_nanos,omitempty"`
+	WaitNanos int64 `protobuf:"varint,3,opt,name=wait_nanos,json=waitNanos,proto3" json:"wait_nanos,omitempty"`
+	// The sha256 of the template's export stream (template.ContentDigest):
+	// a node that lacks the template fetches it from the control plane and
+	// keeps it only when the stream hashes to this.
+	ContentDigest string `protobuf:"bytes,4,opt,name=content_digest,json=contentDigest,proto3" json:"content_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -882,6 +886,13 @@ func (x *CreateRequest) GetWaitNanos() int64 {
 		return x.WaitNanos
 	}
 	return 0
+}
+
+func (x *CreateRequest) GetContentDigest() string {
+	if x != nil {
+		return x.ContentDigest
+	}
+	return ""
 }
 
 type SandboxInfo struct {
@@ -2964,12 +2975,13 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x06target\x18\x03 \x01(\x03R\x06target\x12\x14\n" +
 	"\x05ready\x18\x04 \x01(\x03R\x05ready\"B\n" +
 	"\rPoolsResponse\x121\n" +
-	"\x05pools\x18\x01 \x03(\v2\x1b.evalbox.node.v1.PoolStatusR\x05pools\"~\n" +
+	"\x05pools\x18\x01 \x03(\v2\x1b.evalbox.node.v1.PoolStatusR\x05pools\"\xa5\x01\n" +
 	"\rCreateRequest\x12)\n" +
 	"\x04spec\x18\x01 \x01(\v2\x15.evalbox.node.v1.SpecR\x04spec\x12#\n" +
 	"\rtemplate_name\x18\x02 \x01(\tR\ftemplateName\x12\x1d\n" +
 	"\n" +
-	"wait_nanos\x18\x03 \x01(\x03R\twaitNanos\"\xae\x01\n" +
+	"wait_nanos\x18\x03 \x01(\x03R\twaitNanos\x12%\n" +
+	"\x0econtent_digest\x18\x04 \x01(\tR\rcontentDigest\"\xae\x01\n" +
 	"\vSandboxInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aruntime\x18\x02 \x01(\tR\aruntime\x12'\n" +
