@@ -112,3 +112,44 @@ func TestEvals(t *testing.T) {
 		}
 	})
 }
+
+// TestVerdictOncePerSample: two writers (replicas: one that lost a run's
+// lease and the one that took it over, or a retry) racing to record the
+// same sample's verdict: exactly one row is kept, the other gets
+// ErrConflict, on both backends.
+func TestVerdictOncePerSample(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		ctx := t.Context()
+		a := mustTeam(t, s, "a")
+		run, err := s.InsertEval(ctx, EvalRow{Input: []byte(`{}`), Run: client.EvalRun{TeamID: a.ID, State: client.EvalStateRunning, K: []int{1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for sample := range 20 {
+			errs := make(chan error, 2)
+			for _, status := range []string{"passed", "failed"} {
+				go func() {
+					errs <- s.PutEvalTrial(ctx, a.ID, run.ID, client.EvalResult{TaskID: "t/0", CompletionID: sample, Status: status}, TrialEnv{})
+				}()
+			}
+			var ok, conflict int
+			for range 2 {
+				switch err := <-errs; {
+				case err == nil:
+					ok++
+				case errors.Is(err, ErrConflict):
+					conflict++
+				default:
+					t.Fatalf("sample %d: %v", sample, err)
+				}
+			}
+			if ok != 1 || conflict != 1 {
+				t.Fatalf("sample %d: %d recorded, %d conflicts; want 1 and 1", sample, ok, conflict)
+			}
+		}
+		counts, err := s.EvalCounts(ctx, a.ID, run.ID)
+		if err != nil || counts["passed"]+counts["failed"] != 20 {
+			t.Fatalf("EvalCounts = %v, %v: want 20 verdicts", counts, err)
+		}
+	})
+}
