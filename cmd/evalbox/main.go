@@ -48,6 +48,9 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		HTTP:          server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
 		RegistryAllow: c.RegistryAllow, RegistryHostCredentials: c.RegistryHostCredentials, NodeToken: c.NodeToken,
 		ReplicaID: c.ReplicaID, EvalLease: c.EvalLease,
+		Nodes: c.Nodes,
+		Fleet: server.FleetConfig{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace,
+			NodeTLSCA: c.NodeTLSCA, NodeTLSCert: c.NodeTLSCert, NodeTLSKey: c.NodeTLSKey},
 		Logger: c.Logger,
 	})
 }

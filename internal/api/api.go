@@ -62,19 +62,22 @@ type Capacity interface {
 
 // Server is the HTTP API.
 type Server struct {
-	pools     Pools
-	capacity  Capacity
-	svc       *sandbox.Service
-	store     Store
-	auth      Authenticator
-	templates *catalog.Service
-	trials    *trial.Runner
-	evals     *evalrun.Service
-	storage   *quota.Storage
-	runtimes  []string
-	defaults  client.Limits
-	log       *slog.Logger
-	mux       *http.ServeMux
+	pools    Pools
+	capacity Capacity
+	// runtimesNow and noBuilds: Config.RuntimesNow, NoTemplateBuilds.
+	runtimesNow func() []string
+	noBuilds    string
+	svc         *sandbox.Service
+	store       Store
+	auth        Authenticator
+	templates   *catalog.Service
+	trials      *trial.Runner
+	evals       *evalrun.Service
+	storage     *quota.Storage
+	runtimes    []string
+	defaults    client.Limits
+	log         *slog.Logger
+	mux         *http.ServeMux
 	// outputBudget bounds the command output held for buffered answers.
 	outputBudget *outbuf.Budget
 }
@@ -90,8 +93,14 @@ type Config struct {
 	// not reported.
 	Storage  *quota.Storage
 	Runtimes []string
-	Pools    Pools
-	Capacity Capacity
+	// RuntimesNow, when set, answers the health check's runtimes instead
+	// of Runtimes (a fleet's change as nodes come and go).
+	RuntimesNow func() []string
+	// NoTemplateBuilds, when set, is why this server builds and imports
+	// no templates: those requests answer 501 not_implemented with it.
+	NoTemplateBuilds string
+	Pools            Pools
+	Capacity         Capacity
 	// DefaultLimits are given to teams created without limits.
 	DefaultLimits client.Limits
 	// OutputBudget bounds the memory of command output held for buffered
@@ -102,7 +111,7 @@ type Config struct {
 
 // New returns the API handler.
 func New(cfg Config) *Server {
-	s := &Server{pools: cfg.Pools, capacity: cfg.Capacity, svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
+	s := &Server{runtimesNow: cfg.RuntimesNow, noBuilds: cfg.NoTemplateBuilds, pools: cfg.Pools, capacity: cfg.Capacity, svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
 		evals: cfg.Evals, storage: cfg.Storage, runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux(),
 		outputBudget: cfg.OutputBudget}
 	if s.log == nil {
@@ -224,7 +233,11 @@ func (s *Server) authed(h func(http.ResponseWriter, *http.Request, auth.Principa
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, client.Health{Status: "ok", Version: Version, Runtimes: s.runtimes})
+	rts := s.runtimes
+	if s.runtimesNow != nil {
+		rts = s.runtimesNow()
+	}
+	writeJSON(w, http.StatusOK, client.Health{Status: "ok", Version: Version, Runtimes: rts})
 }
 
 // apiError is an error with a stable code raised by the API layer itself.
@@ -252,6 +265,7 @@ var statusOf = map[string]int{
 	// large for it.
 	client.CodeStorageQuotaExceeded: http.StatusRequestEntityTooLarge,
 	client.CodeInsufficientCapacity: http.StatusServiceUnavailable,
+	client.CodeNotImplemented:       http.StatusNotImplemented,
 }
 
 // errorDetail maps err to its status, body and Retry-After seconds. Unknown

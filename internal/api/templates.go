@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/template"
 	"github.com/evalbox/evalbox/pkg/client"
@@ -73,6 +74,10 @@ func parseBuildRequest(body io.Reader) (string, client.TemplateSpec, error) {
 // order. The context is read while the request is checked; the answer
 // (202) comes once the build is queued.
 func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if s.noBuilds != "" {
+		writeError(w, apierr.Errorf(client.CodeNotImplemented, "%s", s.noBuilds))
+		return
+	}
 	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	switch mt {
 	case "", client.ContentTypeJSON:
@@ -129,6 +134,10 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request, p auth.Princ
 // importTemplate starts an import: the body is the image archive, or
 // empty with ?image= naming a registry reference.
 func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if s.noBuilds != "" {
+		writeError(w, apierr.Errorf(client.CodeNotImplemented, "%s", s.noBuilds))
+		return
+	}
 	q := r.URL.Query()
 	var archive io.Reader
 	if q.Get("image") == "" {

@@ -47,3 +47,9 @@ var ErrOutOfMemory = errors.New("sandbox out of memory")
 // a reason that is not known to be its memory limit: the code running in
 // it may have done it, or the host.
 var ErrStoppedDuringCall = errors.New("sandbox stopped during the call")
+
+// ErrNodeLost is wrapped by the error of a call on a sandbox whose node
+// was lost (its Lease expired): an infrastructure failure, retried on a
+// fresh sandbox elsewhere, never the doing of the code in the sandbox
+// (unlike ErrStoppedDuringCall, which it never wraps).
+var ErrNodeLost = errors.New("sandbox's node lost during the call")

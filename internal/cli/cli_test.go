@@ -469,6 +469,7 @@ func TestServe(t *testing.T) {
 		RegistryAllow: []string{"registry.internal:5000", "ghcr.io"},
 		Pids:          512,
 		ReplicaID:     "api-1", EvalLease: 5 * time.Second,
+		Nodes: "local", Namespace: "evalbox",
 	}
 	if got.Logger == nil || !got.Logger.Enabled(context.Background(), -4) {
 		t.Error("no debug logger")
@@ -477,8 +478,30 @@ func TestServe(t *testing.T) {
 		t.Errorf("config\n%s\nwant\n%s", gj, wj)
 	}
 
-	// Defaults.
+	// A fleet replica.
 	ServeFunc = func(ctx context.Context, cfg ServeConfig) error { got = cfg; return nil }
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runCLI(t, "", "serve", "--nodes", "kubernetes", "--kubeconfig", "/k", "--namespace", "ns", "--node-token-file", tokenFile,
+		"--node-tls-ca", "/ca", "--node-tls-cert", "/c", "--node-tls-key", "/k2").ok(t)
+	if got.Nodes != "kubernetes" || got.Kubeconfig != "/k" || got.Namespace != "ns" || got.NodeToken != "s3cret" ||
+		got.NodeTLSCA != "/ca" || got.NodeTLSCert != "/c" || got.NodeTLSKey != "/k2" {
+		t.Errorf("fleet flags %+v", got)
+	}
+	for _, args := range [][]string{
+		{"--nodes", "k8s"},
+		{"--nodes", "kubernetes"},
+		{"--nodes", "kubernetes", "--node-token-file", tokenFile, "--node-tls-cert", "/c"},
+		{"--kubeconfig", "/k"},
+	} {
+		if r := runCLI(t, "", append([]string{"serve"}, args...)...); r.code != 2 {
+			t.Errorf("serve %v: exit %d %q, want a usage error", args, r.code, r.stderr)
+		}
+	}
+
+	// Defaults.
 	runCLI(t, "", "serve").ok(t)
 	if got.DataDir != DefaultDataDir || got.Database != "" || got.Listen != DefaultListen || got.DefaultTimeout != DefaultTimeout ||
 		got.MaxTimeout != DefaultMaxTimeout || got.MaxFileBytes != DefaultMaxFileBytes || got.Pool != nil || got.LogLevel != 0 ||

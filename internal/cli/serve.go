@@ -69,7 +69,8 @@ type ServeConfig struct {
 	// credentials (shared by every team).
 	RegistryHostCredentials bool
 	// NodeToken is the node token (from --node-token-file, trimmed): node
-	// agents that send it may fetch templates. Never printed or logged.
+	// agents that send it may fetch templates, and a replica with
+	// --nodes kubernetes sends it to them. Never printed or logged.
 	NodeToken string `json:"-"`
 	// ReplicaID names this API replica among those sharing a PostgreSQL
 	// database (the leases of its eval runs, its creates' team slots);
@@ -79,6 +80,14 @@ type ServeConfig struct {
 	// last renewal, i.e. how soon another replica takes over the runs of
 	// one that died (hidden flag; tests shorten it).
 	EvalLease time.Duration
+	// Nodes is where sandboxes run: "local" (one node in this process)
+	// or "kubernetes" (the node agents whose Leases are in Namespace,
+	// reached over gRPC with NodeToken and, when given, TLS: NodeTLSCA
+	// verifies them, NodeTLSCert/Key is this replica's client
+	// certificate). Kubeconfig "" is in-cluster.
+	Nodes                              string
+	Kubeconfig, Namespace              string
+	NodeTLSCA, NodeTLSCert, NodeTLSKey string
 }
 
 // PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
@@ -203,6 +212,23 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 					return usagef(cmd, "--database: %v", strings.TrimPrefix(err.Error(), "store: "))
 				}
 			}
+			switch cfg.Nodes {
+			case "local":
+				for _, name := range []string{"kubeconfig", "namespace", "node-tls-ca", "node-tls-cert", "node-tls-key"} {
+					if cmd.Flags().Changed(name) {
+						return usagef(cmd, "--%s is for --nodes kubernetes", name)
+					}
+				}
+			case "kubernetes":
+				if nodeTokenFile == "" {
+					return usagef(cmd, "--nodes kubernetes needs --node-token-file (the node agents' shared token)")
+				}
+				if (cfg.NodeTLSCert == "") != (cfg.NodeTLSKey == "") {
+					return usagef(cmd, "--node-tls-cert and --node-tls-key go together")
+				}
+			default:
+				return usagef(cmd, "--nodes %q: want local or kubernetes", cfg.Nodes)
+			}
 			if cfg.MaxStorageMB < 0 || cfg.MaxStorageMB > 1<<30 {
 				return usagef(cmd, "--max-storage-mb must be between 0 (no limit) and %d", 1<<30)
 			}
@@ -230,7 +256,13 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	nodeFlags.register(f, DefaultDataDir)
 	f.StringVar(&cfg.Database, "database", "", "state database: postgres://USER@HOST/DB (password from PGPASSWORD or ~/.pgpass), or an SQLite file (PATH or sqlite:PATH) (default: evalbox.db in --data-dir)")
 	f.StringVar(&cfg.Listen, "listen", DefaultListen, "address of the API (host:port)")
-	f.StringVar(&nodeTokenFile, "node-token-file", "", "file holding the node token (trimmed): node agents that send it fetch templates from GET /v1/internal/templates/{digest} (default: none, not served)")
+	f.StringVar(&nodeTokenFile, "node-token-file", "", "file holding the node token (trimmed): node agents that send it fetch templates from GET /v1/internal/templates/{digest}, and --nodes kubernetes dials them with it (default: none, not served)")
+	f.StringVar(&cfg.Nodes, "nodes", "local", "where sandboxes run: local (a node in this process) or kubernetes (the node agents of --namespace, over gRPC; no template builds)")
+	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster whose node Leases to watch (--nodes kubernetes; default: in-cluster)")
+	f.StringVar(&cfg.Namespace, "namespace", "evalbox", "namespace of the node Leases (--nodes kubernetes)")
+	f.StringVar(&cfg.NodeTLSCA, "node-tls-ca", "", "CA that verifies the node agents' certificates (--nodes kubernetes; default: plaintext, loopback nodes only)")
+	f.StringVar(&cfg.NodeTLSCert, "node-tls-cert", "", "this replica's client certificate for the node agents' mutual TLS (with --node-tls-key)")
+	f.StringVar(&cfg.NodeTLSKey, "node-tls-key", "", "the key of --node-tls-cert")
 	f.Var(&defTimeout, "default-timeout", "sandbox TTL when a create request gives none (seconds or a duration)")
 	f.Var(&maxTimeout, "max-timeout", "longest sandbox TTL (seconds or a duration)")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "a team's default limit of running sandboxes")

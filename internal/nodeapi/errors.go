@@ -26,6 +26,8 @@ var (
 	// client when the node could not be asked or did not answer (the
 	// connection failed): not a verdict on the sandbox.
 	ErrNodeUnreachable = errors.New("nodeapi: node unreachable")
+	// ErrNodeLost is wrapped by *NodeLostError.
+	ErrNodeLost = errors.New("nodeapi: node lost")
 	// ErrInsufficientCapacity is wrapped by every *CapacityError.
 	ErrInsufficientCapacity = errors.New("insufficient host capacity")
 )
@@ -38,6 +40,21 @@ func (e *TemplateMissingError) Error() string {
 	return fmt.Sprintf("nodeapi: template_missing: the node does not hold template %s", e.Digest)
 }
 func (e *TemplateMissingError) Unwrap() error { return ErrTemplateMissing }
+
+// NodeLostError is the error of a call on a sandbox whose node left the
+// fleet (its Lease expired, it restarted, or it stopped): the sandbox is
+// gone with it. A fleet's router returns it (in-flight calls and later
+// ones alike, and Wait); a node never does. It wraps ErrNodeLost, apart
+// from ErrSandboxStopped: the loss is the infrastructure's doing, never the
+// sandbox's code's.
+type NodeLostError struct {
+	NodeID string
+	// Why is "its lease expired" or "it left the fleet".
+	Why string
+}
+
+func (e *NodeLostError) Error() string { return fmt.Sprintf("node %s lost (%s)", e.NodeID, e.Why) }
+func (e *NodeLostError) Unwrap() error { return ErrNodeLost }
 
 // StoppedError is the error of a call whose sandbox stopped (its agent went
 // away) before the call finished. It wraps ErrSandboxStopped.

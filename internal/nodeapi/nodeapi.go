@@ -161,6 +161,9 @@ type SandboxInfo struct {
 	StartedAt time.Time
 	// FromPool is set when Create was served from the warm pool.
 	FromPool bool
+	// Node is the id of the node that runs it, set by a fleet's router
+	// (a node leaves it empty: the control plane knows its own).
+	Node string
 }
 
 // End is how a sandbox ended.

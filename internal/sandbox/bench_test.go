@@ -42,6 +42,8 @@ type memStore struct {
 	// replicas hold its slots); slots counts the slots held.
 	full  atomic.Bool
 	slots atomic.Int64
+	// listByState makes ListByState answer (else it lists nothing).
+	listByState bool
 }
 
 func (m *memStore) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sandbox, error) {
@@ -75,7 +77,26 @@ func (m *memStore) MarkEnded(ctx context.Context, id, state, reason string, at t
 	return true, nil
 }
 func (m *memStore) ListByState(ctx context.Context, state string) ([]client.Sandbox, error) {
-	return nil, nil
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []client.Sandbox
+	for _, r := range m.rows {
+		if m.listByState && r.State == state {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+func (m *memStore) ListRunningOn(ctx context.Context, nodeID string) ([]client.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []client.Sandbox
+	for _, r := range m.rows {
+		if r.NodeID == nodeID && r.State == client.StateRunning {
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }
 func (m *memStore) GetTeam(ctx context.Context, id string) (client.Team, error) {
 	return client.Team{ID: id, Name: id, Limits: client.Limits{MaxSandboxes: 100, MaxConcurrentExec: 100}}, nil
@@ -187,10 +208,20 @@ func (m *memStore) ReleaseSlot(ctx context.Context, id string) error { m.slots.A
 func (m *memStore) RenewSlots(ctx context.Context, replica string, ttl time.Duration) error {
 	return nil
 }
-func (m *memStore) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, nodeID, slotID string) (client.Sandbox, error) {
-	m.slots.Add(-1)
+func (m *memStore) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, slotID string) (client.Sandbox, error) {
+	if slotID != "" {
+		m.slots.Add(-1)
+	}
 	return m.InsertSandbox(ctx, sb)
 }
 func (m *memStore) ListRunningOnNode(ctx context.Context, nodeID string) ([]client.Sandbox, error) {
-	return nil, nil
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []client.Sandbox
+	for _, r := range m.rows {
+		if (r.NodeID == nodeID || r.NodeID == "") && r.State == client.StateRunning {
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }

@@ -163,6 +163,13 @@ func (c *capWriter) Write(p []byte) (int, error) {
 // recorded as lost before the caller hears of it, and the error wraps
 // apierr.ErrOutOfMemory when its memory limit is what killed it.
 func (s *Service) callErr(e *entry, err error) error {
+	if lost := (*nodeapi.NodeLostError)(nil); errors.As(err, &lost) {
+		// The node went away with the sandbox: the infrastructure's
+		// doing, never the code's (not ErrStoppedDuringCall).
+		s.endWith(context.Background(), e, client.StateLost, lost.Error(), 0)
+		return &apierr.Error{Code: client.CodeSandboxNotRunning, Err: fmt.Errorf("%w: %w", apierr.ErrNodeLost, err),
+			Message: fmt.Sprintf("sandbox %s was lost with its node while the call ran: %v", e.row.ID, lost)}
+	}
 	var stopped *nodeapi.StoppedError
 	if errors.As(err, &stopped) || errors.Is(err, nodeapi.ErrSandboxNotFound) {
 		var oom int64

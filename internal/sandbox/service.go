@@ -7,6 +7,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,6 +35,7 @@ type Store interface {
 	SetExpiry(ctx context.Context, teamID, id string, t time.Time) error
 	MarkEnded(ctx context.Context, id, state, reason string, at time.Time) (bool, error)
 	ListByState(ctx context.Context, state string) ([]client.Sandbox, error)
+	ListRunningOn(ctx context.Context, nodeID string) ([]client.Sandbox, error)
 	GetTeam(ctx context.Context, id string) (client.Team, error)
 
 	// The team's sandbox slots in the database (store.TakeSlot): the
@@ -41,7 +43,7 @@ type Store interface {
 	TakeSlot(ctx context.Context, teamID, replica string, ttl time.Duration) (string, error)
 	ReleaseSlot(ctx context.Context, id string) error
 	RenewSlots(ctx context.Context, replica string, ttl time.Duration) error
-	InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, nodeID, slotID string) (client.Sandbox, error)
+	InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, slotID string) (client.Sandbox, error)
 	ListRunningOnNode(ctx context.Context, nodeID string) ([]client.Sandbox, error)
 }
 
@@ -79,13 +81,23 @@ type Config struct {
 	MaxFileBytes   int64
 	// ReapInterval is how often the TTL reaper looks for expired sandboxes.
 	ReapInterval time.Duration
-
-	// NodeID names the node this service's sandboxes run on, recorded in
-	// their rows: Recover ends only that node's rows. Exclusive says that
-	// no other server uses the database (SQLite): Recover then ends every
-	// running row, whatever its node.
-	NodeID    string
+	// NodeID is the node id recorded on the rows of sandboxes the node
+	// does not name (SandboxInfo.Node): the embedded node's. Recover ends
+	// that node's rows (and rows of no node) as lost across a restart.
+	NodeID string
+	// Exclusive says that no other server uses the database (SQLite):
+	// Recover then ends every running row of no live node, whatever its
+	// node, and creates take no database slot.
 	Exclusive bool
+	// NodeLive, when set, says whether a node is live (a fleet): at
+	// start, Recover marks lost only the running rows of nodes that are
+	// not live; the others are still running there.
+	NodeLive func(nodeID string) bool
+	// ContentDigest, when set, gives the content digest of a template
+	// (template.Registry.ContentDigest) that a create sends, so that a
+	// node that lacks the template fetches and verifies it. Nil: none is
+	// sent (the embedded node has every template).
+	ContentDigest func(ctx context.Context, digest string) (string, error)
 	// ReplicaID names this API replica in the team slots its creates
 	// hold in the database (default: "local").
 	ReplicaID string
@@ -233,15 +245,17 @@ func (s *Service) renewSlots() {
 	}
 }
 
-// Recover marks every sandbox of this service's node that the store still
-// lists as running, but that this process does not run, as lost: after a
-// restart their processes are gone (the node sweeps what is left of them
-// on the host). Other replicas' sandboxes (other nodes) are left alone,
-// unless the database is this server's alone (Config.Exclusive).
+// Recover marks running rows whose sandboxes are gone as lost: after a
+// restart, those of this service's node (its processes are gone; the
+// node sweeps what is left of them on the host), and in a fleet
+// (Config.NodeLive) those of nodes that are not live. Rows of other
+// embedded servers' nodes, and of live fleet nodes (still running there),
+// are left alone; a database that is this server's alone
+// (Config.Exclusive) has no other servers' rows.
 func (s *Service) Recover(ctx context.Context) error {
 	var rows []client.Sandbox
 	var err error
-	if s.cfg.Exclusive {
+	if s.cfg.Exclusive || s.cfg.NodeLive != nil {
 		rows, err = s.store.ListByState(ctx, client.StateRunning)
 	} else {
 		rows, err = s.store.ListRunningOnNode(ctx, s.cfg.NodeID)
@@ -256,11 +270,45 @@ func (s *Service) Recover(ctx context.Context) error {
 		if live {
 			continue
 		}
-		if _, err := s.store.MarkEnded(ctx, row.ID, client.StateLost, "server restarted", time.Now()); err != nil {
+		reason := "server restarted"
+		switch {
+		case s.cfg.NodeLive != nil && row.NodeID != "" && s.cfg.NodeLive(row.NodeID):
+			continue // still running on its node
+		case s.cfg.NodeLive != nil && row.NodeID != "":
+			reason = (&nodeapi.NodeLostError{NodeID: row.NodeID, Why: "it is not live"}).Error()
+		}
+		if _, err := s.store.MarkEnded(ctx, row.ID, client.StateLost, reason, time.Now()); err != nil {
 			return fmt.Errorf("recover %s: %w", row.ID, err)
 		}
-		s.log.Info("sandbox lost across restart", "sandbox", row.ID, "team", row.TeamID)
+		s.log.Info("sandbox lost across restart", "sandbox", row.ID, "team", row.TeamID, "node", row.NodeID, "reason", reason)
 	}
+	return nil
+}
+
+// NodeLost ends every running sandbox of a node that was lost: those this
+// service runs end as lost with reason (their team slots released), as
+// their Waits and calls fail; rows no one here runs (another replica's,
+// one that is gone) are marked lost in the store. It is idempotent.
+func (s *Service) NodeLost(ctx context.Context, nodeID, reason string) error {
+	rows, err := s.store.ListRunningOn(ctx, nodeID)
+	if err != nil {
+		return fmt.Errorf("sandbox: drain node %s: %w", nodeID, err)
+	}
+	var mine []*entry
+	for _, row := range rows {
+		s.mu.Lock()
+		e, live := s.live[row.ID]
+		s.mu.Unlock()
+		if live {
+			mine = append(mine, e)
+			continue
+		}
+		if _, err := s.store.MarkEnded(ctx, row.ID, client.StateLost, reason, time.Now()); err != nil {
+			return fmt.Errorf("sandbox: drain node %s: %w", nodeID, err)
+		}
+	}
+	s.endAll(ctx, mine, client.StateLost, reason)
+	s.log.Warn("node lost: its sandboxes ended", "node", nodeID, "sandboxes", len(rows), "reason", reason)
 	return nil
 }
 
@@ -425,7 +473,16 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 	if wait > 0 {
 		hostWait = max(0, time.Until(deadline))
 	}
-	sb, err := s.node.Create(ctx, nodeapi.CreateRequest{Spec: key, Wait: hostWait})
+	creq := nodeapi.CreateRequest{Spec: key, Wait: hostWait}
+	if s.cfg.ContentDigest != nil {
+		d, err := s.cfg.ContentDigest(ctx, key.Template)
+		if err != nil {
+			release()
+			return client.Sandbox{}, fmt.Errorf("sandbox: template %s: %w", req.Template, err)
+		}
+		creq.ContentDigest = d
+	}
+	sb, err := s.node.Create(ctx, creq)
 	if err != nil {
 		release()
 		if ctx.Err() != nil {
@@ -455,11 +512,12 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 		Runtime: sb.Runtime, RuntimeVersion: sb.RuntimeVersion, State: client.StateRunning,
 		CPU: key.Shape.CPU, MemoryMB: key.Shape.MemoryMB, DiskMB: key.Shape.DiskMB, Network: key.Shape.Network,
 		Metadata: req.Metadata, EnvKeys: envKeys, CreatedAt: now, ExpiresAt: now.Add(ttl), FromPool: sb.FromPool,
+		NodeID: cmp.Or(sb.Node, s.cfg.NodeID),
 	}
 	if row.Metadata == nil {
 		row.Metadata = map[string]string{}
 	}
-	row, err = s.store.InsertSandboxInSlot(context.WithoutCancel(ctx), row, s.cfg.NodeID, slot)
+	row, err = s.store.InsertSandboxInSlot(context.WithoutCancel(ctx), row, slot)
 	if err != nil {
 		_ = s.node.Destroy(context.WithoutCancel(ctx), sb.ID)
 		release()
@@ -620,6 +678,11 @@ func (s *Service) watch(ctx context.Context, e *entry) {
 	for {
 		end, err := s.node.Wait(ctx, e.row.ID)
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, nodeapi.ErrNodeLost) {
+			s.log.Warn("sandbox lost with its node", "sandbox", e.row.ID, "team", e.row.TeamID, "reason", end.Reason)
+			s.endWith(context.Background(), e, client.StateLost, cmp.Or(end.Reason, err.Error()), 0)
 			return
 		}
 		if err == nil || errors.Is(err, nodeapi.ErrSandboxNotFound) {

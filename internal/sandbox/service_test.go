@@ -321,3 +321,88 @@ func TestCreateWaitsForTheDatabaseSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNodeLost: a sandbox whose node is lost ends lost with the node's
+// reason, its team slot free again; a call on it fails with
+// apierr.ErrNodeLost, never ErrStoppedDuringCall; draining the node marks
+// rows no one here runs.
+func TestNodeLost(t *testing.T) {
+	f := newFakeNode()
+	st := &memStore{rows: map[string]client.Sandbox{}}
+	svc := New(Config{DefaultRuntime: "fake", ReapInterval: time.Hour, NodeID: "n1"}, st, f, fakeTemplates{}, slog.New(slog.DiscardHandler))
+	t.Cleanup(func() { svc.Close(context.Background()) })
+	svc.teamCache["team"] = cachedTeam{team: client.Team{ID: "team", Limits: client.Limits{MaxSandboxes: 1, MaxConcurrentExec: 4}}, at: time.Now().Add(time.Hour)}
+	create := func() string {
+		sb, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.NodeID != "n1" {
+			t.Fatalf("row's node %q, want n1", sb.NodeID)
+		}
+		return sb.ID
+	}
+	lost := &nodeapi.NodeLostError{NodeID: "n1", Why: "its lease expired"}
+
+	// Through the watch: Wait returns the node's end.
+	id := create()
+	f.die(id, waitResult{end: nodeapi.End{Reason: lost.Error()}, err: lost})
+	waitFor(t, "the sandbox lost", func() bool { return st.row(id).State == client.StateLost })
+	if r := st.row(id); r.EndReason != "node n1 lost (its lease expired)" {
+		t.Errorf("reason %q", r.EndReason)
+	}
+	// Its slot is free: the team's one sandbox can be created again.
+	id = create()
+
+	// Through a call in flight.
+	f.execErr = lost
+	_, err := svc.Exec(t.Context(), "team", id, client.ExecRequest{Argv: []string{"true"}}, nil, nil)
+	if !errors.Is(err, apierr.ErrNodeLost) || errors.Is(err, apierr.ErrStoppedDuringCall) || apierr.Code(err) != client.CodeSandboxNotRunning {
+		t.Errorf("call on a lost node: %v", err)
+	}
+	if r := st.row(id); r.State != client.StateLost || r.EndReason != lost.Error() {
+		t.Errorf("after the call: %+v", r)
+	}
+	f.execErr = nil
+
+	// Draining: this service's sandboxes and rows of others (another
+	// replica's) on the node; other nodes' stay.
+	id = create()
+	other, _ := st.InsertSandbox(t.Context(), client.Sandbox{ID: "sb-other", TeamID: "t2", State: client.StateRunning, NodeID: "n1"})
+	elsewhere, _ := st.InsertSandbox(t.Context(), client.Sandbox{ID: "sb-n2", TeamID: "t2", State: client.StateRunning, NodeID: "n2"})
+	if err := svc.NodeLost(t.Context(), "n1", lost.Error()); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []string{id, other.ID} {
+		if row := st.row(r); row.State != client.StateLost || row.EndReason != lost.Error() {
+			t.Errorf("%s after the drain: %+v", r, row)
+		}
+	}
+	if row := st.row(elsewhere.ID); row.State != client.StateRunning {
+		t.Errorf("another node's row after the drain: %+v", row)
+	}
+	create()
+}
+
+// TestRecoverInAFleet: at start, running rows of nodes that are not live
+// are lost; those of live nodes are left alone.
+func TestRecoverInAFleet(t *testing.T) {
+	st := &memStore{rows: map[string]client.Sandbox{}}
+	for _, r := range []client.Sandbox{{ID: "a", NodeID: "live"}, {ID: "b", NodeID: "dead"}} {
+		r.TeamID, r.State = "team", client.StateRunning
+		st.rows[r.ID] = r
+	}
+	st.listByState = true
+	svc := New(Config{DefaultRuntime: "fake", ReapInterval: time.Hour, NodeLive: func(id string) bool { return id == "live" }},
+		st, newFakeNode(), fakeTemplates{}, slog.New(slog.DiscardHandler))
+	t.Cleanup(func() { svc.Close(context.Background()) })
+	if err := svc.Recover(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if r := st.row("a"); r.State != client.StateRunning {
+		t.Errorf("a live node's row: %+v", r)
+	}
+	if r := st.row("b"); r.State != client.StateLost || r.EndReason != "node dead lost (it is not live)" {
+		t.Errorf("a dead node's row: %+v", r)
+	}
+}

@@ -5,6 +5,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,7 +93,13 @@ type Config struct {
 	ReplicaID string
 	// EvalLease is an eval run's lease (0: evalrun.DefaultLeaseTTL).
 	EvalLease time.Duration
-	Logger    *slog.Logger
+	// Nodes is where sandboxes run: NodesLocal ("" too), one node in
+	// process; NodesKubernetes, the node agents of Fleet (dialled with
+	// NodeToken), and none here (runtimes, capacity, pools and build
+	// settings are the nodes').
+	Nodes  string
+	Fleet  FleetConfig
+	Logger *slog.Logger
 	// Ready, if set, is called with the bound address once the server
 	// accepts requests.
 	Ready func(addr string)
@@ -145,18 +152,41 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.DataDir == "" {
 		return errors.New("server: data dir is required")
 	}
-	// The node first: it makes the data dir (the owner's alone), which
-	// also holds the SQLite database, the admin key and build logs.
-	host, err := nodehost.Open(ctx, nodehost.Config{DataDir: cfg.DataDir, Runsc: cfg.Runsc, Agent: cfg.Agent,
-		TemplatesDir: cfg.TemplatesDir, Mirror: cfg.Mirror, Builtins: cfg.Builtins, Runtimes: cfg.Runtimes,
-		Build: cfg.Build, Capacity: cfg.Capacity, Logger: log})
-	if err != nil {
-		return fmt.Errorf("server: %w", err)
+	fleetMode := cfg.Nodes == NodesKubernetes
+	hostname, _ := os.Hostname()
+	switch cfg.Nodes {
+	case "", NodesLocal, NodesKubernetes:
+	default:
+		return fmt.Errorf("server: nodes %q: want %s or %s", cfg.Nodes, NodesLocal, NodesKubernetes)
 	}
-	// After the node destroyed every sandbox (below), or at once on an
-	// error before: closing twice does nothing more.
-	defer host.Close(context.Background())
-	n, templates := host.Node, host.Templates
+	var (
+		n         *node.Node // the embedded node (local mode)
+		templates *template.Registry
+		svcConf   = cfg.Service
+	)
+	if fleetMode {
+		var err error
+		if templates, err = openTemplates(ctx, cfg, log); err != nil {
+			return err
+		}
+	} else {
+		// The node first: it makes the data dir (the owner's alone), which
+		// also holds the SQLite database, the admin key and build logs.
+		host, err := nodehost.Open(ctx, nodehost.Config{DataDir: cfg.DataDir, Runsc: cfg.Runsc, Agent: cfg.Agent,
+			TemplatesDir: cfg.TemplatesDir, Mirror: cfg.Mirror, Builtins: cfg.Builtins, Runtimes: cfg.Runtimes,
+			Build: cfg.Build, Capacity: cfg.Capacity, Logger: log})
+		if err != nil {
+			return fmt.Errorf("server: %w", err)
+		}
+		// After the node destroyed every sandbox (below), or at once on an
+		// error before: closing twice does nothing more.
+		defer host.Close(context.Background())
+		n, templates = host.Node, host.Templates
+		// The embedded node is named by the host and the data dir
+		// (stable across restarts: its rows are recovered by the server
+		// that restarts on that dir, never by another replica).
+		svcConf.NodeID = "local:" + hostname + ":" + host.Instance
+	}
 	if cfg.Limits.MaxSandboxes == 0 {
 		cfg.Limits.MaxSandboxes = 20
 	}
@@ -207,7 +237,25 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("server: --registry-allow: %w", err)
 	}
-	tmpls, err := catalog.New(cat, st, templates, n, ociImporter{&oci.Importer{AllowRegistries: allow, HostCredentials: cfg.RegistryHostCredentials}}, log)
+	// The control plane drives nodes through the node contract only: the
+	// embedded one in process, without serialisation, or the fleet's.
+	var (
+		nodes  nodeapi.Node
+		runner template.Runner = n
+		fp     *fleetPlane
+	)
+	if fleetMode {
+		if fp, err = startFleet(ctx, cfg.Fleet, cfg.NodeToken, lookupNode(st), log); err != nil {
+			return err
+		}
+		defer fp.stop()
+		nodes, runner = fp.router, noBuilds{}
+		svcConf.NodeLive = fp.router.Live
+		svcConf.ContentDigest = templates.ContentDigest
+	} else {
+		nodes = node.NewLocal(n)
+	}
+	tmpls, err := catalog.New(cat, st, templates, runner, ociImporter{&oci.Importer{AllowRegistries: allow, HostCredentials: cfg.RegistryHostCredentials}}, log)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
@@ -215,23 +263,23 @@ func Run(ctx context.Context, cfg Config) error {
 	storage.AddSource(st.EvalInputBytes)
 	// Stops builds (their sandboxes go with the node, closed before).
 	defer tmpls.Close()
-	// The control plane drives the node through the node contract only;
-	// in process, without serialisation.
-	local := node.NewLocal(n)
 	// Several API replicas may share a PostgreSQL database; an SQLite one
-	// is this server's alone. The embedded node is named by the host and
-	// the data dir (stable across restarts: its rows are recovered by the
-	// server that restarts on that dir, never by another replica).
+	// is this server's alone.
 	exclusive := st.Backend() != "postgres"
-	hostname, _ := os.Hostname()
 	replica := cfg.ReplicaID
 	if replica == "" {
 		replica = fmt.Sprintf("%s-%d", hostname, os.Getpid())
 	}
-	nodeID := "local:" + hostname + ":" + host.Instance
-	log.Info("replica", "replica", replica, "node", nodeID, "exclusive", exclusive)
-	cfg.Service.NodeID, cfg.Service.Exclusive, cfg.Service.ReplicaID = nodeID, exclusive, replica
-	svc := sandbox.New(cfg.Service, st, local, tmpls, log)
+	log.Info("replica", "replica", replica, "node", svcConf.NodeID, "nodes", cmp.Or(cfg.Nodes, NodesLocal), "exclusive", exclusive)
+	svcConf.Exclusive, svcConf.ReplicaID = exclusive, replica
+	svc := sandbox.New(svcConf, st, nodes, tmpls, log)
+	if fp != nil {
+		fp.OnNodeLost(func(id, reason string) {
+			if err := svc.NodeLost(context.Background(), id, reason); err != nil {
+				log.Error("draining a lost node", "node", id, "err", err)
+			}
+		})
+	}
 	if err := svc.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
@@ -247,19 +295,26 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := evals.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
-	logCapacity(ctx, log, n, svc)
+	if n != nil {
+		logCapacity(ctx, log, n, svc)
+	}
 	for _, p := range cfg.Pools {
 		key, err := svc.DefaultKey(ctx, p.Template, p.Runtime)
 		if err != nil {
 			return fmt.Errorf("server: pool %s:%s: %w", p.Template, p.Runtime, err)
 		}
-		if err := local.SetPool(ctx, nodeapi.PoolSpec{Spec: key, TemplateName: p.Template, Target: p.Size}); err != nil {
+		if err := nodes.SetPool(ctx, nodeapi.PoolSpec{Spec: key, TemplateName: p.Template, Target: p.Size}); err != nil {
 			return fmt.Errorf("server: pool %s:%s: %w", p.Template, p.Runtime, err)
 		}
 	}
 
-	var handler http.Handler = api.New(api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
-		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: n.Runtimes(), Pools: local, Capacity: local, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log})
+	apiCfg := api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
+		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: runtimesOf(ctx, nodes), Pools: nodes, Capacity: nodes, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log}
+	if fleetMode {
+		apiCfg.RuntimesNow = func() []string { return runtimesOf(context.Background(), nodes) }
+		apiCfg.NoTemplateBuilds = noBuildsOnFleet
+	}
+	var handler http.Handler = api.New(apiCfg)
 	if cfg.NodeToken != "" {
 		handler = internalTemplates(handler, templates, cfg.NodeToken, log)
 	}
@@ -276,7 +331,7 @@ func Run(ctx context.Context, cfg Config) error {
 	srv.RegisterOnShutdown(evals.Drain)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("evalbox serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "runtimes", n.Runtimes())
+	log.Info("evalbox serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "nodes", cmp.Or(cfg.Nodes, NodesLocal), "runtimes", runtimesOf(ctx, nodes))
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}
@@ -308,13 +363,21 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := <-shutdown; err != nil {
 		_ = srv.Close()
 	}
-	if err := n.Close(shutCtx); err != nil {
-		log.Error("closing node", "err", err)
+	if n != nil {
+		if err := n.Close(shutCtx); err != nil {
+			log.Error("closing node", "err", err)
+		}
 	}
 	if errors.Is(serveErr, http.ErrServerClosed) {
 		serveErr = nil
 	}
 	return serveErr
+}
+
+// runtimesOf lists the runtimes the nodes run (none when they cannot say).
+func runtimesOf(ctx context.Context, n nodeapi.Node) []string {
+	rts, _ := n.Runtimes(ctx)
+	return rts
 }
 
 // logCapacity says how large the host budget is and how many sandboxes of

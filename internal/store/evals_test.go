@@ -116,3 +116,49 @@ func TestEvals(t *testing.T) {
 		}
 	})
 }
+
+// TestVerdictOncePerSample: two writers (a retry, or two attempts of one
+// sample) racing to record the same sample's verdict: exactly one is
+// recorded and the other is told so (false), on both backends. (Replicas
+// racing over a run's lease: TestEvalLeaseRaces.)
+func TestVerdictOncePerSample(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		ctx := t.Context()
+		a := mustTeam(t, s, "a")
+		run, err := s.InsertEval(ctx, EvalRow{Input: []byte(`{}`), Run: client.EvalRun{TeamID: a.ID, State: client.EvalStateRunning, K: []int{1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		type put struct {
+			stored bool
+			err    error
+		}
+		for sample := range 20 {
+			puts := make(chan put, 2)
+			for _, status := range []string{"passed", "failed"} {
+				go func() {
+					stored, err := s.PutEvalTrial(ctx, a.ID, run.ID, "", client.EvalResult{TaskID: "t/0", CompletionID: sample, Status: status}, TrialEnv{})
+					puts <- put{stored, err}
+				}()
+			}
+			var stored, kept int
+			for range 2 {
+				switch p := <-puts; {
+				case p.err != nil:
+					t.Fatalf("sample %d: %v", sample, p.err)
+				case p.stored:
+					stored++
+				default:
+					kept++
+				}
+			}
+			if stored != 1 || kept != 1 {
+				t.Fatalf("sample %d: %d recorded, %d told the first was kept; want 1 and 1", sample, stored, kept)
+			}
+		}
+		counts, err := s.EvalCounts(ctx, a.ID, run.ID)
+		if err != nil || counts["passed"]+counts["failed"] != 20 {
+			t.Fatalf("EvalCounts = %v, %v: want 20 verdicts", counts, err)
+		}
+	})
+}

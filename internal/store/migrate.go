@@ -131,8 +131,8 @@ var migrations = []string{
 	// 6: a team's storage limit (MiB; 0 = the server's default).
 	`ALTER TABLE teams ADD COLUMN max_storage_mb INTEGER NOT NULL DEFAULT 0;`,
 	// 7: the node a sandbox runs on ('' for rows written before this
-	// migration), so that a replica recovers only its own node's rows.
-	// (Fleet mode adds the same column: keep one of the two when merging.)
+	// migration, by an embedded server): where calls for it go, what a
+	// restarted replica recovers, what a lost node's drain ends.
 	`ALTER TABLE sandboxes ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
 	CREATE INDEX sandboxes_node ON sandboxes(node_id, state);`,
 	// 8: several API replicas on one database. A team's sandbox slots held

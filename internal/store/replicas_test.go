@@ -55,7 +55,7 @@ func TestTakeSlotHoldsTheLimitAcrossStores(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sb, err := stores[0].InsertSandboxInSlot(ctx, newSandbox(team.ID, nil), "node-a", a)
+		sb, err := stores[0].InsertSandboxInSlot(ctx, onNode(newSandbox(team.ID, nil), "node-a"), a)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +65,7 @@ func TestTakeSlotHoldsTheLimitAcrossStores(t *testing.T) {
 		if node, err := stores[1].SandboxNode(ctx, sb.ID); err != nil || node != "node-a" {
 			t.Fatalf("SandboxNode = %q, %v", node, err)
 		}
-		if _, err := stores[1].InsertSandboxInSlot(ctx, newSandbox(team.ID, nil), "node-a", a); !errors.Is(err, ErrSlotLost) {
+		if _, err := stores[1].InsertSandboxInSlot(ctx, onNode(newSandbox(team.ID, nil), "node-a"), a); !errors.Is(err, ErrSlotLost) {
 			t.Fatalf("a slot used twice: %v", err)
 		}
 		// Two more fit, then none.
@@ -89,7 +89,7 @@ func TestTakeSlotHoldsTheLimitAcrossStores(t *testing.T) {
 		if _, err := stores[1].TakeSlot(ctx, team.ID, "r1", time.Minute); err != nil {
 			t.Fatalf("after a slot expired: %v", err)
 		}
-		if _, err := stores[0].InsertSandboxInSlot(ctx, newSandbox(team.ID, nil), "node-a", expiring); !errors.Is(err, ErrSlotLost) {
+		if _, err := stores[0].InsertSandboxInSlot(ctx, onNode(newSandbox(team.ID, nil), "node-a"), expiring); !errors.Is(err, ErrSlotLost) {
 			t.Fatalf("an expired, swept slot recorded: %v", err)
 		}
 		if _, err := stores[0].TakeSlot(ctx, team.ID, "r0", time.Minute); !errors.Is(err, ErrTeamLimit) {
@@ -127,7 +127,7 @@ func TestListRunningOnNode(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if sb, err = s.InsertSandboxInSlot(ctx, sb, node, slot); err != nil {
+				if sb, err = s.InsertSandboxInSlot(ctx, onNode(sb, node), slot); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -266,4 +266,10 @@ func TestEvalLeaseRaces(t *testing.T) {
 			t.Fatalf("claim after a release: %v, %v", ok, err)
 		}
 	})
+}
+
+// onNode returns sb placed on node id.
+func onNode(sb client.Sandbox, id string) client.Sandbox {
+	sb.NodeID = id
+	return sb
 }

@@ -19,7 +19,7 @@ import (
 
 const sandboxCols = `id, team_id, template, template_digest, runtime, runtime_version, state,
 	cpu, memory_mb, disk_mb, network, metadata, env_keys, from_pool,
-	created_at, expires_at, ended_at, end_reason`
+	created_at, expires_at, ended_at, end_reason, node_id`
 
 // SandboxFilter selects sandboxes in ListSandboxes.
 type SandboxFilter struct {
@@ -39,14 +39,14 @@ func (s *Store) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sa
 	if err != nil {
 		return client.Sandbox{}, err
 	}
-	if _, err = s.exec(ctx, insertSandboxSQL, append(args, "")...); err != nil {
+	if _, err = s.exec(ctx, insertSandboxSQL, args...); err != nil {
 		return client.Sandbox{}, fmt.Errorf("store: insert sandbox %s: %w", sb.ID, s.mapConstraint(err, "team"))
 	}
 	return sb, nil
 }
 
-// insertSandboxSQL inserts a row: sandboxArgs, then the node id.
-const insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxCols + `, node_id)
+// insertSandboxSQL inserts a row of sandboxArgs.
+const insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxCols + `)
 	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 // sandboxArgs fills sb's defaults (InsertSandbox's) and returns it with the
@@ -88,7 +88,7 @@ func sandboxArgs(sb client.Sandbox) (client.Sandbox, []any, error) {
 	}
 	return sb, []any{sb.ID, sb.TeamID, sb.Template, sb.TemplateDigest, sb.Runtime, sb.RuntimeVersion, sb.State,
 		sb.CPU, sb.MemoryMB, sb.DiskMB, sb.Network, string(meta), string(envKeys), boolInt(sb.FromPool),
-		toDB(sb.CreatedAt), toDB(sb.ExpiresAt), nullTime(sb.EndedAt), sb.EndReason}, nil
+		toDB(sb.CreatedAt), toDB(sb.ExpiresAt), nullTime(sb.EndedAt), sb.EndReason, sb.NodeID}, nil
 }
 
 // GetSandbox returns the team's sandbox with this id; another team's is
@@ -206,6 +206,17 @@ func (s *Store) ListByState(ctx context.Context, state string) ([]client.Sandbox
 	return out, nil
 }
 
+// ListRunningOn returns the running sandboxes of all teams on a node,
+// oldest first (to drain a node that was lost).
+func (s *Store) ListRunningOn(ctx context.Context, nodeID string) ([]client.Sandbox, error) {
+	out, err := s.querySandboxes(ctx,
+		`SELECT `+sandboxCols+` FROM sandboxes WHERE node_id = ? AND state = ? ORDER BY created_at, id`, nodeID, client.StateRunning)
+	if err != nil {
+		return nil, fmt.Errorf("store: list sandboxes on node %s: %w", nodeID, err)
+	}
+	return out, nil
+}
+
 // ListExpired returns the running sandboxes of all teams whose expiry is at
 // or before now, soonest expiry first.
 func (s *Store) ListExpired(ctx context.Context, now time.Time) ([]client.Sandbox, error) {
@@ -253,7 +264,7 @@ func scanSandbox(sc scanner) (client.Sandbox, error) {
 	var ended sql.NullInt64
 	err := sc.Scan(&sb.ID, &sb.TeamID, &sb.Template, &sb.TemplateDigest, &sb.Runtime, &sb.RuntimeVersion, &sb.State,
 		&sb.CPU, &sb.MemoryMB, &sb.DiskMB, &sb.Network, &meta, &envKeys, &fromPool,
-		&created, &expires, &ended, &sb.EndReason)
+		&created, &expires, &ended, &sb.EndReason, &sb.NodeID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return client.Sandbox{}, ErrNotFound
 	}

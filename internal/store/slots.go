@@ -114,20 +114,20 @@ func (s *Store) CountSlots(ctx context.Context, teamID string) (int, error) {
 	return n, nil
 }
 
-// InsertSandboxInSlot stores sb, running on node nodeID, in place of the
+// InsertSandboxInSlot stores sb (running on node sb.NodeID) in place of the
 // slot that admitted it, in one transaction: the team's count never sees
 // both or neither. A slot that is gone (expired and swept) is
 // ErrSlotLost, and nothing is stored. Otherwise as InsertSandbox. An
 // empty slotID stores sb admitted without a slot (a database that is one
 // server's alone: its own count is the authority).
-func (s *Store) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, nodeID, slotID string) (client.Sandbox, error) {
+func (s *Store) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, slotID string) (client.Sandbox, error) {
 	sb, args, err := sandboxArgs(sb)
 	if err != nil {
 		return client.Sandbox{}, err
 	}
 	err = s.inTx(ctx, func(tx *txn) error {
 		if slotID == "" {
-			_, err := tx.exec(ctx, insertSandboxSQL, append(args, nodeID)...)
+			_, err := tx.exec(ctx, insertSandboxSQL, args...)
 			return s.mapConstraint(err, "team")
 		}
 		res, err := tx.exec(ctx, `DELETE FROM sandbox_slots WHERE id = ? AND team_id = ?`, slotID, sb.TeamID)
@@ -139,7 +139,7 @@ func (s *Store) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, node
 		} else if n == 0 {
 			return ErrSlotLost
 		}
-		_, err = tx.exec(ctx, insertSandboxSQL, append(args, nodeID)...)
+		_, err = tx.exec(ctx, insertSandboxSQL, args...)
 		return s.mapConstraint(err, "team")
 	})
 	if err != nil {

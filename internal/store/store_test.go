@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -240,6 +241,7 @@ func TestSandboxRoundTripAndIsolation(t *testing.T) {
 		in.TemplateDigest = "sha256:abc"
 		in.RuntimeVersion = "6.1"
 		in.FromPool = true
+		in.NodeID = "node-1"
 		sb, err := s.InsertSandbox(ctx, in)
 		if err != nil {
 			t.Fatal(err)
@@ -283,6 +285,51 @@ func TestSandboxRoundTripAndIsolation(t *testing.T) {
 		got, err = s.GetSandbox(ctx, a.ID, e.ID)
 		if err != nil || got.Metadata == nil || len(got.Metadata) != 0 || got.EnvKeys != nil {
 			t.Fatalf("empty sandbox = %+v, %v", got, err)
+		}
+	})
+}
+
+// TestListRunningOn: a node's running rows, for draining it when it is
+// lost; other nodes' and ended rows are not listed.
+func TestListRunningOn(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		ctx := context.Background()
+		a := mustTeam(t, s, "a")
+		var on1 []string
+		for i, node := range []string{"n1", "n2", "n1", "n1"} {
+			in := newSandbox(a.ID, nil)
+			in.NodeID = node
+			sb, err := s.InsertSandbox(ctx, in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if node == "n1" && i != 3 {
+				on1 = append(on1, sb.ID)
+			}
+			if i == 3 {
+				if _, err := s.MarkEnded(ctx, sb.ID, client.StateDeleted, "deleted", time.Now()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if n, err := s.SandboxNode(ctx, on1[0]); err != nil || n != "n1" {
+			t.Fatalf("SandboxNode = %q, %v", n, err)
+		}
+		if _, err := s.SandboxNode(ctx, "sb_nope"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("SandboxNode of no sandbox: %v", err)
+		}
+		rows, err := s.ListRunningOn(ctx, "n1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, r := range rows {
+			got = append(got, r.ID)
+		}
+		slices.Sort(got)
+		slices.Sort(on1)
+		if !slices.Equal(got, on1) {
+			t.Fatalf("running on n1: %v, want %v", got, on1)
 		}
 	})
 }

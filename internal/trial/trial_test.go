@@ -286,3 +286,31 @@ func TestSandboxTTL(t *testing.T) {
 		t.Errorf("ttl %d, want the maximum 30", got)
 	}
 }
+
+// TestNodeLostIsInfra: a sandbox lost with its node is an infra failure,
+// retried on a fresh sandbox; three node losses are an infra error, never
+// the script's result (the stopped-during-call rule does not apply), and no
+// control script runs.
+func TestNodeLostIsInfra(t *testing.T) {
+	lost := func() error {
+		return &apierr.Error{Code: client.CodeSandboxNotRunning, Message: "sandbox sb-a was lost with its node",
+			Err: fmt.Errorf("%w: node n1 lost (its lease expired)", apierr.ErrNodeLost)}
+	}
+	f := &flaky{execErrs: []error{lost()}}
+	out, err := newRunner(f).Run(t.Context(), "t1", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Attempts != 2 || out.Result.Status != client.StatusExited || out.Sandbox.ID != "sb-b" {
+		t.Fatalf("outcome %+v, want the second sandbox's result", out)
+	}
+
+	f = &flaky{execErrs: []error{lost(), lost(), lost(), lost()}}
+	out, err = newRunner(f).Run(t.Context(), "t1", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Result.Status != client.StatusError || !strings.Contains(out.Result.Error, "lost") || len(f.created) != 3 {
+		t.Fatalf("outcome %+v, created %v: want an infra error after 3 sandboxes, no control", out, f.created)
+	}
+}

@@ -58,6 +58,10 @@ const (
 	// sandbox (pids or memory, across all teams); nothing was created.
 	// Retry later, or pass wait_seconds to queue.
 	CodeInsufficientCapacity = "insufficient_capacity"
+	// CodeNotImplemented (501): this server does not do that in its
+	// configuration (template builds and imports on a fleet, `serve
+	// --nodes kubernetes`).
+	CodeNotImplemented = "not_implemented"
 )
 
 // ErrorBody is every error response: {"error":{"code","message"}}.
@@ -113,6 +117,8 @@ type Sandbox struct {
 	EndReason string `json:"end_reason,omitempty"`
 	// FromPool is true when the sandbox was claimed from the warm pool.
 	FromPool bool `json:"from_pool"`
+	// NodeID is the node that runs (or ran) the sandbox.
+	NodeID string `json:"node_id,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.

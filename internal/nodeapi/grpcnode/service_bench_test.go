@@ -130,6 +130,9 @@ func (m *memStore) RenewSlots(context.Context, string, time.Duration) error { re
 func (m *memStore) ListRunningOnNode(context.Context, string) ([]client.Sandbox, error) {
 	return nil, nil
 }
-func (m *memStore) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, nodeID, slotID string) (client.Sandbox, error) {
+func (m *memStore) ListRunningOn(context.Context, string) ([]client.Sandbox, error) {
+	return nil, nil
+}
+func (m *memStore) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, slotID string) (client.Sandbox, error) {
 	return m.InsertSandbox(ctx, sb)
 }

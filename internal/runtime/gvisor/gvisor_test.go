@@ -20,6 +20,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/evalbox/evalbox/internal/agentproto"
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/network"
 	"github.com/evalbox/evalbox/internal/runtime/network/networktest"
@@ -594,5 +595,12 @@ func TestHostCostIsTheCgroupLimits(t *testing.T) {
 	}
 	if got := hostCost(runtime.Spec{MemoryMB: 512, DiskMB: 1024, Pids: 1024}); got.Pids != 1024+sentryTasks || got.MemoryBytes != (512+1024+sentryOverheadMB)<<20 {
 		t.Errorf("default shape: %+v", got)
+	}
+	// The fleet's placement computes the same cost without the driver.
+	for _, s := range []runtime.Spec{{MemoryMB: 512, DiskMB: 1024, Pids: 1024}, {MemoryMB: 64, Pids: 16}, {MemoryMB: 128, DiskMB: 32}} {
+		got, want := hostCost(s), nodeapi.HostCost(Name, nodeapi.Shape{MemoryMB: s.MemoryMB, DiskMB: s.DiskMB, Pids: s.Pids})
+		if got.Pids != want.Pids || got.MemoryBytes != want.MemoryBytes {
+			t.Errorf("%+v: driver's host cost %+v, nodeapi.HostCost %+v", s, got, want)
+		}
 	}
 }

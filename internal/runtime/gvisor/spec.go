@@ -3,6 +3,7 @@ package gvisor
 import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/runtime"
 )
 
@@ -12,7 +13,8 @@ const cpuPeriod = 100_000
 // sentryOverheadMB is added to the memory cgroup limit for the Sentry and
 // gofer themselves, on top of what the sandbox may use for its processes and
 // its in-memory overlay (the disk).
-const sentryOverheadMB = 96
+// One constant with the fleet's placement: nodeapi.HostCost.
+const sentryOverheadMB = nodeapi.GVisorSentryMemoryMB
 
 // oomScoreAdj is the OOM score adjustment of sandbox processes.
 var oomScoreAdj = 800
@@ -127,7 +129,8 @@ func guestTasks(pids int) int {
 
 // sentryTasks is the host tasks a Sentry and gofer need besides those of
 // the guest's tasks (their own threads).
-const sentryTasks = 256
+// One constant with the fleet's placement: nodeapi.HostCost.
+const sentryTasks = nodeapi.GVisorSentryTasks
 
 // memoryLimit is the memory cgroup limit of a sandbox: its processes, its
 // disk (the in-memory overlay) and the Sentry and gofer themselves.
