@@ -96,7 +96,11 @@ type Storage interface {
 type Sandboxes interface {
 	trial.Sandboxes
 	Team(ctx context.Context, teamID string) (client.Team, error)
+	DeleteByMetadata(ctx context.Context, teamID string, md map[string]string) ([]string, error)
 }
+
+// runMeta is the metadata key of a run's sandboxes: its id.
+const runMeta = "eval_run"
 
 // Leases says how API replicas sharing the store share its runs. A run is
 // run by the replica that holds its lease (the store's owner and
@@ -337,6 +341,14 @@ func (s *Service) takeOver(ctx context.Context, now time.Time) error {
 		}
 		if !ok {
 			continue // another replica was first
+		}
+		// The trials in flight under the previous lease are judged again
+		// here: their sandboxes (a replica that died leaves them running on
+		// a fleet's nodes) hold the team's slots for nothing.
+		if ids, err := s.sb.DeleteByMetadata(ctx, r.TeamID, map[string]string{runMeta: r.ID}); err != nil {
+			s.log.Warn("eval run: deleting the sandboxes of its previous lease", "run", r.ID, "err", err)
+		} else if len(ids) > 0 {
+			s.log.Info("eval run: deleted the sandboxes of its previous lease", "run", r.ID, "sandboxes", len(ids))
 		}
 		s.log.Info("eval run resumed", "run", r.ID, "team", r.TeamID, "owner", s.leases.Owner)
 		s.start(r)

@@ -71,3 +71,52 @@ func TestLeaseLostStopsTheRun(t *testing.T) {
 		t.Fatalf("run after a lost it: %+v, %v", r, err)
 	}
 }
+
+// TestTakeOverDeletesTheOldLeasesSandboxes: a replica that takes a run
+// over deletes the run's sandboxes left running under the previous lease
+// (a replica that died leaves them on a fleet's nodes, holding the team's
+// slots), before it judges their samples again; the run completes.
+func TestTakeOverDeletesTheOldLeasesSandboxes(t *testing.T) {
+	a, st, h, team := newLeasedHostService(t, Leases{Owner: "a", TTL: 600 * time.Millisecond})
+	ctx := context.Background()
+	req := batchRequest()
+	req.Mode, req.Concurrency = client.EvalModeTrial, 2
+	body := "    return 1\n"
+	for range 6 {
+		req.Samples = append(req.Samples, client.EvalSample{TaskID: "t", Completion: &body})
+	}
+	run, err := a.Create(ctx, team, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close() // drops its lease
+	// What a replica that died mid-trial leaves: its trial's sandbox.
+	left, err := h.Create(ctx, team, client.CreateSandboxRequest{Metadata: map[string]string{runMeta: run.ID, "eval_sample": "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := h.Create(ctx, team, client.CreateSandboxRequest{Metadata: map[string]string{runMeta: "another-run"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := New(st, h, nil, nil, Leases{Owner: "b", TTL: 600 * time.Millisecond}, nil)
+	b.trials.Backoff = time.Millisecond
+	b.hostHarness = true
+	t.Cleanup(b.Close)
+	if err := b.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, rs := waitRun(t, b, team, run.ID)
+	if got.State != client.EvalStateSucceeded || len(rs) != 6 {
+		t.Fatalf("run taken over: %+v, %d results", got, len(rs))
+	}
+	if _, err := h.dir(left.ID); err == nil {
+		t.Errorf("the old lease's sandbox %s is still there", left.ID)
+	}
+	if _, err := h.dir(other.ID); err != nil {
+		t.Errorf("another run's sandbox was deleted: %v", err)
+	}
+	if err := h.Delete(ctx, team, other.ID); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -30,6 +30,7 @@ import (
 type hostSandboxes struct {
 	mu          sync.Mutex
 	dirs        map[string]string
+	meta        map[string]map[string]string // of the sandboxes in dirs
 	seq         atomic.Int64
 	created     atomic.Int64
 	failHarness atomic.Int64
@@ -54,6 +55,10 @@ func (h *hostSandboxes) Create(ctx context.Context, teamID string, req client.Cr
 	id := fmt.Sprintf("sb-%d", h.seq.Add(1))
 	h.mu.Lock()
 	h.dirs[id] = dir
+	if h.meta == nil {
+		h.meta = map[string]map[string]string{}
+	}
+	h.meta[id] = req.Metadata
 	h.mu.Unlock()
 	h.created.Add(1)
 	return client.Sandbox{ID: id, Runtime: "host", TemplateDigest: "sha256:host"}, nil
@@ -137,8 +142,30 @@ func (h *hostSandboxes) Delete(ctx context.Context, teamID, id string) error {
 	}
 	h.mu.Lock()
 	delete(h.dirs, id)
+	delete(h.meta, id)
 	h.mu.Unlock()
 	return os.RemoveAll(d)
+}
+
+func (h *hostSandboxes) DeleteByMetadata(ctx context.Context, teamID string, md map[string]string) ([]string, error) {
+	h.mu.Lock()
+	var ids []string
+	for id, m := range h.meta {
+		match := true
+		for k, v := range md {
+			match = match && m[k] == v
+		}
+		if match {
+			ids = append(ids, id)
+		}
+	}
+	h.mu.Unlock()
+	for _, id := range ids {
+		if err := h.Delete(ctx, teamID, id); err != nil {
+			return nil, err
+		}
+	}
+	return ids, nil
 }
 
 // newHostService is a Service on real SQLite whose sandboxes are host

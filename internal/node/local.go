@@ -110,6 +110,7 @@ func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.
 	if err != nil {
 		return nodeapi.SandboxInfo{}, err
 	}
+	sb.SetEnv(req.Env)
 	return nodeapi.SandboxInfo{ID: sb.ID, Runtime: sb.Runtime, RuntimeVersion: sb.RuntimeVersion,
 		StartedAt: sb.StartedAt, FromPool: sb.FromPool}, nil
 }
@@ -141,6 +142,7 @@ func (l *Local) Exec(ctx context.Context, id string, req nodeapi.ExecRequest, st
 	if err != nil {
 		return nodeapi.ExitInfo{}, err
 	}
+	req.Env = sb.ExecEnv(req.Env)
 	x, err := sb.Agent.Exec(ctx, agentproto.ExecRequest(req), stdin, stdout, stderr)
 	if err != nil {
 		return nodeapi.ExitInfo{}, callErr(sb, err)
@@ -154,6 +156,7 @@ func (l *Local) StartProcess(ctx context.Context, id string, req nodeapi.ExecReq
 	if err != nil {
 		return nodeapi.ProcInfo{}, err
 	}
+	req.Env = sb.ExecEnv(req.Env)
 	p, err := sb.Agent.Start(ctx, agentproto.ExecRequest(req))
 	if err != nil {
 		return nodeapi.ProcInfo{}, callErr(sb, err)

@@ -77,3 +77,30 @@ func TestLocalErrors(t *testing.T) {
 		t.Errorf("stat in a stopped sandbox: %v", err)
 	}
 }
+
+// TestLocalKeepsTheCreateEnv: the env a create gives is every exec's and
+// process's, under the request's own; the caller's map is not shared.
+func TestLocalKeepsTheCreateEnv(t *testing.T) {
+	n, _ := newTestNode(t, 32768)
+	ctx := t.Context()
+	local := NewLocal(n)
+	env := map[string]string{"A": "create", "B": "create"}
+	info, err := local.Create(ctx, nodeapi.CreateRequest{Spec: testKey, Env: env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer local.Destroy(ctx, info.ID)
+	env["A"] = "changed after the create"
+	var out strings.Builder
+	x, err := local.Exec(ctx, info.ID, nodeapi.ExecRequest{Shell: `echo "$A $B"`, Env: map[string]string{"B": "exec"}, TimeoutMs: 10000}, nil, &out, nil)
+	if err != nil || x.ExitCode != 0 || out.String() != "create exec\n" {
+		t.Fatalf("exec: %q %+v %v; want %q", out.String(), x, err, "create exec\n")
+	}
+	p, err := local.StartProcess(ctx, info.ID, nodeapi.ExecRequest{Shell: `test "$A" = create`, TimeoutMs: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x, err := local.WaitProcess(ctx, info.ID, p.ID); err != nil || x.ExitCode != 0 {
+		t.Fatalf("process without the create's env: %+v %v", x, err)
+	}
+}

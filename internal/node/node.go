@@ -104,6 +104,32 @@ type Sandbox struct {
 	// destroyed is set when destroy begins: Wait tells a destroyed
 	// sandbox from one whose agent went away.
 	destroyed atomic.Bool
+	// env is the create's environment (SetEnv): under every exec's.
+	env atomic.Pointer[map[string]string]
+}
+
+// SetEnv sets the environment that every exec and process of the sandbox
+// gets under its own (the create's env; nil: none).
+func (s *Sandbox) SetEnv(env map[string]string) {
+	if len(env) == 0 {
+		s.env.Store(nil)
+		return
+	}
+	env = maps.Clone(env)
+	s.env.Store(&env)
+}
+
+// ExecEnv returns the environment of an exec that asks for env: the
+// sandbox's (SetEnv) with env's entries over it. The result is shared with
+// neither.
+func (s *Sandbox) ExecEnv(env map[string]string) map[string]string {
+	p := s.env.Load()
+	if p == nil {
+		return env
+	}
+	out := maps.Clone(*p)
+	maps.Copy(out, env)
+	return out
 }
 
 // Done is closed when the sandbox's agent session ends (the sandbox died or

@@ -150,6 +150,11 @@ type CreateRequest struct {
 	// when the stream hashes to this. Empty: a node that lacks the
 	// template does not fetch it (ErrTemplateMissing).
 	ContentDigest string
+	// Env is the sandbox's environment, which the node keeps with it: every
+	// exec and process gets it, under the request's own Env and over the
+	// template's. The node holds it (not the control plane) so that any
+	// API replica serves the sandbox alike. Never logged.
+	Env map[string]string
 }
 
 // SandboxInfo describes a sandbox a node runs.

@@ -64,7 +64,15 @@ func (m *memStore) GetSandbox(ctx context.Context, teamID, id string) (client.Sa
 func (m *memStore) ListSandboxes(ctx context.Context, teamID string, f store.SandboxFilter) ([]client.Sandbox, error) {
 	return nil, nil
 }
-func (m *memStore) SetExpiry(ctx context.Context, teamID, id string, t time.Time) error { return nil }
+func (m *memStore) SetExpiry(ctx context.Context, teamID, id string, t time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r, ok := m.rows[id]; ok && r.TeamID == teamID && r.State == client.StateRunning {
+		r.ExpiresAt = t
+		m.rows[id] = r
+	}
+	return nil
+}
 func (m *memStore) MarkEnded(ctx context.Context, id, state, reason string, at time.Time) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -93,6 +101,17 @@ func (m *memStore) ListRunningOn(ctx context.Context, nodeID string) ([]client.S
 	var out []client.Sandbox
 	for _, r := range m.rows {
 		if r.NodeID == nodeID && r.State == client.StateRunning {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+func (m *memStore) ListExpired(ctx context.Context, now time.Time) ([]client.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []client.Sandbox
+	for _, r := range m.rows {
+		if r.State == client.StateRunning && !r.ExpiresAt.After(now) {
 			out = append(out, r)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"math"
 	"strconv"
 	"strings"
@@ -47,19 +46,19 @@ func (s *Service) execRequest(e *entry, req client.ExecRequest) (nodeapi.ExecReq
 	if req.MaxOutputBytes < 0 || req.MaxOutputBytes > s.cfg.MaxOutputLimit {
 		return out, errorf(client.CodeBadRequest, "max_output_bytes must be between 0 and %d", s.cfg.MaxOutputLimit)
 	}
-	env := e.env
-	if len(req.Env) > 0 {
-		env = maps.Clone(e.env)
-		if env == nil {
-			env = map[string]string{}
-		}
-		maps.Copy(env, req.Env)
-	}
+	// The sandbox's own env is the node's, under this one.
+	env := req.Env
 	timeout := time.Duration(req.Timeout * float64(time.Second))
 	if timeout == 0 {
 		s.mu.Lock()
 		timeout = time.Until(e.expires)
 		s.mu.Unlock()
+		if s.fleet() {
+			// Another replica may have moved the expiry since this one
+			// read it; the reaper ends the sandbox, and so the exec, at
+			// the stored one.
+			timeout = s.cfg.MaxTimeout
+		}
 	}
 	maxOut := req.MaxOutputBytes
 	if maxOut == 0 {

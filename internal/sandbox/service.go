@@ -36,6 +36,7 @@ type Store interface {
 	MarkEnded(ctx context.Context, id, state, reason string, at time.Time) (bool, error)
 	ListByState(ctx context.Context, state string) ([]client.Sandbox, error)
 	ListRunningOn(ctx context.Context, nodeID string) ([]client.Sandbox, error)
+	ListExpired(ctx context.Context, now time.Time) ([]client.Sandbox, error)
 	GetTeam(ctx context.Context, id string) (client.Team, error)
 
 	// The team's sandbox slots in the database (store.TakeSlot): the
@@ -188,8 +189,7 @@ type cachedTeam struct {
 // entry is a running sandbox the service owns.
 type entry struct {
 	row     client.Sandbox
-	env     map[string]string // default env of every exec; values never stored nor logged
-	release func()            // gives the team's sandbox slot back
+	release func() // gives the team's sandbox slot back (this process's)
 	expires time.Time
 	ended   chan struct{}
 	// stopWatch ends the watch's Wait once the service ends the sandbox.
@@ -320,10 +320,64 @@ func (s *Service) Close(ctx context.Context) error {
 	s.closing = true
 	all := slices.Collect(maps.Values(s.live))
 	s.mu.Unlock()
-	s.endAll(ctx, all, client.StateDeleted, "server shutdown")
+	if s.fleet() {
+		// The sandboxes are the nodes', not this replica's: they go on
+		// running there, for the other replicas (and this one once it is
+		// back) to serve and to end at their TTL.
+		for _, e := range all {
+			s.forget(e)
+		}
+	} else {
+		s.endAll(ctx, all, client.StateDeleted, "server shutdown")
+	}
 	// The reaper and the watchers of the ended sandboxes return now.
 	s.wg.Wait()
 	return nil
+}
+
+// fleet reports whether the sandboxes run on a fleet's nodes, which any
+// replica reaches, rather than on a node of this process.
+func (s *Service) fleet() bool { return s.cfg.NodeLive != nil }
+
+// forget stops serving e without ending it (a replica of a fleet that
+// shuts down): its watch stops and this process's slot is given back.
+func (s *Service) forget(e *entry) {
+	e.endOnce.Do(func() {
+		close(e.ended)
+		e.stopWatch()
+		s.mu.Lock()
+		delete(s.live, e.row.ID)
+		s.mu.Unlock()
+		e.release()
+	})
+}
+
+// adopt returns the entry of a running sandbox that another replica of the
+// fleet created (or this one before a restart), served from now on by
+// this one as well: nil when its node is not live (the drain of that node
+// ends it) or the service is closing. The node holds what a call needs
+// (the sandbox's env); the sandbox's row holds the team's slot.
+func (s *Service) adopt(row client.Sandbox) *entry {
+	if !s.fleet() || row.NodeID == "" || !s.cfg.NodeLive(row.NodeID) {
+		return nil
+	}
+	s.mu.Lock()
+	if e, ok := s.live[row.ID]; ok {
+		s.mu.Unlock()
+		return e
+	}
+	if s.closing {
+		s.mu.Unlock()
+		return nil
+	}
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	e := &entry{row: row, release: func() {}, expires: row.ExpiresAt, ended: make(chan struct{}), stopWatch: stopWatch}
+	s.live[row.ID] = e
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go s.watch(watchCtx, e)
+	s.log.Info("sandbox adopted", "sandbox", row.ID, "team", row.TeamID, "node", row.NodeID)
+	return e
 }
 
 // endAll ends sandboxes concurrently, a few at a time.
@@ -473,7 +527,8 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 	if wait > 0 {
 		hostWait = max(0, time.Until(deadline))
 	}
-	creq := nodeapi.CreateRequest{Spec: key, Wait: hostWait}
+	// The node keeps the env with the sandbox, for any replica's execs.
+	creq := nodeapi.CreateRequest{Spec: key, Wait: hostWait, Env: req.Env}
 	if s.cfg.ContentDigest != nil {
 		d, err := s.cfg.ContentDigest(ctx, key.Template)
 		if err != nil {
@@ -530,7 +585,7 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 	}
 	// The running row holds the team's slot in the database now.
 	watchCtx, stopWatch := context.WithCancel(context.Background())
-	e := &entry{row: row, env: req.Env, release: localRelease, expires: row.ExpiresAt, ended: make(chan struct{}), stopWatch: stopWatch}
+	e := &entry{row: row, release: localRelease, expires: row.ExpiresAt, ended: make(chan struct{}), stopWatch: stopWatch}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -752,17 +807,49 @@ func (s *Service) reaper() {
 		case <-s.stop:
 			return
 		case now := <-t.C:
-			s.mu.Lock()
 			var expired []*entry
-			for _, e := range s.live {
-				if now.After(e.expires) {
-					expired = append(expired, e)
+			if s.fleet() {
+				expired = s.expiredInStore(now)
+			} else {
+				s.mu.Lock()
+				for _, e := range s.live {
+					if now.After(e.expires) {
+						expired = append(expired, e)
+					}
 				}
+				s.mu.Unlock()
 			}
-			s.mu.Unlock()
 			s.endAll(context.Background(), expired, client.StateExpired, "timeout")
 		}
 	}
+}
+
+// expiredInStore returns the fleet's sandboxes whose TTL passed, whichever
+// replica created them or last set their timeout: the store's rows are the
+// authority (another replica may have moved an expiry), adopted when this
+// replica does not serve them yet. Every replica reaps; of racing ends
+// one records the row.
+func (s *Service) expiredInStore(now time.Time) []*entry {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*s.cfg.ReapInterval)
+	defer cancel()
+	rows, err := s.store.ListExpired(ctx, now)
+	if err != nil {
+		s.log.Warn("reaper: listing expired sandboxes", "err", err)
+		return nil
+	}
+	var out []*entry
+	for _, row := range rows {
+		s.mu.Lock()
+		e, ok := s.live[row.ID]
+		s.mu.Unlock()
+		if !ok {
+			if e = s.adopt(row); e == nil {
+				continue
+			}
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 // lookup returns the running sandbox id of team, or the right error: a
@@ -780,6 +867,13 @@ func (s *Service) lookup(ctx context.Context, teamID, id string) (*entry, error)
 	}
 	if err != nil {
 		return nil, err
+	}
+	if row.State == client.StateRunning {
+		if e := s.adopt(row); e != nil {
+			return e, nil
+		}
+		return nil, errorf(client.CodeSandboxNotRunning,
+			"sandbox %s runs on node %s, which this server does not reach (an embedded server's node: call the server that created it)", id, row.NodeID)
 	}
 	return nil, errorf(client.CodeSandboxNotRunning, "sandbox %s is %s (%s)", id, row.State, row.EndReason)
 }
@@ -835,7 +929,9 @@ func (s *Service) DeleteByMetadata(ctx context.Context, teamID string, md map[st
 		e, ok := s.live[row.ID]
 		s.mu.Unlock()
 		if !ok {
-			continue
+			if e = s.adopt(row); e == nil {
+				continue
+			}
 		}
 		wg.Add(1)
 		go func() {

@@ -30,6 +30,7 @@ type fakeNode struct {
 	destroyed map[string]bool
 	createErr error
 	execErr   error
+	execs     []nodeapi.ExecRequest
 	waitErrs  int // Waits that fail with ErrNodeUnreachable before one blocks
 }
 
@@ -87,6 +88,9 @@ func (f *fakeNode) Exec(ctx context.Context, id string, req nodeapi.ExecRequest,
 	if f.execErr != nil {
 		return nodeapi.ExitInfo{}, f.execErr
 	}
+	f.mu.Lock()
+	f.execs = append(f.execs, req)
+	f.mu.Unlock()
 	return nodeapi.ExitInfo{Status: nodeapi.StatusExited}, nil
 }
 
@@ -404,5 +408,90 @@ func TestRecoverInAFleet(t *testing.T) {
 	}
 	if r := st.row("b"); r.State != client.StateLost || r.EndReason != "node dead lost (it is not live)" {
 		t.Errorf("a dead node's row: %+v", r)
+	}
+}
+
+// TestReplicasShareFleetSandboxes: two replicas of a fleet (one store,
+// one set of nodes). A sandbox one creates, the other serves: its env is
+// the node's (sent at create, not again with each exec); a timeout set
+// through one is the one the other's reaper ends it at; a delete through
+// either ends it once. A replica that shuts down leaves its sandboxes
+// running on their nodes. An embedded server on the same store cannot
+// reach a fleet node's sandbox, and says so.
+func TestReplicasShareFleetSandboxes(t *testing.T) {
+	f := newFakeNode()
+	st := &memStore{rows: map[string]client.Sandbox{}}
+	team := client.Team{ID: "team", Limits: client.Limits{MaxSandboxes: 8, MaxConcurrentExec: 8}}
+	replica := func(reap time.Duration) *Service {
+		svc := New(Config{DefaultRuntime: "fake", ReapInterval: reap, NodeID: "n1", NodeLive: func(id string) bool { return id == "n1" }},
+			st, f, fakeTemplates{}, slog.New(slog.DiscardHandler))
+		svc.teamCache["team"] = cachedTeam{team: team, at: time.Now().Add(time.Hour)}
+		return svc
+	}
+	a, b := replica(20*time.Millisecond), replica(time.Hour)
+	t.Cleanup(func() { b.Close(context.Background()) })
+	create := func() client.Sandbox {
+		sb, err := a.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base", Env: map[string]string{"SECRET": "s3"}, Timeout: 600})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	sb := create()
+	if env := f.creates[0].Env; env["SECRET"] != "s3" {
+		t.Fatalf("the create's env did not reach the node: %v", env)
+	}
+	if _, err := b.Exec(t.Context(), "team", sb.ID, client.ExecRequest{Argv: []string{"true"}, Env: map[string]string{"X": "1"}}, nil, nil); err != nil {
+		t.Fatalf("exec through the other replica: %v", err)
+	}
+	f.mu.Lock()
+	env := f.execs[len(f.execs)-1].Env
+	f.mu.Unlock()
+	if len(env) != 1 || env["X"] != "1" {
+		t.Errorf("exec env %v: want only the exec's own (the node adds the sandbox's)", env)
+	}
+	if _, err := b.Exec(t.Context(), "other-team", sb.ID, client.ExecRequest{Argv: []string{"true"}}, nil, nil); apierr.Code(err) != client.CodeNotFound {
+		t.Errorf("another team through the other replica: %v", err)
+	}
+
+	// b sets a 1 s timeout; a's reaper (its own copy of the expiry is 600 s
+	// away) ends the sandbox at the stored one.
+	if _, err := b.SetTimeout(t.Context(), "team", sb.ID, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the sandbox expired", func() bool { return st.row(sb.ID).State == client.StateExpired })
+	waitFor(t, "the sandbox destroyed", func() bool { return f.isDestroyed(sb.ID) })
+
+	// A delete through b of a's sandbox.
+	sb2 := create()
+	if err := b.Delete(t.Context(), "team", sb2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r := st.row(sb2.ID); r.State != client.StateDeleted || !f.isDestroyed(sb2.ID) {
+		t.Errorf("deleted through the other replica: %+v, destroyed %v", r, f.isDestroyed(sb2.ID))
+	}
+
+	// a shuts down: its sandbox runs on, and b serves it.
+	sb3 := create()
+	if err := a.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r := st.row(sb3.ID); r.State != client.StateRunning || f.isDestroyed(sb3.ID) {
+		t.Errorf("a fleet sandbox after its replica shut down: %+v, destroyed %v", r, f.isDestroyed(sb3.ID))
+	}
+	if _, err := b.Exec(t.Context(), "team", sb3.ID, client.ExecRequest{Argv: []string{"true"}}, nil, nil); err != nil {
+		t.Errorf("exec after the creating replica shut down: %v", err)
+	}
+
+	// An embedded server sharing the store does not reach node n1.
+	emb := New(Config{DefaultRuntime: "fake", ReapInterval: time.Hour, NodeID: "local:h:1"}, st, newFakeNode(), fakeTemplates{}, slog.New(slog.DiscardHandler))
+	t.Cleanup(func() { emb.Close(context.Background()) })
+	emb.teamCache["team"] = cachedTeam{team: team, at: time.Now().Add(time.Hour)}
+	_, err := emb.Exec(t.Context(), "team", sb3.ID, client.ExecRequest{Argv: []string{"true"}}, nil, nil)
+	if apierr.Code(err) != client.CodeSandboxNotRunning || !strings.Contains(err.Error(), "does not reach") {
+		t.Errorf("exec from an embedded server: %v", err)
+	}
+	if err := b.Delete(t.Context(), "team", sb3.ID); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/evalbox/evalbox/internal/kubetest"
+	"github.com/evalbox/evalbox/internal/pgtest"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -102,33 +103,47 @@ func (a *nodeAgent) crash(t *testing.T) {
 	}
 }
 
-// TestFleet runs an API replica with --nodes kubernetes over three node
-// agents (processes with their own data dirs, node ids and cgroup
-// parents, Leases in a real kube-apiserver): creates spread over the
-// nodes, gVisor on the one that runs it, the canonical HumanEval set
-// passes 164/164 over the fleet, and a node killed with SIGKILL during a
-// run is lost when its Lease expires while the run completes with every
-// sample judged once and passed.
+// TestFleet runs two API replicas with --nodes kubernetes on one
+// PostgreSQL database over three node agents (processes with their own
+// data dirs, node ids and cgroup parents, Leases in a real
+// kube-apiserver): creates through either replica spread over the nodes,
+// and either replica serves a sandbox the other created; a team's limit
+// holds across the replicas; gVisor runs on the node that has it; the
+// canonical HumanEval set passes 164/164 over the fleet; a node killed
+// with SIGKILL during a run is lost when its Lease expires while the run
+// completes with every sample judged once and passed; an API replica
+// killed with SIGKILL during a run has it taken over by the other, which
+// completes it the same way, and a sandbox the dead replica created goes
+// on serving through the other.
 func TestFleet(t *testing.T) {
-	replica, agents, ids := startFleet(t, 3)
+	if _, err := os.Stat(sharedData); err != nil {
+		t.Skipf("no HumanEval data in %s", sharedData)
+	}
+	rs, agents, ids := startFleetReplicas(t, 3, pgtest.Start(t), 2)
+	replica := rs[0]
+	// other returns a client of the team on the replica that c is not on.
+	other := func(key string) *client.Client { return client.New(rs[1].url, key) }
 	t.Run("spread", func(t *testing.T) {
-		c, _, _ := newTeam(t, replica, client.Limits{MaxSandboxes: 300, MaxConcurrentExec: 64})
+		c, _, key := newTeam(t, replica, client.Limits{MaxSandboxes: 300, MaxConcurrentExec: 64})
+		cs := [2]*client.Client{c, other(key)}
 		const n = 300
 		var (
 			mu    sync.Mutex
 			sbs   []*client.Sandbox
+			by    = map[string]int{} // sandbox id → the replica that created it
 			lat   []time.Duration
 			errs  []error
 			wg    sync.WaitGroup
 			slots = make(chan struct{}, 6)
 		)
-		for range n {
+		for i := range n {
 			wg.Add(1)
 			slots <- struct{}{}
 			go func() {
 				defer func() { <-slots; wg.Done() }()
 				start := time.Now()
-				sb, err := c.CreateSandbox(ctxT(t, 5*time.Minute), client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeNamespaces, MemoryMB: 64, Timeout: 1800})
+				sb, err := cs[i%2].CreateSandbox(ctxT(t, 5*time.Minute), client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeNamespaces,
+					MemoryMB: 64, Timeout: 1800, Env: map[string]string{"CREATED_BY": fmt.Sprint(i % 2)}})
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
@@ -136,6 +151,7 @@ func TestFleet(t *testing.T) {
 					return
 				}
 				sbs = append(sbs, sb)
+				by[sb.ID] = i % 2
 				lat = append(lat, time.Since(start))
 			}()
 		}
@@ -146,28 +162,75 @@ func TestFleet(t *testing.T) {
 		}
 		count := map[string]int{}
 		for _, sb := range sbs {
-			got, err := c.GetSandbox(ctxT(t, time.Minute), sb.ID)
+			got, err := cs[1-by[sb.ID]].GetSandbox(ctxT(t, time.Minute), sb.ID)
 			if err != nil {
 				t.Fatal(err)
 			}
 			count[got.NodeID]++
 		}
-		t.Logf("300 creates over 3 nodes: %v; create p50 %v p99 %v", count, pct(lat, 50), pct(lat, 99))
+		t.Logf("300 creates through 2 replicas over 3 nodes: %v; create p50 %v p99 %v", count, pct(lat, 50), pct(lat, 99))
 		for _, id := range ids {
 			if count[id] < 60 {
 				t.Errorf("node %s got %d of 300 sandboxes: %v", id, count[id], count)
 			}
 		}
-		// Every node serves calls on its sandboxes.
+		// Every node serves calls on its sandboxes, through the replica
+		// that did not create them, with the env of the create.
 		seen := map[string]bool{}
 		for _, sb := range sbs {
-			if seen[sb.NodeID] {
+			k := fmt.Sprint(sb.NodeID, by[sb.ID])
+			if seen[k] {
 				continue
 			}
-			seen[sb.NodeID] = true
-			if r := mustExec(t, c, sb.ID, client.ExecRequest{Argv: []string{"echo", sb.NodeID}}); strings.TrimSpace(r.Stdout) != sb.NodeID {
-				t.Errorf("exec on %s: %+v", sb.NodeID, r)
+			seen[k] = true
+			want := fmt.Sprintf("%s %d", sb.NodeID, by[sb.ID])
+			if r := mustExec(t, cs[1-by[sb.ID]], sb.ID, client.ExecRequest{Cmd: "echo " + sb.NodeID + ` "$CREATED_BY"`}); strings.TrimSpace(r.Stdout) != want {
+				t.Errorf("exec on %s through the other replica: %+v, want %q", sb.NodeID, r, want)
 			}
+		}
+		if len(seen) != 2*len(ids) {
+			t.Errorf("calls checked on %d node×replica pairs, want %d", len(seen), 2*len(ids))
+		}
+	})
+
+	t.Run("team-limit", func(t *testing.T) {
+		const limit = 4
+		c, team, key := newTeam(t, replica, client.Limits{MaxSandboxes: limit, MaxConcurrentExec: 8})
+		cs := [2]*client.Client{c, other(key)}
+		var (
+			mu          sync.Mutex
+			sbs         []*client.Sandbox
+			refused     int
+			errs        []error
+			wg          sync.WaitGroup
+			start       = make(chan struct{})
+			req         = client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeNamespaces, MemoryMB: 64}
+			concurrency = 4 * limit
+		)
+		for i := range concurrency {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				sb, err := cs[i%2].CreateSandbox(ctxT(t, 2*time.Minute), req)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil:
+					sbs = append(sbs, sb)
+				case client.ErrorCode(err) == client.CodeTooManySandboxes:
+					refused++
+				default:
+					errs = append(errs, err)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		defer deleteAll(t, c, sbs)
+		if len(errs) > 0 || len(sbs) != limit || refused != concurrency-limit {
+			t.Fatalf("team %s, limit %d, %d creates at once through 2 replicas: %d created, %d refused, errors %v",
+				team.ID, limit, concurrency, len(sbs), refused, errs)
 		}
 	})
 
@@ -285,14 +348,73 @@ func TestFleet(t *testing.T) {
 		// node-b comes back (its sweep removes what it left) for the
 		// cleanup's graceful stop.
 		startNodeAgent(t, agents["node-b"])
+		waitNodes(t, replica, len(ids))
+	})
+
+	// Last: replica 0 dies.
+	t.Run("replica-lost", func(t *testing.T) {
+		c, _, key := newTeam(t, replica, client.Limits{MaxSandboxes: 10, MaxConcurrentExec: 10})
+		c2 := other(key)
+		// An agent episode's sandbox, created through the replica that dies.
+		episode, err := c.CreateSandbox(ctxT(t, time.Minute), client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeNamespaces,
+			MemoryMB: 64, Timeout: 1800, Env: map[string]string{"EPISODE": "e-1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.WriteFile(ctxT(t, time.Minute), episode.ID, "/tmp/state", strings.NewReader("turn 3\n"), 7, 0); err != nil {
+			t.Fatal(err)
+		}
+		run, err := c.CreateEval(ctxT(t, time.Minute), canonical(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "a tenth of the run", 10*time.Minute, func() bool { return len(evalResults(t, c2, run.ID)) >= 16 })
+		if err := replica.crash(); err != nil {
+			t.Fatal(err)
+		}
+		killed := time.Now()
+		t.Logf("replica r1 killed with %d of 164 samples judged", len(evalResults(t, c2, run.ID)))
+		// The episode goes on through the other replica, env and files
+		// as they were.
+		if r := mustExec(t, c2, episode.ID, client.ExecRequest{Cmd: `cat /tmp/state; echo "$EPISODE"`}); r.Stdout != "turn 3\ne-1\n" {
+			t.Errorf("the episode through the surviving replica: %+v", r)
+		}
+		run = waitEval(t, c2, run.ID, 20*time.Minute)
+		t.Logf("the run finished on r2 %v after the kill", time.Since(killed).Round(100*time.Millisecond))
+		checkRun(t, c2, run)
+		// The dead replica's trial sandboxes were deleted by the one that
+		// took the run over (they held the team's slots).
+		left, err := c2.ListSandboxes(ctxT(t, time.Minute), client.ListOptions{Metadata: map[string]string{"eval_run": run.ID}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(left) != 0 {
+			t.Errorf("%d of the run's sandboxes still running after it: %v", len(left), left[0].ID)
+		}
+		if err := c2.DeleteSandbox(ctxT(t, time.Minute), episode.ID); err != nil {
+			t.Fatal(err)
+		}
 	})
 }
 
 // startFleet starts a kube-apiserver, an API replica with --nodes
-// kubernetes and n node agents (node-a runs gVisor and namespaces, the
-// others namespaces), all stopped at the test's end.
+// kubernetes (on SQLite) and n node agents (node-a runs gVisor and
+// namespaces, the others namespaces), all stopped at the test's end.
 func startFleet(t *testing.T, n int) (*server, map[string]*nodeAgent, []string) {
 	t.Helper()
+	rs, agents, ids := startFleetReplicas(t, n, "", 1)
+	return rs[0], agents, ids
+}
+
+// startFleetReplicas is startFleet with k API replicas (r1, r2, …, eval
+// leases of 3 s) on the database dsn ("": SQLite, for one replica). The
+// node agents fetch templates from the last replica; a replica a test
+// killed is not stopped again.
+func startFleetReplicas(t *testing.T, n int, dsn string, k int) ([]*server, map[string]*nodeAgent, []string) {
+	t.Helper()
+	if k > 1 && dsn == "" {
+		t.Fatal("several replicas need a shared database")
+	}
 	env := kubetest.Start(t)
 	cs, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
@@ -307,36 +429,52 @@ func startFleet(t *testing.T, n int) (*server, map[string]*nodeAgent, []string) 
 	if err := os.WriteFile(tokenFile, []byte("fleet-e2e-token-0123456789abcdef\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// The node agents stop after the replica (cleanups run last in,
-	// first out): the replica ends its sandboxes on them first.
+	// The node agents stop after the replicas (cleanups run last in,
+	// first out).
 	agents := map[string]*nodeAgent{}
 	var ids []string
-	var replica *server
+	var replicas []*server
 	t.Cleanup(func() {
 		for _, id := range ids {
 			agents[id].stop(t)
 		}
-		if t.Failed() && replica != nil {
-			t.Logf("replica log:\n%s", tail(replica.logPath, 60))
+		if t.Failed() {
+			for i, r := range replicas {
+				t.Logf("replica r%d log:\n%s", i+1, tail(r.logPath, 60))
+			}
 			for _, id := range ids {
 				t.Logf("%s log:\n%s", id, tail(agents[id].logPath, 20))
 			}
 		}
 	})
-	// Small sandboxes (64 pids) so that 300 fit on the host's pids; each
-	// node gets a third of them (--host-pids), as a host's share.
-	replica, err = startServer(serverOptions{args: []string{"--nodes", "kubernetes", "--kubeconfig", env.Kubeconfig,
-		"--namespace", ns, "--node-token-file", tokenFile, "--pids", "64"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := replica.stop(); err != nil {
-			t.Errorf("stopping the replica: %v", err)
+	for i := range k {
+		// Small sandboxes (64 pids) so that 300 fit on the host's pids;
+		// each node gets a third of them (--host-pids), as a host's share.
+		args := []string{"--nodes", "kubernetes", "--kubeconfig", env.Kubeconfig,
+			"--namespace", ns, "--node-token-file", tokenFile, "--pids", "64"}
+		if dsn != "" {
+			args = append(args, "--database", dsn, "--replica-id", fmt.Sprintf("r%d", i+1), "--eval-lease", "3s")
 		}
-	})
+		rdir := filepath.Join(dir, fmt.Sprintf("r%d", i+1))
+		if err := os.Mkdir(rdir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		r, err := startServer(serverOptions{dataDir: rdir, args: args})
+		if err != nil {
+			t.Fatal(err)
+		}
+		replicas = append(replicas, r)
+		t.Cleanup(func() {
+			if r.cmd.ProcessState != nil {
+				return // killed by the test
+			}
+			if err := r.stop(); err != nil {
+				t.Errorf("stopping replica r%d: %v", i+1, err)
+			}
+		})
+	}
 	common := []string{"--token-file", tokenFile, "--kubeconfig", env.Kubeconfig, "--namespace", ns,
-		"--lease-duration", "3s", "--control-plane", replica.url, "--host-pids", "9000"}
+		"--lease-duration", "3s", "--control-plane", replicas[k-1].url, "--host-pids", "9000"}
 	for i, id := range []string{"node-a", "node-b", "node-c"}[:n] {
 		rts := "namespaces"
 		if i == 0 {
@@ -348,8 +486,10 @@ func startFleet(t *testing.T, n int) (*server, map[string]*nodeAgent, []string) 
 		agents[id] = a
 		ids = append(ids, id)
 	}
-	waitNodes(t, replica, n)
-	return replica, agents, ids
+	for _, r := range replicas {
+		waitNodes(t, r, n)
+	}
+	return replicas, agents, ids
 }
 
 // waitNodes waits until the replica's fleet has n nodes (each budgets

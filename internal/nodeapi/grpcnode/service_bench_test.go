@@ -130,6 +130,9 @@ func (m *memStore) RenewSlots(context.Context, string, time.Duration) error { re
 func (m *memStore) ListRunningOnNode(context.Context, string) ([]client.Sandbox, error) {
 	return nil, nil
 }
+func (m *memStore) ListExpired(context.Context, time.Time) ([]client.Sandbox, error) {
+	return nil, nil
+}
 func (m *memStore) ListRunningOn(context.Context, string) ([]client.Sandbox, error) {
 	return nil, nil
 }

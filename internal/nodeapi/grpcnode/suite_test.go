@@ -177,7 +177,7 @@ func create(t *testing.T, n nodeapi.Node, rt string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	info, err := n.Create(ctx, nodeapi.CreateRequest{Spec: testSpec(rt)})
+	info, err := n.Create(ctx, nodeapi.CreateRequest{Spec: testSpec(rt), Env: map[string]string{"SUITE_ENV": "create", "SUITE_OVER": "create"}})
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
@@ -316,6 +316,14 @@ func suite(t *testing.T, n nodeapi.Node, runtimes []string) {
 	})
 
 	id := create(t, n, "namespaces")
+
+	t.Run("the create's env", func(t *testing.T) {
+		var out bytes.Buffer
+		x, err := n.Exec(t.Context(), id, nodeapi.ExecRequest{Shell: `echo "$SUITE_ENV $SUITE_OVER"`, Env: map[string]string{"SUITE_OVER": "exec"}, TimeoutMs: 30000}, nil, &out, nil)
+		if err != nil || x.ExitCode != 0 || out.String() != "create exec\n" {
+			t.Errorf("%+v %v: %q, want the create's env under the exec's", x, err, out.String())
+		}
+	})
 
 	t.Run("exec stdin", func(t *testing.T) {
 		var out, errb bytes.Buffer

@@ -833,6 +833,9 @@ type CreateRequest struct {
 	// a node that lacks the template fetches it from the control plane and
 	// keeps it only when the stream hashes to this.
 	ContentDigest string `protobuf:"bytes,4,opt,name=content_digest,json=contentDigest,proto3" json:"content_digest,omitempty"`
+	// The sandbox's environment: under every exec's own env, over the
+	// template's. Values are secrets of the caller: never logged.
+	Env           map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -893,6 +896,13 @@ func (x *CreateRequest) GetContentDigest() string {
 		return x.ContentDigest
 	}
 	return ""
+}
+
+func (x *CreateRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
 }
 
 type SandboxInfo struct {
@@ -2975,13 +2985,17 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x06target\x18\x03 \x01(\x03R\x06target\x12\x14\n" +
 	"\x05ready\x18\x04 \x01(\x03R\x05ready\"B\n" +
 	"\rPoolsResponse\x121\n" +
-	"\x05pools\x18\x01 \x03(\v2\x1b.evalbox.node.v1.PoolStatusR\x05pools\"\xa5\x01\n" +
+	"\x05pools\x18\x01 \x03(\v2\x1b.evalbox.node.v1.PoolStatusR\x05pools\"\x98\x02\n" +
 	"\rCreateRequest\x12)\n" +
 	"\x04spec\x18\x01 \x01(\v2\x15.evalbox.node.v1.SpecR\x04spec\x12#\n" +
 	"\rtemplate_name\x18\x02 \x01(\tR\ftemplateName\x12\x1d\n" +
 	"\n" +
 	"wait_nanos\x18\x03 \x01(\x03R\twaitNanos\x12%\n" +
-	"\x0econtent_digest\x18\x04 \x01(\tR\rcontentDigest\"\xae\x01\n" +
+	"\x0econtent_digest\x18\x04 \x01(\tR\rcontentDigest\x129\n" +
+	"\x03env\x18\x05 \x03(\v2'.evalbox.node.v1.CreateRequest.EnvEntryR\x03env\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x01\n" +
 	"\vSandboxInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aruntime\x18\x02 \x01(\tR\aruntime\x12'\n" +
@@ -3185,7 +3199,7 @@ func file_evalbox_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_evalbox_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(ErrorDetail_Kind)(0),            // 0: evalbox.node.v1.ErrorDetail.Kind
 	(*RuntimesRequest)(nil),          // 1: evalbox.node.v1.RuntimesRequest
@@ -3234,7 +3248,8 @@ var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(*RemoveResponse)(nil),           // 44: evalbox.node.v1.RemoveResponse
 	(*ErrorDetail)(nil),              // 45: evalbox.node.v1.ErrorDetail
 	(*CapacityError)(nil),            // 46: evalbox.node.v1.CapacityError
-	nil,                              // 47: evalbox.node.v1.ExecRequest.EnvEntry
+	nil,                              // 47: evalbox.node.v1.CreateRequest.EnvEntry
+	nil,                              // 48: evalbox.node.v1.ExecRequest.EnvEntry
 }
 var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	4,  // 0: evalbox.node.v1.CapacityStatus.budget:type_name -> evalbox.node.v1.Resources
@@ -3244,63 +3259,64 @@ var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	9,  // 4: evalbox.node.v1.PoolStatus.spec:type_name -> evalbox.node.v1.Spec
 	13, // 5: evalbox.node.v1.PoolsResponse.pools:type_name -> evalbox.node.v1.PoolStatus
 	9,  // 6: evalbox.node.v1.CreateRequest.spec:type_name -> evalbox.node.v1.Spec
-	47, // 7: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
-	21, // 8: evalbox.node.v1.ExecStart.request:type_name -> evalbox.node.v1.ExecRequest
-	22, // 9: evalbox.node.v1.ExecClientMessage.start:type_name -> evalbox.node.v1.ExecStart
-	25, // 10: evalbox.node.v1.OutputMessage.exit:type_name -> evalbox.node.v1.ExitInfo
-	25, // 11: evalbox.node.v1.ProcInfo.exit:type_name -> evalbox.node.v1.ExitInfo
-	21, // 12: evalbox.node.v1.StartProcessRequest.request:type_name -> evalbox.node.v1.ExecRequest
-	26, // 13: evalbox.node.v1.ListProcessesResponse.processes:type_name -> evalbox.node.v1.ProcInfo
-	35, // 14: evalbox.node.v1.WriteFileMessage.start:type_name -> evalbox.node.v1.WriteFileStart
-	34, // 15: evalbox.node.v1.OpenFileMessage.info:type_name -> evalbox.node.v1.FileInfo
-	34, // 16: evalbox.node.v1.ListDirResponse.files:type_name -> evalbox.node.v1.FileInfo
-	0,  // 17: evalbox.node.v1.ErrorDetail.kind:type_name -> evalbox.node.v1.ErrorDetail.Kind
-	46, // 18: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
-	1,  // 19: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
-	3,  // 20: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
-	6,  // 21: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
-	10, // 22: evalbox.node.v1.Node.SetPool:input_type -> evalbox.node.v1.SetPoolRequest
-	12, // 23: evalbox.node.v1.Node.Pools:input_type -> evalbox.node.v1.PoolsRequest
-	15, // 24: evalbox.node.v1.Node.Create:input_type -> evalbox.node.v1.CreateRequest
-	17, // 25: evalbox.node.v1.Node.Destroy:input_type -> evalbox.node.v1.DestroyRequest
-	19, // 26: evalbox.node.v1.Node.Wait:input_type -> evalbox.node.v1.WaitRequest
-	23, // 27: evalbox.node.v1.Node.Exec:input_type -> evalbox.node.v1.ExecClientMessage
-	27, // 28: evalbox.node.v1.Node.StartProcess:input_type -> evalbox.node.v1.StartProcessRequest
-	28, // 29: evalbox.node.v1.Node.ListProcesses:input_type -> evalbox.node.v1.ListProcessesRequest
-	30, // 30: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
-	31, // 31: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
-	32, // 32: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
-	36, // 33: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
-	37, // 34: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
-	39, // 35: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
-	40, // 36: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
-	42, // 37: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
-	43, // 38: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
-	2,  // 39: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
-	5,  // 40: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
-	7,  // 41: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
-	11, // 42: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
-	14, // 43: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
-	16, // 44: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
-	18, // 45: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
-	20, // 46: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
-	24, // 47: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
-	26, // 48: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
-	29, // 49: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
-	24, // 50: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
-	25, // 51: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
-	33, // 52: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
-	34, // 53: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
-	38, // 54: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
-	34, // 55: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
-	41, // 56: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
-	34, // 57: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
-	44, // 58: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
-	39, // [39:59] is the sub-list for method output_type
-	19, // [19:39] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	47, // 7: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
+	48, // 8: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
+	21, // 9: evalbox.node.v1.ExecStart.request:type_name -> evalbox.node.v1.ExecRequest
+	22, // 10: evalbox.node.v1.ExecClientMessage.start:type_name -> evalbox.node.v1.ExecStart
+	25, // 11: evalbox.node.v1.OutputMessage.exit:type_name -> evalbox.node.v1.ExitInfo
+	25, // 12: evalbox.node.v1.ProcInfo.exit:type_name -> evalbox.node.v1.ExitInfo
+	21, // 13: evalbox.node.v1.StartProcessRequest.request:type_name -> evalbox.node.v1.ExecRequest
+	26, // 14: evalbox.node.v1.ListProcessesResponse.processes:type_name -> evalbox.node.v1.ProcInfo
+	35, // 15: evalbox.node.v1.WriteFileMessage.start:type_name -> evalbox.node.v1.WriteFileStart
+	34, // 16: evalbox.node.v1.OpenFileMessage.info:type_name -> evalbox.node.v1.FileInfo
+	34, // 17: evalbox.node.v1.ListDirResponse.files:type_name -> evalbox.node.v1.FileInfo
+	0,  // 18: evalbox.node.v1.ErrorDetail.kind:type_name -> evalbox.node.v1.ErrorDetail.Kind
+	46, // 19: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
+	1,  // 20: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
+	3,  // 21: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
+	6,  // 22: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
+	10, // 23: evalbox.node.v1.Node.SetPool:input_type -> evalbox.node.v1.SetPoolRequest
+	12, // 24: evalbox.node.v1.Node.Pools:input_type -> evalbox.node.v1.PoolsRequest
+	15, // 25: evalbox.node.v1.Node.Create:input_type -> evalbox.node.v1.CreateRequest
+	17, // 26: evalbox.node.v1.Node.Destroy:input_type -> evalbox.node.v1.DestroyRequest
+	19, // 27: evalbox.node.v1.Node.Wait:input_type -> evalbox.node.v1.WaitRequest
+	23, // 28: evalbox.node.v1.Node.Exec:input_type -> evalbox.node.v1.ExecClientMessage
+	27, // 29: evalbox.node.v1.Node.StartProcess:input_type -> evalbox.node.v1.StartProcessRequest
+	28, // 30: evalbox.node.v1.Node.ListProcesses:input_type -> evalbox.node.v1.ListProcessesRequest
+	30, // 31: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
+	31, // 32: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
+	32, // 33: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
+	36, // 34: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
+	37, // 35: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
+	39, // 36: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
+	40, // 37: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
+	42, // 38: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
+	43, // 39: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
+	2,  // 40: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
+	5,  // 41: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
+	7,  // 42: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
+	11, // 43: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
+	14, // 44: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
+	16, // 45: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
+	18, // 46: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
+	20, // 47: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
+	24, // 48: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
+	26, // 49: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
+	29, // 50: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
+	24, // 51: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
+	25, // 52: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
+	33, // 53: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
+	34, // 54: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
+	38, // 55: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
+	34, // 56: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
+	41, // 57: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
+	34, // 58: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
+	44, // 59: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
+	40, // [40:60] is the sub-list for method output_type
+	20, // [20:40] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_evalbox_node_v1_node_proto_init() }
@@ -3331,7 +3347,7 @@ func file_evalbox_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_evalbox_node_v1_node_proto_rawDesc), len(file_evalbox_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   47,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
