@@ -11,6 +11,10 @@ bash scripts/build.sh
 if ! command -v gcc >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc >/dev/null
 fi
+# scripts/fleet-certs.sh (the manifests' and the fleet's TLS tests) needs openssl.
+if ! command -v openssl >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
+fi
 
 # The store's tests and the e2e suite run against real PostgreSQL servers
 # that internal/pgtest starts from Debian's binaries (its own data dir and

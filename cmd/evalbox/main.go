@@ -17,6 +17,7 @@ import (
 	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/internal/server"
 	"github.com/evalbox/evalbox/pkg/client"
+	"strings"
 	"time"
 )
 
@@ -50,8 +51,9 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		ReplicaID: c.ReplicaID, EvalLease: c.EvalLease,
 		Nodes: c.Nodes,
 		Fleet: server.FleetConfig{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace,
-			NodeTLSCA: c.NodeTLSCA, NodeTLSCert: c.NodeTLSCert, NodeTLSKey: c.NodeTLSKey},
-		Logger: c.Logger,
+			NodeTLSCA: c.NodeTLSCA, NodeTLSCert: c.NodeTLSCert, NodeTLSKey: c.NodeTLSKey, NodeTLSServerName: c.NodeTLSServerName},
+		NodeListen: c.NodeListen,
+		Logger:     c.Logger,
 	})
 }
 
@@ -70,13 +72,21 @@ func runNode(ctx context.Context, c cli.NodeConfig) error {
 			return err
 		}
 	}
+	// Over https, the node presents its certificate to the API as well.
+	var cpTLS *tls.Config
+	if strings.HasPrefix(c.ControlPlane, "https:") {
+		var err error
+		if cpTLS, err = grpcnode.ClientTLS(c.TLSCert, c.TLSKey, c.ControlPlaneCA); err != nil {
+			return err
+		}
+	}
 	return nodeagent.Run(ctx, nodeagent.Config{
 		Host: nodehost.Config{DataDir: c.DataDir, Runsc: c.RunscPath, Agent: c.AgentPath, TemplatesDir: c.TemplatesDir,
 			Runtimes: c.Runtimes, Capacity: nodeCapacity(c.NodeFlags)},
 		Listen: c.Listen, HealthListen: c.HealthListen, NodeID: c.NodeID, Advertise: c.Advertise,
 		Token: c.Token, TLS: tlsConfig, Insecure: c.Insecure,
 		Kubeconfig: c.Kubeconfig, Namespace: c.Namespace, LeaseDuration: c.LeaseDuration,
-		ControlPlane: c.ControlPlane, Logger: c.Logger,
+		ControlPlane: c.ControlPlane, ControlPlaneTLS: cpTLS, Logger: c.Logger,
 	})
 }
 

@@ -9,6 +9,8 @@ package kubernetes_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +19,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"regexp"
@@ -163,6 +166,20 @@ secretGenerator:
     behavior: replace
     files:
       - token=secrets/node-token
+  - name: evalbox-node-tls
+    namespace: evalbox
+    behavior: replace
+    files:
+      - ca.crt=certs/ca.crt
+      - tls.crt=certs/node.crt
+      - tls.key=certs/node.key
+  - name: evalbox-api-tls
+    namespace: evalbox
+    behavior: replace
+    files:
+      - ca.crt=certs/ca.crt
+      - tls.crt=certs/api.crt
+      - tls.key=certs/api.key
 `
 
 // overlayNoSecrets is the page's other overlay: the Secrets are managed
@@ -182,6 +199,16 @@ patches:
       apiVersion: v1
       kind: Secret
       metadata: {name: evalbox-node-token, namespace: evalbox}
+  - patch: |-
+      $patch: delete
+      apiVersion: v1
+      kind: Secret
+      metadata: {name: evalbox-node-tls, namespace: evalbox}
+  - patch: |-
+      $patch: delete
+      apiVersion: v1
+      kind: Secret
+      metadata: {name: evalbox-api-tls, namespace: evalbox}
 `
 
 // buildOverlay builds kustomization over a copy of this directory, in
@@ -202,11 +229,15 @@ func buildOverlay(t *testing.T, kustomization string) ([]byte, objects) {
 			t.Fatal(err)
 		}
 	}
-	for name, content := range map[string]string{
+	overlayFiles := map[string]string{
 		"/overlay/kustomization.yaml":  kustomization,
 		"/overlay/secrets/node-token":  "0123456789abcdef0123456789abcdef\n",
 		"/overlay/secrets/pg-password": "from-the-overlay",
-	} {
+	}
+	for name, content := range fleetCerts(t) {
+		overlayFiles["/overlay/certs/"+name] = string(content)
+	}
+	for name, content := range overlayFiles {
 		if err := fsys.WriteFile(name, []byte(content)); err != nil {
 			t.Fatal(err)
 		}
@@ -240,9 +271,9 @@ func TestManifests(t *testing.T) {
 
 	t.Run("Objects", func(t *testing.T) {
 		want := []string{
-			"DaemonSet/evalbox-node", "Deployment/evalbox-api", "Namespace/evalbox", "NetworkPolicy/evalbox-node",
+			"DaemonSet/evalbox-node", "Deployment/evalbox-api", "Namespace/evalbox", "NetworkPolicy/evalbox-api", "NetworkPolicy/evalbox-node",
 			"Role/evalbox-api", "Role/evalbox-node", "RoleBinding/evalbox-api", "RoleBinding/evalbox-node",
-			"Secret/evalbox-node-token", "Secret/evalbox-postgres", "Service/evalbox-api",
+			"Secret/evalbox-api-tls", "Secret/evalbox-node-tls", "Secret/evalbox-node-token", "Secret/evalbox-postgres", "Service/evalbox-api",
 			"ServiceAccount/evalbox-api", "ServiceAccount/evalbox-node",
 		}
 		if got := slices.Sorted(maps.Keys(objs)); !slices.Equal(got, want) {
@@ -295,7 +326,7 @@ func TestManifests(t *testing.T) {
 				}
 			}
 		}
-		if len(secrets) != 2 || string(secrets[findSecret(secrets, "evalbox-postgres")].Data["password"]) != "from-the-overlay" {
+		if len(secrets) != 4 || string(secrets[findSecret(secrets, "evalbox-postgres")].Data["password"]) != "from-the-overlay" {
 			t.Errorf("the overlay's Secrets: %v", slices.Sorted(maps.Keys(secrets)))
 		}
 
@@ -395,11 +426,24 @@ func TestManifests(t *testing.T) {
 		if port, ok := containerPort(c, "grpc"); !ok || ":"+fmt.Sprint(port) != flagValue(c.Args, "listen") {
 			t.Errorf("node gRPC port %d, --listen %q", port, flagValue(c.Args, "listen"))
 		}
-		// --control-plane names the API's Service.
+		// --control-plane is https to the API Service's nodes port, which
+		// reaches the API's --node-listen.
 		u, err := url.Parse(flagValue(c.Args, "control-plane"))
-		svc := objs["Service/evalbox-api"]
-		if err != nil || svc == nil || u.Hostname() != svc.GetName()+"."+svc.GetNamespace()+".svc" {
-			t.Errorf("node --control-plane %q, want the Service evalbox-api", flagValue(c.Args, "control-plane"))
+		var svc corev1.Service
+		objs.typed(t, "Service/evalbox-api", &svc)
+		if err != nil || u.Scheme != "https" || u.Hostname() != svc.Name+"."+svc.Namespace+".svc" {
+			t.Errorf("node --control-plane %q, want https to the Service evalbox-api", flagValue(c.Args, "control-plane"))
+		}
+		api := objs.deployment(t).Spec.Template.Spec.Containers[0]
+		found := false
+		for _, p := range svc.Spec.Ports {
+			if u != nil && fmt.Sprint(p.Port) == u.Port() {
+				port, ok := containerPort(api, p.TargetPort.String())
+				found = ok && ":"+fmt.Sprint(port) == flagValue(api.Args, "node-listen") && p.Name == "nodes"
+			}
+		}
+		if !found {
+			t.Errorf("node --control-plane %q does not reach the API's --node-listen %q through the Service's nodes port", flagValue(c.Args, "control-plane"), flagValue(api.Args, "node-listen"))
 		}
 		if ds.Spec.UpdateStrategy.RollingUpdate == nil || ds.Spec.UpdateStrategy.RollingUpdate.MaxSurge == nil || ds.Spec.UpdateStrategy.RollingUpdate.MaxSurge.IntValue() != 0 {
 			t.Error("node DaemonSet may surge: two agents would share a host's data dir")
@@ -428,8 +472,8 @@ func TestManifests(t *testing.T) {
 		if !selects(svc.Spec.Selector, d.Spec.Template.Labels) || selects(svc.Spec.Selector, objs.daemonSet(t).Spec.Template.Labels) {
 			t.Errorf("Service selector %v: want the API's pods, not the nodes'", svc.Spec.Selector)
 		}
-		if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 8080 || svc.Spec.Type != corev1.ServiceTypeClusterIP {
-			t.Errorf("Service ports %+v, want ClusterIP 8080", svc.Spec.Ports)
+		if len(svc.Spec.Ports) != 2 || svc.Spec.Ports[0].Port != 8080 || svc.Spec.Ports[1].Name != "nodes" || svc.Spec.Type != corev1.ServiceTypeClusterIP {
+			t.Errorf("Service ports %+v, want ClusterIP 8080 and the nodes port", svc.Spec.Ports)
 		}
 		if port, ok := containerPort(c, svc.Spec.Ports[0].TargetPort.String()); !ok || ":"+fmt.Sprint(port) != flagValue(c.Args, "listen") {
 			t.Errorf("Service target port %s: container port %d, --listen %q", svc.Spec.Ports[0].TargetPort.String(), port, flagValue(c.Args, "listen"))
@@ -509,6 +553,60 @@ func TestManifests(t *testing.T) {
 		}
 	})
 
+	t.Run("TLS", func(t *testing.T) {
+		// Every TLS file is a key of its side's Secret, and the
+		// certificates scripts/fleet-certs.sh makes fit the flags: the
+		// nodes' holds the name the replicas check, the API's the host the
+		// nodes fetch from; both chain to the CA each side trusts, and
+		// serve and authenticate as clients.
+		pts := objs.podTemplates(t)
+		for key, files := range map[string]struct {
+			secret string
+			flags  map[string]string // flag → Secret key
+		}{
+			"DaemonSet/evalbox-node": {"evalbox-node-tls", map[string]string{"tls-cert": "tls.crt", "tls-key": "tls.key", "tls-client-ca": "ca.crt", "control-plane-ca": "ca.crt"}},
+			"Deployment/evalbox-api": {"evalbox-api-tls", map[string]string{"node-tls-cert": "tls.crt", "node-tls-key": "tls.key", "node-tls-ca": "ca.crt"}},
+		} {
+			pt := pts[key]
+			c := pt.Spec.Containers[0]
+			for flag, k := range files.flags {
+				if file := flagValue(c.Args, flag); !mountedFromSecret(pt, c, file, files.secret, k) {
+					t.Errorf("%s: --%s %q is not the %s key of a mount of Secret %s", key, flag, file, k, files.secret)
+				}
+			}
+		}
+		certs := fleetCerts(t)
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(certs["ca.crt"]) {
+			t.Fatal("fleet-certs.sh: ca.crt holds no certificate")
+		}
+		nodeArgs := pts["DaemonSet/evalbox-node"].Spec.Containers[0].Args
+		apiArgs := pts["Deployment/evalbox-api"].Spec.Containers[0].Args
+		u, err := url.Parse(flagValue(nodeArgs, "control-plane"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, host := range map[string]string{"node": flagValue(apiArgs, "node-tls-server-name"), "api": u.Hostname()} {
+			if host == "" {
+				t.Errorf("no name to check the %s certificate against", name)
+				continue
+			}
+			pair, err := tls.X509KeyPair(certs[name+".crt"], certs[name+".key"])
+			if err != nil {
+				t.Fatalf("fleet-certs.sh %s: %v", name, err)
+			}
+			leaf, err := x509.ParseCertificate(pair.Certificate[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
+				if _, err := leaf.Verify(x509.VerifyOptions{DNSName: host, Roots: pool, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+					t.Errorf("fleet-certs.sh's %s certificate for %q (usage %v): %v", name, host, usage, err)
+				}
+			}
+		}
+	})
+
 	t.Run("TokenFile", func(t *testing.T) {
 		for key, flag := range map[string]string{"DaemonSet/evalbox-node": "token-file", "Deployment/evalbox-api": "node-token-file"} {
 			pt := objs.podTemplates(t)[key]
@@ -522,7 +620,7 @@ func TestManifests(t *testing.T) {
 
 	t.Run("Secrets", func(t *testing.T) {
 		secrets := map[string]*corev1.Secret{}
-		for _, name := range []string{"evalbox-postgres", "evalbox-node-token"} {
+		for _, name := range []string{"evalbox-postgres", "evalbox-node-token", "evalbox-node-tls", "evalbox-api-tls"} {
 			var s corev1.Secret
 			objs.typed(t, "Secret/"+name, &s)
 			secrets[name] = &s
@@ -933,4 +1031,23 @@ func selects(selector, labels map[string]string) bool {
 		}
 	}
 	return len(selector) > 0
+}
+
+// fleetCerts runs scripts/fleet-certs.sh for the manifests' namespace and
+// returns its files by name.
+func fleetCerts(t *testing.T) map[string][]byte {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "certs")
+	if out, err := exec.Command("bash", filepath.Join("..", "..", "scripts", "fleet-certs.sh"), "--namespace", ns, dir).CombinedOutput(); err != nil {
+		t.Fatalf("fleet-certs.sh: %v\n%s", err, out)
+	}
+	out := map[string][]byte{}
+	for _, name := range []string{"ca.crt", "node.crt", "node.key", "api.crt", "api.key"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[name] = b
+	}
+	return out
 }

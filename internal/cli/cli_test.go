@@ -485,16 +485,29 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	runCLI(t, "", "serve", "--nodes", "kubernetes", "--kubeconfig", "/k", "--namespace", "ns", "--node-token-file", tokenFile,
-		"--node-tls-ca", "/ca", "--node-tls-cert", "/c", "--node-tls-key", "/k2").ok(t)
+		"--node-tls-ca", "/ca", "--node-tls-cert", "/c", "--node-tls-key", "/k2", "--node-tls-server-name", "evalbox-node",
+		"--node-listen", ":8443").ok(t)
 	if got.Nodes != "kubernetes" || got.Kubeconfig != "/k" || got.Namespace != "ns" || got.NodeToken != "s3cret" ||
-		got.NodeTLSCA != "/ca" || got.NodeTLSCert != "/c" || got.NodeTLSKey != "/k2" {
+		got.NodeTLSCA != "/ca" || got.NodeTLSCert != "/c" || got.NodeTLSKey != "/k2" || got.NodeTLSServerName != "evalbox-node" ||
+		got.NodeListen != ":8443" {
 		t.Errorf("fleet flags %+v", got)
+	}
+	// An embedded server may serve its templates to nodes on a TLS port.
+	runCLI(t, "", "serve", "--node-token-file", tokenFile, "--node-listen", "127.0.0.1:8443", "--node-tls-cert", "/c", "--node-tls-key", "/k2").ok(t)
+	if got.NodeListen != "127.0.0.1:8443" || got.NodeTLSCert != "/c" {
+		t.Errorf("embedded --node-listen: %+v", got)
 	}
 	for _, args := range [][]string{
 		{"--nodes", "k8s"},
 		{"--nodes", "kubernetes"},
 		{"--nodes", "kubernetes", "--node-token-file", tokenFile, "--node-tls-cert", "/c"},
+		{"--nodes", "kubernetes", "--node-token-file", tokenFile, "--node-tls-server-name", "evalbox-node"}, // checks nothing without a CA
 		{"--kubeconfig", "/k"},
+		{"--node-tls-ca", "/ca"}, // a local node needs none, unless --node-listen
+		{"--node-tls-server-name", "x"},
+		{"--node-listen", ":8443", "--node-tls-cert", "/c", "--node-tls-key", "/k2"},                                // no token
+		{"--node-listen", ":8443", "--node-token-file", tokenFile},                                                  // TLS only
+		{"--node-listen", "8443", "--node-token-file", tokenFile, "--node-tls-cert", "/c", "--node-tls-key", "/k2"}, // no host:port
 	} {
 		if r := runCLI(t, "", append([]string{"serve"}, args...)...); r.code != 2 {
 			t.Errorf("serve %v: exit %d %q, want a usage error", args, r.code, r.stderr)

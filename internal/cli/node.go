@@ -40,8 +40,12 @@ type NodeConfig struct {
 	Kubeconfig    string
 	Namespace     string
 	LeaseDuration time.Duration
-	// ControlPlane is the API's URL templates are fetched from.
-	ControlPlane string
+	// ControlPlane is the API's URL templates are fetched from;
+	// ControlPlaneCA verifies its certificate when it is https ("": the
+	// system's CAs). Over https the node presents TLSCert as its client
+	// certificate, for an API that asks for one (serve --node-listen
+	// with --node-tls-ca).
+	ControlPlane, ControlPlaneCA string
 }
 
 // NodeFunc runs a node agent until ctx is cancelled, then shuts it down and
@@ -137,6 +141,11 @@ deleted, exit 0.`,
 				if u.Scheme == "http" && !cfg.Insecure && !loopbackHost(u.Hostname()) {
 					return usagef(cmd, "--control-plane %q: plain http sends the node token in the clear; use https, or --insecure on a network you trust", cfg.ControlPlane)
 				}
+				if u.Scheme == "http" && cfg.ControlPlaneCA != "" {
+					return usagef(cmd, "--control-plane-ca verifies an https --control-plane, not %q", cfg.ControlPlane)
+				}
+			} else if cfg.ControlPlaneCA != "" {
+				return usagef(cmd, "--control-plane-ca needs --control-plane")
 			}
 			if NodeFunc == nil {
 				return errors.New("this evalbox binary was built without a node agent (cli.NodeFunc is not set)")
@@ -163,6 +172,7 @@ deleted, exit 0.`,
 	f.StringVar(&cfg.Namespace, "namespace", DefaultNamespace, "namespace of the node Leases")
 	f.Var(&leaseDuration, "lease-duration", "how long a Lease renewal counts (whole seconds, or a duration)")
 	f.StringVar(&cfg.ControlPlane, "control-plane", "", "the API's URL, which templates the node lacks are fetched from (default: none, never fetch)")
+	f.StringVar(&cfg.ControlPlaneCA, "control-plane-ca", "", "PEM CA that verifies an https --control-plane (default: the system's); --tls-cert is the node's client certificate there")
 	return cmd
 }
 

@@ -33,6 +33,11 @@ func TestNode(t *testing.T) {
 		t.Errorf("config\n%s\nwant\n%s", gj, wj)
 	}
 
+	runCLI(t, "", "node", "--token-file", tokenFile, "--control-plane", "https://evalbox-api.evalbox.svc:8443", "--control-plane-ca", "/ca.pem").ok(t)
+	if got.ControlPlane != "https://evalbox-api.evalbox.svc:8443" || got.ControlPlaneCA != "/ca.pem" {
+		t.Errorf("https control plane: %+v", got)
+	}
+
 	// Defaults.
 	runCLI(t, "", "node", "--token-file", tokenFile).ok(t)
 	host, _ := os.Hostname()
@@ -60,6 +65,8 @@ func TestNode(t *testing.T) {
 		{"--token-file", tokenFile, "--control-plane", "ftp://x"},
 		{"--token-file", tokenFile, "--control-plane", "http://user:pw@x"},
 		{"--token-file", tokenFile, "--control-plane", "http://api.example:8080"}, // the token in the clear
+		{"--token-file", tokenFile, "--control-plane", "http://127.0.0.1:8080", "--control-plane-ca", "/ca.pem"},
+		{"--token-file", tokenFile, "--control-plane-ca", "/ca.pem"},
 		{"--token-file", tokenFile, "--runtimes", "docker"},
 		{"--token-file", tokenFile, "--memory-overcommit", "0.5"},
 		{"--token-file", tokenFile, "--log-level", "loud"},

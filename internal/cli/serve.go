@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -88,6 +89,13 @@ type ServeConfig struct {
 	Nodes                              string
 	Kubeconfig, Namespace              string
 	NodeTLSCA, NodeTLSCert, NodeTLSKey string
+	// NodeTLSServerName is the name the nodes' certificates are checked
+	// against (empty: each node's address).
+	NodeTLSServerName string
+	// NodeListen, when set, serves the node agents' template fetches
+	// there, over TLS with NodeTLSCert/Key (mutual with NodeTLSCA),
+	// instead of on Listen.
+	NodeListen string
 }
 
 // PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
@@ -214,7 +222,11 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			}
 			switch cfg.Nodes {
 			case "local":
-				for _, name := range []string{"kubeconfig", "namespace", "node-tls-ca", "node-tls-cert", "node-tls-key"} {
+				local := []string{"kubeconfig", "namespace", "node-tls-server-name"}
+				if cfg.NodeListen == "" { // else they are the node listener's
+					local = append(local, "node-tls-ca", "node-tls-cert", "node-tls-key")
+				}
+				for _, name := range local {
 					if cmd.Flags().Changed(name) {
 						return usagef(cmd, "--%s is for --nodes kubernetes", name)
 					}
@@ -223,11 +235,25 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 				if nodeTokenFile == "" {
 					return usagef(cmd, "--nodes kubernetes needs --node-token-file (the node agents' shared token)")
 				}
-				if (cfg.NodeTLSCert == "") != (cfg.NodeTLSKey == "") {
-					return usagef(cmd, "--node-tls-cert and --node-tls-key go together")
+				if cfg.NodeTLSServerName != "" && cfg.NodeTLSCA == "" {
+					return usagef(cmd, "--node-tls-server-name checks the nodes' certificates: it needs --node-tls-ca")
 				}
 			default:
 				return usagef(cmd, "--nodes %q: want local or kubernetes", cfg.Nodes)
+			}
+			if (cfg.NodeTLSCert == "") != (cfg.NodeTLSKey == "") {
+				return usagef(cmd, "--node-tls-cert and --node-tls-key go together")
+			}
+			if cfg.NodeListen != "" {
+				if nodeTokenFile == "" {
+					return usagef(cmd, "--node-listen serves the node agents: it needs --node-token-file")
+				}
+				if cfg.NodeTLSCert == "" {
+					return usagef(cmd, "--node-listen serves TLS only: it needs --node-tls-cert and --node-tls-key")
+				}
+				if _, _, err := net.SplitHostPort(cfg.NodeListen); err != nil {
+					return usagef(cmd, "--node-listen %q: want HOST:PORT", cfg.NodeListen)
+				}
 			}
 			if cfg.MaxStorageMB < 0 || cfg.MaxStorageMB > 1<<30 {
 				return usagef(cmd, "--max-storage-mb must be between 0 (no limit) and %d", 1<<30)
@@ -260,9 +286,11 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.StringVar(&cfg.Nodes, "nodes", "local", "where sandboxes run: local (a node in this process) or kubernetes (the node agents of --namespace, over gRPC; no template builds)")
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster whose node Leases to watch (--nodes kubernetes; default: in-cluster)")
 	f.StringVar(&cfg.Namespace, "namespace", "evalbox", "namespace of the node Leases (--nodes kubernetes)")
-	f.StringVar(&cfg.NodeTLSCA, "node-tls-ca", "", "CA that verifies the node agents' certificates (--nodes kubernetes; default: plaintext, loopback nodes only)")
-	f.StringVar(&cfg.NodeTLSCert, "node-tls-cert", "", "this replica's client certificate for the node agents' mutual TLS (with --node-tls-key)")
+	f.StringVar(&cfg.NodeTLSCA, "node-tls-ca", "", "CA that verifies the node agents' certificates (--nodes kubernetes, and their client certificates at --node-listen; default: plaintext, loopback nodes only)")
+	f.StringVar(&cfg.NodeTLSCert, "node-tls-cert", "", "this replica's certificate toward the node agents: its client certificate for their mutual TLS, and --node-listen's (with --node-tls-key)")
 	f.StringVar(&cfg.NodeTLSKey, "node-tls-key", "", "the key of --node-tls-cert")
+	f.StringVar(&cfg.NodeTLSServerName, "node-tls-server-name", "", "the name every node's certificate is checked against (default: each node's address; with --node-tls-ca)")
+	f.StringVar(&cfg.NodeListen, "node-listen", "", "serve the node agents' template fetches on this address, over TLS with --node-tls-cert/--node-tls-key (mutual with --node-tls-ca), instead of on --listen")
 	f.Var(&defTimeout, "default-timeout", "sandbox TTL when a create request gives none (seconds or a duration)")
 	f.Var(&maxTimeout, "max-timeout", "longest sandbox TTL (seconds or a duration)")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "a team's default limit of running sandboxes")

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -44,9 +45,15 @@ type fetchCall struct {
 	err  error
 }
 
-func newFetcher(life context.Context, base, token string, reg *template.Registry, max int64, log *slog.Logger, onAdded func() error) *fetcher {
+func newFetcher(life context.Context, base, token string, tlsCfg *tls.Config, reg *template.Registry, max int64, log *slog.Logger, onAdded func() error) *fetcher {
+	client := &http.Client{}
+	if tlsCfg != nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = tlsCfg
+		client.Transport = tr
+	}
 	return &fetcher{life: life, base: strings.TrimSuffix(base, "/"), token: token, reg: reg, max: max, log: log,
-		onAdded: onAdded, client: &http.Client{}, calls: map[string]*fetchCall{}}
+		onAdded: onAdded, client: client, calls: map[string]*fetchCall{}}
 }
 
 // fetch makes the node hold the template of digest, whose export stream

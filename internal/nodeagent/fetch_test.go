@@ -98,7 +98,7 @@ func TestFetchOnce(t *testing.T) {
 		_, _ = w.Write(stream)
 	})
 	r := registry(t)
-	f := newFetcher(context.Background(), srv.URL, token, r, 0, slog.Default(), nil)
+	f := newFetcher(context.Background(), srv.URL, token, nil, r, 0, slog.Default(), nil)
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {
@@ -160,7 +160,7 @@ func TestFetchFromAHostileControlPlane(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			srv, _ := controlPlane(t, c.body)
 			r := registry(t)
-			f := newFetcher(context.Background(), srv.URL, token, r, c.max, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+			f := newFetcher(context.Background(), srv.URL, token, nil, r, c.max, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 			err := f.fetch(context.Background(), digest, want)
 			if err == nil {
 				t.Fatal("accepted")
@@ -176,7 +176,7 @@ func TestFetchFromAHostileControlPlane(t *testing.T) {
 	}
 	// A wrong token never gets a stream.
 	srv, n := controlPlane(t, func(w http.ResponseWriter) { _, _ = w.Write(stream) })
-	f := newFetcher(context.Background(), srv.URL, "wrong", registry(t), 0, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	f := newFetcher(context.Background(), srv.URL, "wrong", nil, registry(t), 0, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	if err := f.fetch(context.Background(), digest, want); err == nil || n.Load() != 0 {
 		t.Errorf("wrong token: %v, %d streams", err, n.Load())
 	}

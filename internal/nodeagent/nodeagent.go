@@ -66,6 +66,9 @@ type Config struct {
 	// node never fetches (a create of a template it lacks fails with
 	// template_missing).
 	ControlPlane string
+	// ControlPlaneTLS is the TLS configuration of fetches from an https
+	// ControlPlane (nil: the system's CAs, no client certificate).
+	ControlPlaneTLS *tls.Config
 	// MaxTemplateBytes bounds a fetched template's stream (0:
 	// template.DefaultMaxFetchBytes).
 	MaxTemplateBytes int64
@@ -125,7 +128,7 @@ func Run(ctx context.Context, cfg Config) error {
 	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
 	defer endLife()
 	if cfg.ControlPlane != "" {
-		a.fetch = newFetcher(life, cfg.ControlPlane, cfg.Token, host.Templates, cfg.MaxTemplateBytes, log, a.templatesChanged)
+		a.fetch = newFetcher(life, cfg.ControlPlane, cfg.Token, cfg.ControlPlaneTLS, host.Templates, cfg.MaxTemplateBytes, log, a.templatesChanged)
 	}
 	if err := a.templatesChanged(); err != nil {
 		return fmt.Errorf("nodeagent: %w", err)

@@ -44,6 +44,10 @@ type FleetConfig struct {
 	// NodeTLSKey are this replica's client certificate for mutual TLS.
 	// All empty: plaintext, which grpcnode allows to loopback nodes only.
 	NodeTLSCA, NodeTLSCert, NodeTLSKey string
+	// NodeTLSServerName is the name every node's certificate is checked
+	// against (one certificate for the fleet's nodes, which are dialled by
+	// pod IP); empty: the host of each node's address.
+	NodeTLSServerName string
 	// SyncTimeout bounds the wait for the first list of Leases at start
 	// (0: 30 s).
 	SyncTimeout time.Duration
@@ -87,6 +91,9 @@ func startFleet(ctx context.Context, cfg FleetConfig, token string, lookup func(
 		if tlsCfg, err = grpcnode.ClientTLS(cfg.NodeTLSCert, cfg.NodeTLSKey, cfg.NodeTLSCA); err != nil {
 			return nil, fmt.Errorf("server: %w", err)
 		}
+		tlsCfg.ServerName = cfg.NodeTLSServerName
+	} else if cfg.NodeTLSServerName != "" {
+		return nil, errors.New("server: --node-tls-server-name needs the nodes' TLS settings (--node-tls-ca)")
 	}
 	var rc *rest.Config
 	if cfg.Kubeconfig == "" {

@@ -22,6 +22,7 @@ import (
 	"github.com/evalbox/evalbox/internal/evalrun"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/nodeapi"
+	"github.com/evalbox/evalbox/internal/nodeapi/grpcnode"
 	"github.com/evalbox/evalbox/internal/nodehost"
 	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/quota"
@@ -87,6 +88,12 @@ type Config struct {
 	// NodeToken, when set, serves templates to node agents that send it
 	// (GET /v1/internal/templates/{digest}). Never logged.
 	NodeToken string
+	// NodeListen, when set, is where node agents fetch templates instead
+	// (the API's listener then does not serve them): over TLS, with
+	// Fleet.NodeTLSCert and NodeTLSKey as its certificate, and client
+	// certificates that chain to Fleet.NodeTLSCA required when that is
+	// set (mutual TLS). The node token still authenticates each fetch.
+	NodeListen string
 	// ReplicaID names this API replica among those sharing a PostgreSQL
 	// database: the leases of the eval runs it runs and the team slots
 	// its creates hold (empty: the host name and process id).
@@ -315,14 +322,23 @@ func Run(ctx context.Context, cfg Config) error {
 		apiCfg.NoTemplateBuilds = noBuildsOnFleet
 	}
 	var handler http.Handler = api.New(apiCfg)
-	if cfg.NodeToken != "" {
+	cfg.HTTP.setDefaults()
+	var nodeSrv *http.Server
+	switch {
+	case cfg.NodeToken != "" && cfg.NodeListen != "":
+		if nodeSrv, err = serveNodes(cfg, templates, log); err != nil {
+			return err
+		}
+		defer nodeSrv.Close()
+	case cfg.NodeToken != "":
 		handler = internalTemplates(handler, templates, cfg.NodeToken, log)
+	case cfg.NodeListen != "":
+		return errors.New("server: --node-listen needs the node token (--node-token-file)")
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
-	cfg.HTTP.setDefaults()
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout,
 		IdleTimeout: cfg.HTTP.IdleTimeout, MaxHeaderBytes: cfg.HTTP.MaxHeaderBytes,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
@@ -430,3 +446,30 @@ func (o ociImporter) ImportRemote(ctx context.Context, ref, dst string, charge f
 }
 
 func (o ociImporter) CheckRemote(ref string) error { return o.im.CheckRemote(ref) }
+
+// serveNodes serves the node agents' template fetches on cfg.NodeListen,
+// over TLS (mutual when Fleet.NodeTLSCA is set), until closed.
+func serveNodes(cfg Config, templates *template.Registry, log *slog.Logger) (*http.Server, error) {
+	f := cfg.Fleet
+	if f.NodeTLSCert == "" || f.NodeTLSKey == "" {
+		return nil, errors.New("server: --node-listen serves TLS only: it needs --node-tls-cert and --node-tls-key")
+	}
+	tlsCfg, err := grpcnode.ServerTLS(f.NodeTLSCert, f.NodeTLSKey, f.NodeTLSCA)
+	if err != nil {
+		return nil, fmt.Errorf("server: --node-listen: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.NodeListen)
+	if err != nil {
+		return nil, fmt.Errorf("server: --node-listen: %w", err)
+	}
+	srv := &http.Server{Handler: internalTemplates(http.NotFoundHandler(), templates, cfg.NodeToken, log),
+		TLSConfig: tlsCfg, ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout, IdleTimeout: cfg.HTTP.IdleTimeout,
+		MaxHeaderBytes: cfg.HTTP.MaxHeaderBytes, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	go func() {
+		if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("node listener", "err", err)
+		}
+	}()
+	log.Info("serving templates to node agents", "addr", ln.Addr().String(), "mutual_tls", f.NodeTLSCA != "")
+	return srv, nil
+}

@@ -1,6 +1,9 @@
 package e2e
 
 import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net/http"
 	"os"
@@ -27,8 +30,11 @@ import (
 type nodeAgent struct {
 	id, dataDir, logPath string
 	args                 []string
-	cmd                  *exec.Cmd
-	exited               chan error
+	// empty starts the agent without the suite's templates: it fetches
+	// those it runs from its --control-plane.
+	empty  bool
+	cmd    *exec.Cmd
+	exited chan error
 }
 
 func startNodeAgent(t *testing.T, a *nodeAgent) {
@@ -46,8 +52,11 @@ func startNodeAgent(t *testing.T, a *nodeAgent) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"node", "--node-id", a.id, "--data-dir", a.dataDir, "--templates-dir", templatesDir,
-		"--listen", listen, "--health-listen", health, "--log-level", "debug"}, a.args...)
+	args := []string{"node", "--node-id", a.id, "--data-dir", a.dataDir, "--listen", listen, "--health-listen", health, "--log-level", "debug"}
+	if !a.empty {
+		args = append(args, "--templates-dir", templatesDir)
+	}
+	args = append(args, a.args...)
 	a.cmd = exec.Command(filepath.Join(binDir, "evalbox"), args...)
 	a.cmd.Stdout, a.cmd.Stderr = logf, logf
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -119,7 +128,7 @@ func TestFleet(t *testing.T) {
 	if _, err := os.Stat(sharedData); err != nil {
 		t.Skipf("no HumanEval data in %s", sharedData)
 	}
-	rs, agents, ids := startFleetReplicas(t, 3, pgtest.Start(t), 2)
+	rs, agents, ids := startFleetReplicas(t, 3, pgtest.Start(t), 2, true)
 	replica := rs[0]
 	// other returns a client of the team on the replica that c is not on.
 	other := func(key string) *client.Client { return client.New(rs[1].url, key) }
@@ -190,6 +199,53 @@ func TestFleet(t *testing.T) {
 		}
 		if len(seen) != 2*len(ids) {
 			t.Errorf("calls checked on %d node×replica pairs, want %d", len(seen), 2*len(ids))
+		}
+	})
+
+	t.Run("node-tls", func(t *testing.T) {
+		// The templates nodes fetch are served on --node-listen alone, to
+		// clients with a certificate of the fleet's CA and the token.
+		tok := "Bearer fleet-e2e-token-0123456789abcdef"
+		get := func(c *http.Client, url string, token bool) (int, error) {
+			req, err := http.NewRequestWithContext(t.Context(), "GET", url, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if token {
+				req.Header.Set("Authorization", tok)
+			}
+			resp, err := c.Do(req)
+			if err != nil {
+				return 0, err
+			}
+			resp.Body.Close()
+			return resp.StatusCode, nil
+		}
+		path := "/v1/internal/templates/sha256:" + strings.Repeat("0", 64)
+		if code, err := get(http.DefaultClient, replica.url+path, true); err != nil || code != http.StatusNotFound {
+			t.Errorf("the public listener answers a node's template fetch: %d, %v", code, err)
+		}
+		ca, err := os.ReadFile(filepath.Join(replica.certs, "ca.crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(ca)
+		tlsClient := func(certs ...tls.Certificate) *http.Client {
+			return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: certs}}}
+		}
+		if code, err := get(tlsClient(), replica.nodeURL+path, true); err == nil {
+			t.Errorf("--node-listen answered a client without a certificate: %d", code)
+		}
+		cert, err := tls.LoadX509KeyPair(filepath.Join(replica.certs, "node.crt"), filepath.Join(replica.certs, "node.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, err := get(tlsClient(cert), replica.nodeURL+path, false); err != nil || code != http.StatusUnauthorized {
+			t.Errorf("--node-listen without the token: %d, %v", code, err)
+		}
+		if code, err := get(tlsClient(cert), replica.nodeURL+path, true); err != nil || code != http.StatusNotFound {
+			t.Errorf("--node-listen, a template it does not have: %d, %v", code, err)
 		}
 	})
 
@@ -297,10 +353,13 @@ func TestFleet(t *testing.T) {
 
 	t.Run("node-lost", func(t *testing.T) {
 		c, _, _ := newTeam(t, replica, client.Limits{MaxSandboxes: 12, MaxConcurrentExec: 12})
-		// A witness on node-b, which ends lost with it.
+		// A witness on node-b, which ends lost with it (placement is
+		// random among the nodes with room: create until one lands there).
 		var witness *client.Sandbox
-		var others []*client.Sandbox
-		for witness == nil {
+		for try := 0; witness == nil; try++ {
+			if try == 100 {
+				t.Fatal("100 creates, none placed on node-b")
+			}
 			sb, err := c.CreateSandbox(ctxT(t, time.Minute), client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeNamespaces, MemoryMB: 64, Timeout: 1800})
 			if err != nil {
 				t.Fatal(err)
@@ -308,10 +367,9 @@ func TestFleet(t *testing.T) {
 			if sb.NodeID == "node-b" {
 				witness = sb
 			} else {
-				others = append(others, sb)
+				deleteAll(t, c, []*client.Sandbox{sb})
 			}
 		}
-		deleteAll(t, c, others)
 		run, err := c.CreateEval(ctxT(t, time.Minute), canonical(t))
 		if err != nil {
 			t.Fatal(err)
@@ -395,6 +453,40 @@ func TestFleet(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+
+	// A node without the template gets it from the API (over mutual TLS,
+	// verified by its content digest) when a create lands on it: node-d,
+	// empty, is the one gVisor node once node-a is gone.
+	t.Run("template-fetch", func(t *testing.T) {
+		c, _, _ := newTeam(t, rs[1], client.Limits{MaxSandboxes: 2, MaxConcurrentExec: 2})
+		agents["node-a"].stop(t)
+		waitNodes(t, rs[1], len(ids)-1)
+		b := agents["node-b"]
+		d := &nodeAgent{id: "node-d", dataDir: filepath.Join(filepath.Dir(b.dataDir), "node-d"), logPath: filepath.Join(filepath.Dir(b.logPath), "node-d.log"),
+			args: append(slices.Clone(b.args[:len(b.args)-2]), "--runtimes", "gvisor"), empty: true}
+		startNodeAgent(t, d)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("node-d log:\n%s", tail(d.logPath, 30))
+			}
+			d.stop(t)
+		})
+		waitNodes(t, rs[1], len(ids))
+		sb, err := c.CreateSandbox(ctxT(t, 5*time.Minute), client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeGVisor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer deleteAll(t, c, []*client.Sandbox{sb})
+		if sb.NodeID != "node-d" {
+			t.Errorf("the gVisor sandbox on %s, want node-d", sb.NodeID)
+		}
+		if r := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: "echo fetched"}); r.Stdout != "fetched\n" {
+			t.Errorf("exec on the fetched template: %+v", r)
+		}
+		if log, _ := os.ReadFile(d.logPath); !bytes.Contains(log, []byte(`msg="template fetched"`)) {
+			t.Errorf("node-d's log does not say it fetched the template:\n%s", tail(d.logPath, 20))
+		}
+	})
 }
 
 // startFleet starts a kube-apiserver, an API replica with --nodes
@@ -402,15 +494,19 @@ func TestFleet(t *testing.T) {
 // namespaces, the others namespaces), all stopped at the test's end.
 func startFleet(t *testing.T, n int) (*server, map[string]*nodeAgent, []string) {
 	t.Helper()
-	rs, agents, ids := startFleetReplicas(t, n, "", 1)
+	rs, agents, ids := startFleetReplicas(t, n, "", 1, false)
 	return rs[0], agents, ids
 }
 
 // startFleetReplicas is startFleet with k API replicas (r1, r2, …, eval
 // leases of 3 s) on the database dsn ("": SQLite, for one replica). The
 // node agents fetch templates from the last replica; a replica a test
-// killed is not stopped again.
-func startFleetReplicas(t *testing.T, n int, dsn string, k int) ([]*server, map[string]*nodeAgent, []string) {
+// killed is not stopped again. With useTLS, the fleet is set up as
+// deploy/kubernetes is, from scripts/fleet-certs.sh's certificates:
+// mutual TLS from the replicas to the nodes (which are checked by the one
+// name of their certificate, whatever address they are dialled at), and
+// from the nodes to the replicas' --node-listen.
+func startFleetReplicas(t *testing.T, n int, dsn string, k int, useTLS bool) ([]*server, map[string]*nodeAgent, []string) {
 	t.Helper()
 	if k > 1 && dsn == "" {
 		t.Fatal("several replicas need a shared database")
@@ -447,6 +543,14 @@ func startFleetReplicas(t *testing.T, n int, dsn string, k int) ([]*server, map[
 			}
 		}
 	})
+	certs := filepath.Join(dir, "certs")
+	if useTLS {
+		out, err := exec.Command("bash", filepath.Join("..", "..", "scripts", "fleet-certs.sh"), "--namespace", ns, "--api-san", "IP:127.0.0.1", certs).CombinedOutput()
+		if err != nil {
+			t.Fatalf("fleet-certs.sh: %v\n%s", err, out)
+		}
+	}
+	var nodeListen []string // the replicas' --node-listen (useTLS)
 	for i := range k {
 		// Small sandboxes (64 pids) so that 300 fit on the host's pids;
 		// each node gets a third of them (--host-pids), as a host's share.
@@ -455,6 +559,16 @@ func startFleetReplicas(t *testing.T, n int, dsn string, k int) ([]*server, map[
 		if dsn != "" {
 			args = append(args, "--database", dsn, "--replica-id", fmt.Sprintf("r%d", i+1), "--eval-lease", "3s")
 		}
+		if useTLS {
+			addr, err := freePort()
+			if err != nil {
+				t.Fatal(err)
+			}
+			nodeListen = append(nodeListen, addr)
+			args = append(args, "--node-listen", addr, "--node-tls-ca", filepath.Join(certs, "ca.crt"),
+				"--node-tls-cert", filepath.Join(certs, "api.crt"), "--node-tls-key", filepath.Join(certs, "api.key"),
+				"--node-tls-server-name", "evalbox-node")
+		}
 		rdir := filepath.Join(dir, fmt.Sprintf("r%d", i+1))
 		if err := os.Mkdir(rdir, 0o700); err != nil {
 			t.Fatal(err)
@@ -462,6 +576,9 @@ func startFleetReplicas(t *testing.T, n int, dsn string, k int) ([]*server, map[
 		r, err := startServer(serverOptions{dataDir: rdir, args: args})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if useTLS {
+			r.nodeURL, r.certs = "https://"+nodeListen[i], certs
 		}
 		replicas = append(replicas, r)
 		t.Cleanup(func() {
@@ -474,7 +591,13 @@ func startFleetReplicas(t *testing.T, n int, dsn string, k int) ([]*server, map[
 		})
 	}
 	common := []string{"--token-file", tokenFile, "--kubeconfig", env.Kubeconfig, "--namespace", ns,
-		"--lease-duration", "3s", "--control-plane", replicas[k-1].url, "--host-pids", "9000"}
+		"--lease-duration", "3s", "--host-pids", "9000"}
+	if useTLS {
+		common = append(common, "--control-plane", "https://"+nodeListen[k-1], "--control-plane-ca", filepath.Join(certs, "ca.crt"),
+			"--tls-cert", filepath.Join(certs, "node.crt"), "--tls-key", filepath.Join(certs, "node.key"), "--tls-client-ca", filepath.Join(certs, "ca.crt"))
+	} else {
+		common = append(common, "--control-plane", replicas[k-1].url)
+	}
 	for i, id := range []string{"node-a", "node-b", "node-c"}[:n] {
 		rts := "namespaces"
 		if i == 0 {

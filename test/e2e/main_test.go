@@ -106,6 +106,9 @@ type server struct {
 	admin    *client.Client
 	logPath  string
 	exited   chan error
+	// nodeURL is a fleet replica's --node-listen (https), and certs the
+	// directory of the fleet's certificates (startFleetReplicas).
+	nodeURL, certs string
 }
 
 func freePort() (string, error) {
