@@ -106,6 +106,9 @@ type Sandbox struct {
 	destroyed atomic.Bool
 	// env is the create's environment (SetEnv): under every exec's.
 	env atomic.Pointer[map[string]string]
+	// given is set once Create handed the sandbox out (a pool's are not
+	// until claimed).
+	given atomic.Bool
 }
 
 // SetEnv sets the environment that every exec and process of the sandbox
@@ -271,11 +274,38 @@ func (n *Node) Create(ctx context.Context, key PoolKey, wait time.Duration) (*Sa
 		return nil, fmt.Errorf("%w: %q", ErrUnknownRuntime, key.Runtime)
 	}
 	if sb := n.claim(key); sb != nil {
+		sb.given.Store(true)
 		return sb, nil
 	}
-	return n.start(ctx, key, func(ctx context.Context, cost runtime.Resources) (func(), error) {
+	sb, err := n.start(ctx, key, func(ctx context.Context, cost runtime.Resources) (func(), error) {
 		return n.reserve(ctx, cost, wait)
 	})
+	if err != nil {
+		return nil, err
+	}
+	sb.given.Store(true)
+	return sb, nil
+}
+
+// DestroyGiven destroys every sandbox Create handed out, and keeps the warm
+// pools: what a node does when the control plane has ended its sandboxes
+// without it (it counted the node lost). It returns how many it destroyed.
+func (n *Node) DestroyGiven(ctx context.Context) (int, error) {
+	n.mu.Lock()
+	var given []*Sandbox
+	for _, sb := range n.live {
+		if sb.given.Load() {
+			given = append(given, sb)
+		}
+	}
+	n.mu.Unlock()
+	var wg sync.WaitGroup
+	errs := make([]error, len(given))
+	for i, sb := range given {
+		wg.Go(func() { errs[i] = n.destroy(ctx, sb) })
+	}
+	wg.Wait()
+	return len(given), errors.Join(errs...)
 }
 
 // HostCost is what a sandbox of key takes of the host's capacity.

@@ -339,3 +339,37 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.b.String()
 }
+
+// TestNodeDestroyGiven: what Create handed out (claimed from the pool or
+// started) is destroyed; the pool's ready sandboxes stay.
+func TestNodeDestroyGiven(t *testing.T) {
+	n, _ := newTestNode(t, 32768)
+	ctx := t.Context()
+	n.SetPool(testKey, 2)
+	waitFor(t, func() bool { return n.Pools()[0].Ready == 2 })
+	claimed, err := n.Create(ctx, testKey, 0)
+	if err != nil || !claimed.FromPool {
+		t.Fatalf("claim: %+v %v", claimed, err)
+	}
+	other := testKey
+	other.Shape.MemoryMB = 256
+	started, err := n.Create(ctx, other, 0)
+	if err != nil || started.FromPool {
+		t.Fatalf("start: %+v %v", started, err)
+	}
+	waitFor(t, func() bool { return n.Pools()[0].Ready == 2 }) // refilled
+	got, err := n.DestroyGiven(ctx)
+	if err != nil || got != 2 {
+		t.Fatalf("DestroyGiven = %d, %v; want the 2 handed out", got, err)
+	}
+	n.mu.Lock()
+	for _, sb := range []*Sandbox{claimed, started} {
+		if _, live := n.live[sb.ID]; live {
+			t.Errorf("%s is live after DestroyGiven", sb.ID)
+		}
+	}
+	n.mu.Unlock()
+	if p := n.Pools()[0]; p.Ready != 2 {
+		t.Errorf("the pool after DestroyGiven: %+v", p)
+	}
+}

@@ -166,7 +166,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// 4. The Lease, with the node's capacity and address.
 	written := &observedLeases{Leases: leases, first: make(chan struct{})}
 	hb, err := membership.NewHeartbeat(written, membership.HeartbeatConfig{NodeID: cfg.NodeID, Address: advertise,
-		LeaseDuration: cfg.LeaseDuration, Logger: log}, a.capacity(ctx))
+		LeaseDuration: cfg.LeaseDuration, Logger: log, OnLapse: func() { a.lapsed(ctx) }}, a.capacity(ctx))
 	if err != nil {
 		return fmt.Errorf("nodeagent: %w", err)
 	}
@@ -410,4 +410,19 @@ func (s *serving) Destroy(ctx context.Context, id string) error {
 	err := s.Node.Destroy(ctx, id)
 	s.a.changed()
 	return err
+}
+
+// lapsed ends every sandbox the node handed out when its Lease went a
+// whole lease duration without a renewal (an outage of the API server, a
+// partition): the control plane has counted the node lost and ended those
+// sandboxes' rows, and nothing would end them here otherwise (untrusted
+// code running past its TTL, on capacity nobody counts). The warm pools
+// stay: nobody was given them.
+func (a *agent) lapsed(ctx context.Context) {
+	n, err := a.host.Node.DestroyGiven(context.WithoutCancel(ctx))
+	if err != nil {
+		a.log.Error("node: ending the sandboxes of the lapsed Lease", "sandboxes", n, "err", err)
+		return
+	}
+	a.log.Warn("node: the Lease lapsed; its sandboxes were ended as the control plane counts them lost", "sandboxes", n)
 }

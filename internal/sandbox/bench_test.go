@@ -117,6 +117,17 @@ func (m *memStore) ListExpired(ctx context.Context, now time.Time) ([]client.San
 	}
 	return out, nil
 }
+func (m *memStore) MarkExpired(ctx context.Context, id string, now time.Time) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.rows[id]
+	if !ok || r.State != client.StateRunning || r.ExpiresAt.After(now) {
+		return false, nil
+	}
+	r.State, r.EndReason = client.StateExpired, "timeout"
+	m.rows[id] = r
+	return true, nil
+}
 func (m *memStore) GetTeam(ctx context.Context, id string) (client.Team, error) {
 	return client.Team{ID: id, Name: id, Limits: client.Limits{MaxSandboxes: 100, MaxConcurrentExec: 100}}, nil
 }

@@ -18,7 +18,7 @@ import (
 )
 
 // execRequest builds the node request for req in sandbox e.
-func (s *Service) execRequest(e *entry, req client.ExecRequest) (nodeapi.ExecRequest, error) {
+func (s *Service) execRequest(ctx context.Context, e *entry, req client.ExecRequest) (nodeapi.ExecRequest, error) {
 	var out nodeapi.ExecRequest
 	switch {
 	case req.Cmd != "" && len(req.Argv) > 0:
@@ -50,15 +50,11 @@ func (s *Service) execRequest(e *entry, req client.ExecRequest) (nodeapi.ExecReq
 	env := req.Env
 	timeout := time.Duration(req.Timeout * float64(time.Second))
 	if timeout == 0 {
-		s.mu.Lock()
-		timeout = time.Until(e.expires)
-		s.mu.Unlock()
-		if s.fleet() {
-			// Another replica may have moved the expiry since this one
-			// read it; the reaper ends the sandbox, and so the exec, at
-			// the stored one.
-			timeout = s.cfg.MaxTimeout
+		exp, err := s.expiry(ctx, e)
+		if err != nil {
+			return out, err
 		}
+		timeout = time.Until(exp)
 	}
 	maxOut := req.MaxOutputBytes
 	if maxOut == 0 {
@@ -91,7 +87,7 @@ func (s *Service) Exec(ctx context.Context, teamID, id string, req client.ExecRe
 	if err != nil {
 		return client.ExecResult{}, err
 	}
-	areq, err := s.execRequest(e, req)
+	areq, err := s.execRequest(ctx, e, req)
 	if err != nil {
 		return client.ExecResult{}, err
 	}
@@ -220,7 +216,7 @@ func (s *Service) StartProcess(ctx context.Context, teamID, id string, req clien
 	if req.Stdin != nil {
 		return client.Process{}, errorf(client.CodeBadRequest, "stdin is not supported for background processes")
 	}
-	areq, err := s.execRequest(e, req)
+	areq, err := s.execRequest(ctx, e, req)
 	if err != nil {
 		return client.Process{}, err
 	}
@@ -242,7 +238,12 @@ func (s *Service) StartProcess(ctx context.Context, teamID, id string, req clien
 		// until the sandbox ends: the process may still run.
 		backoff := 100 * time.Millisecond
 		for {
-			_, err := s.node.WaitProcess(context.Background(), e.row.ID, p.ID)
+			// e.life ends with the sandbox, or when a fleet replica that
+			// shuts down leaves it running on its node.
+			_, err := s.node.WaitProcess(e.life, e.row.ID, p.ID)
+			if e.life.Err() != nil {
+				return
+			}
 			if !errors.Is(err, nodeapi.ErrNodeUnreachable) {
 				return
 			}

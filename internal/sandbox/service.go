@@ -37,6 +37,7 @@ type Store interface {
 	ListByState(ctx context.Context, state string) ([]client.Sandbox, error)
 	ListRunningOn(ctx context.Context, nodeID string) ([]client.Sandbox, error)
 	ListExpired(ctx context.Context, now time.Time) ([]client.Sandbox, error)
+	MarkExpired(ctx context.Context, id string, now time.Time) (bool, error)
 	GetTeam(ctx context.Context, id string) (client.Team, error)
 
 	// The team's sandbox slots in the database (store.TakeSlot): the
@@ -192,7 +193,9 @@ type entry struct {
 	release func() // gives the team's sandbox slot back (this process's)
 	expires time.Time
 	ended   chan struct{}
-	// stopWatch ends the watch's Wait once the service ends the sandbox.
+	// life ends when the service ends or forgets the sandbox (stopWatch):
+	// the watch's Wait and background processes' waits use it.
+	life      context.Context
 	stopWatch context.CancelFunc
 	endOnce   sync.Once
 	oomSeen   atomic.Int64 // OOM kills already reported on an exec
@@ -272,9 +275,13 @@ func (s *Service) Recover(ctx context.Context) error {
 		}
 		reason := "server restarted"
 		switch {
-		case s.cfg.NodeLive != nil && row.NodeID != "" && s.cfg.NodeLive(row.NodeID):
-			continue // still running on its node
-		case s.cfg.NodeLive != nil && row.NodeID != "":
+		case s.fleet() && IsLocalNode(row.NodeID) && !s.cfg.Exclusive:
+			continue // an embedded server's, on a shared database
+		case s.fleet() && row.NodeID != "" && s.adopt(row) != nil:
+			// Still running on its node: watched from now on (its death
+			// is noticed even if no call comes).
+			continue
+		case s.fleet() && row.NodeID != "":
 			reason = (&nodeapi.NodeLostError{NodeID: row.NodeID, Why: "it is not live"}).Error()
 		}
 		if _, err := s.store.MarkEnded(ctx, row.ID, client.StateLost, reason, time.Now()); err != nil {
@@ -313,7 +320,8 @@ func (s *Service) NodeLost(ctx context.Context, nodeID, reason string) error {
 }
 
 // Close ends every running sandbox (state "deleted", reason "server
-// shutdown") and stops the reaper.
+// shutdown") and stops the reaper; in a fleet it leaves them running on
+// their nodes (forget), for the other replicas to serve.
 func (s *Service) Close(ctx context.Context) error {
 	close(s.stop)
 	s.mu.Lock()
@@ -335,6 +343,17 @@ func (s *Service) Close(ctx context.Context) error {
 	return nil
 }
 
+// localNodePrefix starts the id of an embedded server's node (LocalNodeID).
+const localNodePrefix = "local:"
+
+// LocalNodeID names the node of an embedded server: its host and its data
+// dir's instance id, stable across restarts.
+func LocalNodeID(host, instance string) string { return localNodePrefix + host + ":" + instance }
+
+// IsLocalNode reports whether id names an embedded server's node (which
+// only that server reaches).
+func IsLocalNode(id string) bool { return strings.HasPrefix(id, localNodePrefix) }
+
 // fleet reports whether the sandboxes run on a fleet's nodes, which any
 // replica reaches, rather than on a node of this process.
 func (s *Service) fleet() bool { return s.cfg.NodeLive != nil }
@@ -346,7 +365,9 @@ func (s *Service) forget(e *entry) {
 		close(e.ended)
 		e.stopWatch()
 		s.mu.Lock()
-		delete(s.live, e.row.ID)
+		if s.live[e.row.ID] == e {
+			delete(s.live, e.row.ID)
+		}
 		s.mu.Unlock()
 		e.release()
 	})
@@ -371,7 +392,7 @@ func (s *Service) adopt(row client.Sandbox) *entry {
 		return nil
 	}
 	watchCtx, stopWatch := context.WithCancel(context.Background())
-	e := &entry{row: row, release: func() {}, expires: row.ExpiresAt, ended: make(chan struct{}), stopWatch: stopWatch}
+	e := &entry{row: row, release: func() {}, expires: row.ExpiresAt, ended: make(chan struct{}), life: watchCtx, stopWatch: stopWatch}
 	s.live[row.ID] = e
 	s.wg.Add(1)
 	s.mu.Unlock()
@@ -585,15 +606,19 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 	}
 	// The running row holds the team's slot in the database now.
 	watchCtx, stopWatch := context.WithCancel(context.Background())
-	e := &entry{row: row, release: localRelease, expires: row.ExpiresAt, ended: make(chan struct{}), stopWatch: stopWatch}
+	e := &entry{row: row, release: localRelease, expires: row.ExpiresAt, ended: make(chan struct{}), life: watchCtx, stopWatch: stopWatch}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
 		s.end(ctx, e, client.StateDeleted, "server shutdown")
 		return client.Sandbox{}, errorf(client.CodeUnavailable, "the server is shutting down")
 	}
+	adopted := s.live[sb.ID] // by a bulk delete that listed the new row meanwhile
 	s.live[sb.ID] = e
 	s.mu.Unlock()
+	if adopted != nil {
+		s.forget(adopted)
+	}
 	s.wg.Add(1)
 	go s.watch(watchCtx, e)
 	if ctx.Err() != nil {
@@ -773,24 +798,33 @@ func (s *Service) endWith(ctx context.Context, e *entry, state, reason string, o
 		close(e.ended)
 		e.stopWatch()
 		ctx = context.WithoutCancel(ctx)
-		e.died = state == client.StateLost && reason == reasonDied
-		if state == client.StateLost && oomKills > 0 {
-			e.oomEnded = true
+		died := state == client.StateLost && reason == reasonDied
+		oom := state == client.StateLost && oomKills > 0
+		if oom {
 			reason = fmt.Sprintf("out of memory: the sandbox went past its memory limit (memory_mb=%d)", e.row.MemoryMB)
 		}
 		// The row first: a lookup that misses the live entry then reads
 		// the final state.
-		if _, err := s.store.MarkEnded(ctx, e.row.ID, state, reason, time.Now()); err != nil {
+		changed, err := s.store.MarkEnded(ctx, e.row.ID, state, reason, time.Now())
+		if err != nil {
 			s.log.Error("record sandbox end", "sandbox", e.row.ID, "err", err)
 		}
+		if changed || err != nil {
+			e.died, e.oomEnded = died, oom
+		}
+		// Else the row had ended already: by another replica of the fleet
+		// (a delete, its TTL), whose end is why the agent went away, or
+		// by this one's reaper (expiredInStore).
 		s.mu.Lock()
-		delete(s.live, e.row.ID)
+		if s.live[e.row.ID] == e {
+			delete(s.live, e.row.ID)
+		}
 		s.mu.Unlock()
 		if err := s.node.Destroy(ctx, e.row.ID); err != nil {
 			s.log.Error("destroy sandbox", "sandbox", e.row.ID, "err", err)
 		}
 		e.release()
-		s.log.Info("sandbox ended", "sandbox", e.row.ID, "team", e.row.TeamID, "state", state, "reason", reason)
+		s.log.Info("sandbox ended", "sandbox", e.row.ID, "team", e.row.TeamID, "state", state, "reason", reason, "recorded", changed)
 	})
 }
 
@@ -824,6 +858,21 @@ func (s *Service) reaper() {
 	}
 }
 
+// expiry returns when e expires: in a fleet the stored expiry (another
+// replica may have moved it since this one read it), else this process's.
+func (s *Service) expiry(ctx context.Context, e *entry) (time.Time, error) {
+	if s.fleet() {
+		row, err := s.store.GetSandbox(ctx, e.row.TeamID, e.row.ID)
+		if err != nil {
+			return time.Time{}, err
+		}
+		return row.ExpiresAt, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return e.expires, nil
+}
+
 // expiredInStore returns the fleet's sandboxes whose TTL passed, whichever
 // replica created them or last set their timeout: the store's rows are the
 // authority (another replica may have moved an expiry), adopted when this
@@ -847,7 +896,16 @@ func (s *Service) expiredInStore(now time.Time) []*entry {
 				continue
 			}
 		}
-		out = append(out, e)
+		// Only if the stored expiry still has passed: a timeout another
+		// replica set since the list keeps the sandbox.
+		expired, err := s.store.MarkExpired(ctx, row.ID, now)
+		if err != nil {
+			s.log.Warn("reaper: expiring a sandbox", "sandbox", row.ID, "err", err)
+			continue
+		}
+		if expired {
+			out = append(out, e)
+		}
 	}
 	return out
 }
@@ -872,8 +930,13 @@ func (s *Service) lookup(ctx context.Context, teamID, id string) (*entry, error)
 		if e := s.adopt(row); e != nil {
 			return e, nil
 		}
-		return nil, errorf(client.CodeSandboxNotRunning,
-			"sandbox %s runs on node %s, which this server does not reach (an embedded server's node: call the server that created it)", id, row.NodeID)
+		// Not ended, and not to be reported as such (a delete must not
+		// answer that it is done).
+		msg := fmt.Sprintf("sandbox %s runs on node %s, which this server does not reach: call the server that created it", id, row.NodeID)
+		if s.fleet() && !IsLocalNode(row.NodeID) {
+			msg = fmt.Sprintf("sandbox %s runs on node %s, which is not live: its sandboxes are being ended as lost", id, row.NodeID)
+		}
+		return nil, &apierr.Error{Code: client.CodeUnavailable, RetryAfter: 1, Message: msg}
 	}
 	return nil, errorf(client.CodeSandboxNotRunning, "sandbox %s is %s (%s)", id, row.State, row.EndReason)
 }

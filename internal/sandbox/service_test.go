@@ -389,16 +389,21 @@ func TestNodeLost(t *testing.T) {
 }
 
 // TestRecoverInAFleet: at start, running rows of nodes that are not live
-// are lost; those of live nodes are left alone.
+// are lost; those of live nodes are watched from then on (one that died
+// while no replica watched ends lost); an embedded server's rows on a
+// shared database are left alone.
 func TestRecoverInAFleet(t *testing.T) {
 	st := &memStore{rows: map[string]client.Sandbox{}}
-	for _, r := range []client.Sandbox{{ID: "a", NodeID: "live"}, {ID: "b", NodeID: "dead"}} {
+	local := LocalNodeID("host", "inst")
+	for _, r := range []client.Sandbox{{ID: "a", NodeID: "live"}, {ID: "b", NodeID: "dead"}, {ID: "c", NodeID: local}, {ID: "d", NodeID: "live"}} {
 		r.TeamID, r.State = "team", client.StateRunning
 		st.rows[r.ID] = r
 	}
 	st.listByState = true
+	f := newFakeNode()
+	f.ends["a"], f.ends["d"] = make(chan waitResult, 1), make(chan waitResult, 1)
 	svc := New(Config{DefaultRuntime: "fake", ReapInterval: time.Hour, NodeLive: func(id string) bool { return id == "live" }},
-		st, newFakeNode(), fakeTemplates{}, slog.New(slog.DiscardHandler))
+		st, f, fakeTemplates{}, slog.New(slog.DiscardHandler))
 	t.Cleanup(func() { svc.Close(context.Background()) })
 	if err := svc.Recover(t.Context()); err != nil {
 		t.Fatal(err)
@@ -408,6 +413,85 @@ func TestRecoverInAFleet(t *testing.T) {
 	}
 	if r := st.row("b"); r.State != client.StateLost || r.EndReason != "node dead lost (it is not live)" {
 		t.Errorf("a dead node's row: %+v", r)
+	}
+	if r := st.row("c"); r.State != client.StateRunning {
+		t.Errorf("an embedded server's row: %+v", r)
+	}
+	// d's sandbox is gone from its node (it restarted while no replica
+	// ran): the watch Recover started notices.
+	f.die("d", waitResult{err: nodeapi.ErrSandboxNotFound})
+	waitFor(t, "d lost", func() bool { return st.row("d").State == client.StateLost })
+	if r := st.row("a"); r.State != client.StateRunning {
+		t.Errorf("a live node's row after another's death: %+v", r)
+	}
+}
+
+// TestFleetCloseLeavesProcesses: a fleet replica that shuts down leaves
+// its sandboxes running with their background processes, and does not
+// wait for those to end.
+func TestFleetCloseLeavesProcesses(t *testing.T) {
+	p := &blockingProcNode{fakeNode: newFakeNode()}
+	st := &memStore{rows: map[string]client.Sandbox{}}
+	svc := New(Config{DefaultRuntime: "fake", ReapInterval: time.Hour, NodeID: "n1", NodeLive: func(string) bool { return true }},
+		st, p, fakeTemplates{}, slog.New(slog.DiscardHandler))
+	sb, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.StartProcess(t.Context(), "team", sb.ID, client.ExecRequest{Argv: []string{"sleep", "infinity"}}); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- svc.Close(context.Background()) }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close waits for a background process of a sandbox it leaves running")
+	}
+	if r := st.row(sb.ID); r.State != client.StateRunning || p.isDestroyed(sb.ID) {
+		t.Errorf("after Close: %+v, destroyed %v", r, p.isDestroyed(sb.ID))
+	}
+}
+
+// blockingProcNode's background processes run until their wait's context
+// ends.
+type blockingProcNode struct{ *fakeNode }
+
+func (p *blockingProcNode) StartProcess(ctx context.Context, id string, req nodeapi.ExecRequest) (nodeapi.ProcInfo, error) {
+	return nodeapi.ProcInfo{ID: "p-1", Pid: 7, Running: true}, nil
+}
+
+func (p *blockingProcNode) WaitProcess(ctx context.Context, id, procID string) (nodeapi.ExitInfo, error) {
+	<-ctx.Done()
+	return nodeapi.ExitInfo{}, ctx.Err()
+}
+
+// TestEndedElsewhere: a call on a sandbox another replica ended (its node
+// no longer knows it) fails as ended while the call ran, never as stopped
+// by its own code; the row keeps the other replica's end.
+func TestEndedElsewhere(t *testing.T) {
+	f := newFakeNode()
+	st := &memStore{rows: map[string]client.Sandbox{}}
+	svc := New(Config{DefaultRuntime: "fake", ReapInterval: time.Hour, NodeID: "n1", NodeLive: func(string) bool { return true }},
+		st, f, fakeTemplates{}, slog.New(slog.DiscardHandler))
+	t.Cleanup(func() { svc.Close(context.Background()) })
+	sb, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.MarkEnded(t.Context(), sb.ID, client.StateDeleted, "deleted", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	f.execErr = fmt.Errorf("grpcnode exec: %w", nodeapi.ErrSandboxNotFound)
+	_, err = svc.Exec(t.Context(), "team", sb.ID, client.ExecRequest{Argv: []string{"true"}}, nil, nil)
+	if errors.Is(err, apierr.ErrStoppedDuringCall) || apierr.Code(err) != client.CodeSandboxNotRunning || !strings.Contains(err.Error(), "was ended while the call ran") {
+		t.Errorf("a call on a sandbox ended elsewhere: %v", err)
+	}
+	if r := st.row(sb.ID); r.State != client.StateDeleted || r.EndReason != "deleted" {
+		t.Errorf("row after: %+v", r)
 	}
 }
 
@@ -488,8 +572,15 @@ func TestReplicasShareFleetSandboxes(t *testing.T) {
 	t.Cleanup(func() { emb.Close(context.Background()) })
 	emb.teamCache["team"] = cachedTeam{team: team, at: time.Now().Add(time.Hour)}
 	_, err := emb.Exec(t.Context(), "team", sb3.ID, client.ExecRequest{Argv: []string{"true"}}, nil, nil)
-	if apierr.Code(err) != client.CodeSandboxNotRunning || !strings.Contains(err.Error(), "does not reach") {
+	if apierr.Code(err) != client.CodeUnavailable || !strings.Contains(err.Error(), "does not reach") {
 		t.Errorf("exec from an embedded server: %v", err)
+	}
+	// Nor does it pretend to have deleted it.
+	if err := emb.Delete(t.Context(), "team", sb3.ID); apierr.Code(err) != client.CodeUnavailable {
+		t.Errorf("delete from an embedded server: %v", err)
+	}
+	if r := st.row(sb3.ID); r.State != client.StateRunning {
+		t.Errorf("after the embedded server's delete: %+v", r)
 	}
 	if err := b.Delete(t.Context(), "team", sb3.ID); err != nil {
 		t.Fatal(err)

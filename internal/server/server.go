@@ -192,7 +192,7 @@ func Run(ctx context.Context, cfg Config) error {
 		// The embedded node is named by the host and the data dir
 		// (stable across restarts: its rows are recovered by the server
 		// that restarts on that dir, never by another replica).
-		svcConf.NodeID = "local:" + hostname + ":" + host.Instance
+		svcConf.NodeID = sandbox.LocalNodeID(hostname, host.Instance)
 	}
 	if cfg.Limits.MaxSandboxes == 0 {
 		cfg.Limits.MaxSandboxes = 20
@@ -282,9 +282,13 @@ func Run(ctx context.Context, cfg Config) error {
 	svc := sandbox.New(svcConf, st, nodes, tmpls, log)
 	if fp != nil {
 		fp.OnNodeLost(func(id, reason string) {
-			if err := svc.NodeLost(context.Background(), id, reason); err != nil {
-				log.Error("draining a lost node", "node", id, "err", err)
-			}
+			// Off the Lease watcher's goroutine: a large node's drain
+			// (a write per sandbox) must not hold other nodes' events.
+			go func() {
+				if err := svc.NodeLost(context.Background(), id, reason); err != nil {
+					log.Error("draining a lost node", "node", id, "err", err)
+				}
+			}()
 		})
 	}
 	if err := svc.Recover(ctx); err != nil {
@@ -360,7 +364,10 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("shutting down")
 	// Stop accepting requests and let those in flight finish for a grace
 	// period; then end every sandbox, which also ends the requests still
-	// running in them (long execs, attached streams).
+	// running in them (long execs, attached streams). A fleet replica
+	// leaves its sandboxes running on their nodes instead, and cuts the
+	// requests still running (their callers may go on through another
+	// replica: a background process is reattached there).
 	shutCtx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	shutdown := make(chan error, 1)
@@ -376,6 +383,9 @@ func Run(ctx context.Context, cfg Config) error {
 	evals.Close()
 	tmpls.Close()
 	_ = svc.Close(shutCtx)
+	if fleetMode {
+		_ = srv.Close()
+	}
 	if err := <-shutdown; err != nil {
 		_ = srv.Close()
 	}

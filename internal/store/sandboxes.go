@@ -195,6 +195,24 @@ func (s *Store) MarkEnded(ctx context.Context, id, state, reason string, at time
 	return n == 1, nil
 }
 
+// MarkExpired ends a running sandbox whose expiry is at or before now as
+// expired (reason "timeout"), in one statement: of a reaper and a
+// concurrent SetExpiry that moves the expiry past now, the expiry wins if
+// it committed first. It reports whether it ended the row.
+func (s *Store) MarkExpired(ctx context.Context, id string, now time.Time) (bool, error) {
+	res, err := s.exec(ctx,
+		`UPDATE sandboxes SET state = ?, end_reason = ?, ended_at = ? WHERE id = ? AND state = ? AND expires_at <= ?`,
+		client.StateExpired, "timeout", toDB(now), id, client.StateRunning, toDB(now))
+	if err != nil {
+		return false, fmt.Errorf("store: expire %s: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("store: expire %s: %w", id, err)
+	}
+	return n == 1, nil
+}
+
 // ListByState returns the sandboxes of all teams in this state, oldest
 // first (e.g. the running ones, to recover them after a restart).
 func (s *Store) ListByState(ctx context.Context, state string) ([]client.Sandbox, error) {

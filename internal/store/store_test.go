@@ -427,7 +427,6 @@ func TestMarkEndedAndExpiry(t *testing.T) {
 		if exp, err := s.ListExpired(ctx, now); err != nil || len(exp) != 1 || exp[0].ID != p2.ID {
 			t.Fatalf("ListExpired after SetExpiry = %+v, %v", exp, err)
 		}
-
 		if n, err := s.CountByState(ctx, a.ID, client.StateRunning); err != nil || n != 2 {
 			t.Fatalf("CountByState = %d, %v", n, err)
 		}
@@ -524,6 +523,45 @@ func TestConcurrentWriters(t *testing.T) {
 		keys, err := s.ListKeys(ctx, "")
 		if err != nil || len(keys) != workers*each {
 			t.Fatalf("keys = %d, %v", len(keys), err)
+		}
+	})
+}
+
+// TestMarkExpired: the reaper's end of a sandbox holds only while its
+// stored expiry has passed: one extended since a reaper listed it, or one
+// already ended, is left as it is.
+func TestMarkExpired(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, s *Store) {
+		ctx := context.Background()
+		a := mustTeam(t, s, "a")
+		now := time.Now()
+		in := newSandbox(a.ID, nil)
+		in.ExpiresAt = now.Add(-time.Minute)
+		extended, err := s.InsertSandbox(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expired, err := s.InsertSandbox(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SetExpiry(ctx, a.ID, extended.ID, now.Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := s.MarkExpired(ctx, extended.ID, now); err != nil || ok {
+			t.Fatalf("MarkExpired of an extended sandbox = %v, %v", ok, err)
+		}
+		if ok, err := s.MarkExpired(ctx, expired.ID, now); err != nil || !ok {
+			t.Fatalf("MarkExpired = %v, %v", ok, err)
+		}
+		if got, err := s.GetSandbox(ctx, a.ID, expired.ID); err != nil || got.State != client.StateExpired || got.EndReason != "timeout" || got.EndedAt == nil {
+			t.Fatalf("after MarkExpired: %+v, %v", got, err)
+		}
+		if ok, err := s.MarkExpired(ctx, expired.ID, now); err != nil || ok {
+			t.Fatalf("MarkExpired of an ended sandbox = %v, %v", ok, err)
+		}
+		if got, err := s.GetSandbox(ctx, a.ID, extended.ID); err != nil || got.State != client.StateRunning {
+			t.Fatalf("the extended sandbox: %+v, %v", got, err)
 		}
 	})
 }

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/evalbox/evalbox/internal/kubetest"
+	"github.com/evalbox/evalbox/internal/leaks"
 	"github.com/evalbox/evalbox/internal/pgtest"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -128,7 +129,7 @@ func TestFleet(t *testing.T) {
 	if _, err := os.Stat(sharedData); err != nil {
 		t.Skipf("no HumanEval data in %s", sharedData)
 	}
-	rs, agents, ids := startFleetReplicas(t, 3, pgtest.Start(t), 2, true)
+	rs, agents, ids, kube := startFleetReplicas(t, 3, pgtest.Start(t), 2, true)
 	replica := rs[0]
 	// other returns a client of the team on the replica that c is not on.
 	other := func(key string) *client.Client { return client.New(rs[1].url, key) }
@@ -409,6 +410,44 @@ func TestFleet(t *testing.T) {
 		waitNodes(t, replica, len(ids))
 	})
 
+	// The API server is away for longer than a lease: the replicas count
+	// every node lost and end their sandboxes, and each node, once it
+	// renews again, destroys the sandboxes it was given (nothing else
+	// would: untrusted code running on, uncounted).
+	t.Run("api-server-outage", func(t *testing.T) {
+		c, _, _ := newTeam(t, replica, client.Limits{MaxSandboxes: 4, MaxConcurrentExec: 4})
+		sb, err := c.CreateSandbox(ctxT(t, time.Minute), client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeNamespaces,
+			MemoryMB: 64, Timeout: 1800})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := agents[sb.NodeID]
+		kube.StopServers(t)
+		waitFor(t, "the sandbox lost with its node", time.Minute, func() bool {
+			got, err := c.GetSandbox(ctxT(t, time.Minute), sb.ID)
+			return err == nil && got.State == client.StateLost
+		})
+		time.Sleep(4 * time.Second) // past the nodes' own lease duration (3 s)
+		kube.StartServers(t)
+		for _, r := range rs {
+			waitNodes(t, r, len(ids))
+		}
+		waitFor(t, "the node to destroy its lapsed Lease's sandbox", time.Minute, func() bool {
+			log, _ := os.ReadFile(a.logPath)
+			return bytes.Contains(log, []byte("the Lease lapsed; its sandboxes were ended"))
+		})
+		if left := leaks.WaitGone(t.Context(), a.dataDir, []string{sb.ID}, 10*time.Second); len(left) > 0 {
+			t.Errorf("sandbox %s left on %s after the lapse: %v", sb.ID, sb.NodeID, left)
+		}
+		// The fleet serves again.
+		sb2, err := c.CreateSandbox(ctxT(t, time.Minute), client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeNamespaces, MemoryMB: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, c, sb2.ID, client.ExecRequest{Argv: []string{"true"}})
+		deleteAll(t, c, []*client.Sandbox{sb2})
+	})
+
 	// Last: replica 0 dies.
 	t.Run("replica-lost", func(t *testing.T) {
 		c, _, key := newTeam(t, replica, client.Limits{MaxSandboxes: 10, MaxConcurrentExec: 10})
@@ -494,7 +533,7 @@ func TestFleet(t *testing.T) {
 // namespaces, the others namespaces), all stopped at the test's end.
 func startFleet(t *testing.T, n int) (*server, map[string]*nodeAgent, []string) {
 	t.Helper()
-	rs, agents, ids := startFleetReplicas(t, n, "", 1, false)
+	rs, agents, ids, _ := startFleetReplicas(t, n, "", 1, false)
 	return rs[0], agents, ids
 }
 
@@ -506,7 +545,7 @@ func startFleet(t *testing.T, n int) (*server, map[string]*nodeAgent, []string) 
 // mutual TLS from the replicas to the nodes (which are checked by the one
 // name of their certificate, whatever address they are dialled at), and
 // from the nodes to the replicas' --node-listen.
-func startFleetReplicas(t *testing.T, n int, dsn string, k int, useTLS bool) ([]*server, map[string]*nodeAgent, []string) {
+func startFleetReplicas(t *testing.T, n int, dsn string, k int, useTLS bool) ([]*server, map[string]*nodeAgent, []string, *kubetest.Env) {
 	t.Helper()
 	if k > 1 && dsn == "" {
 		t.Fatal("several replicas need a shared database")
@@ -612,7 +651,7 @@ func startFleetReplicas(t *testing.T, n int, dsn string, k int, useTLS bool) ([]
 	for _, r := range replicas {
 		waitNodes(t, r, n)
 	}
-	return replicas, agents, ids
+	return replicas, agents, ids, env
 }
 
 // waitNodes waits until the replica's fleet has n nodes (each budgets

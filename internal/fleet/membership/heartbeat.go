@@ -43,6 +43,11 @@ type HeartbeatConfig struct {
 	// change its capacity with every sandbox it starts, and each write is
 	// an etcd write. Zero means 1 s.
 	MinWriteInterval time.Duration
+	// OnLapse, when set, is called on Run's goroutine when no renewal
+	// succeeded for a whole lease duration, before the new incarnation's
+	// first write: the control plane has counted the node expired by then
+	// and ended what it ran there, which the node should end too.
+	OnLapse func()
 	// Logger logs renewal failures and recoveries. Nil means
 	// slog.Default().
 	Logger *slog.Logger
@@ -163,6 +168,9 @@ func (h *Heartbeat) Run(ctx context.Context) error {
 			s.newIncarnation()
 			h.log.Warn("membership: no renewal for a whole lease duration; taking the Lease as a new incarnation", "since", lastWrite)
 			lastWrite = time.Time{}
+			if h.cfg.OnLapse != nil {
+				h.cfg.OnLapse()
+			}
 		}
 		err := s.write(ctx)
 		switch {

@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -243,7 +244,8 @@ func TestMembershipSurvivesOutage(t *testing.T) {
 	cs := clientset(t, env.Config)
 	leases := namespace(t, cs, "outage")
 	evs := startWatcher(t, leases)
-	hb := startHeartbeat(t, leases, HeartbeatConfig{NodeID: "node-o", LeaseDuration: testLease}, testCapacity(0))
+	var lapses atomic.Int32
+	hb := startHeartbeat(t, leases, HeartbeatConfig{NodeID: "node-o", LeaseDuration: testLease, OnLapse: func() { lapses.Add(1) }}, testCapacity(0))
 	evs.next(t, func(e Event) bool { return e.Type == NodeAdded })
 
 	env.StopServers(t)
@@ -257,6 +259,9 @@ func TestMembershipSurvivesOutage(t *testing.T) {
 	e := evs.next(t, func(e Event) bool { return e.Type != NodeUpdated })
 	if e.Type != NodeAdded || e.Node.ID != "node-o" {
 		t.Fatalf("event %+v after the outage, want node-o added again", e)
+	}
+	if n := lapses.Load(); n != 1 {
+		t.Errorf("OnLapse called %d times over one lapse, want 1", n)
 	}
 	select {
 	case <-hb.exited:

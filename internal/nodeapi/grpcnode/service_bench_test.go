@@ -133,6 +133,7 @@ func (m *memStore) ListRunningOnNode(context.Context, string) ([]client.Sandbox,
 func (m *memStore) ListExpired(context.Context, time.Time) ([]client.Sandbox, error) {
 	return nil, nil
 }
+func (m *memStore) MarkExpired(context.Context, string, time.Time) (bool, error) { return false, nil }
 func (m *memStore) ListRunningOn(context.Context, string) ([]client.Sandbox, error) {
 	return nil, nil
 }
