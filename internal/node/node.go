@@ -73,6 +73,10 @@ type Node struct {
 	// driver left may still hold host pids and memory, so the capacity
 	// goes back once Sweep finds nothing left of them.
 	held map[string]func()
+	// sweepSoon (1-buffered) asks SweepEvery for an early sweep: a
+	// destroy failed (on a loaded host, a cgroup that would not go in
+	// time), and what it left holds capacity until a sweep removes it.
+	sweepSoon chan struct{}
 
 	wg     sync.WaitGroup
 	closed chan struct{}
@@ -177,6 +181,8 @@ func New(cfg Config) (*Node, error) {
 		pools:    map[PoolKey]*pool{},
 		held:     map[string]func(){},
 		closed:   make(chan struct{}),
+
+		sweepSoon: make(chan struct{}, 1),
 	}
 	n.closing, n.stop = context.WithCancel(context.Background())
 	for _, r := range cfg.Runtimes {
@@ -230,32 +236,65 @@ func (n *Node) Sweep(ctx context.Context) ([]string, error) {
 			n.log.Info("capacity of a failed destroy given back: nothing of it is left", "sandbox", id)
 		}
 	}
+	if len(errs) > 0 {
+		// Something could not be removed this time: SweepEvery tries
+		// again soon rather than an interval later.
+		select {
+		case n.sweepSoon <- struct{}{}:
+		default:
+		}
+	}
 	return removed, errors.Join(errs...)
 }
 
 // SweepEvery runs Sweep every interval until the node closes: whatever a
-// failed destroy left on the host is removed then.
+// failed destroy left on the host is removed then. A failed destroy, or a
+// sweep that could not remove everything, asks for an early sweep too,
+// firstAfterFailure later, then at doubling delays while the node still
+// holds capacity for what is left or the sweep still fails (a loaded host
+// frees a busy cgroup in seconds, not in an interval).
 func (n *Node) SweepEvery(interval time.Duration) {
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
 		t := time.NewTicker(interval)
 		defer t.Stop()
+		var early <-chan time.Time
+		delay := firstAfterFailure
 		for {
 			select {
 			case <-n.closed:
 				return
-			case <-t.C:
-				ctx, cancel := context.WithTimeout(context.Background(), interval)
-				removed, err := n.Sweep(ctx)
-				cancel()
-				if len(removed) > 0 || err != nil {
-					n.log.Warn("swept sandbox leftovers", "ids", removed, "err", err)
+			case <-n.sweepSoon:
+				if early == nil {
+					early = time.After(delay)
 				}
+				continue
+			case <-early:
+			case <-t.C:
+			}
+			early = nil
+			ctx, cancel := context.WithTimeout(context.Background(), interval)
+			removed, err := n.Sweep(ctx)
+			cancel()
+			if len(removed) > 0 || err != nil {
+				n.log.Warn("swept sandbox leftovers", "ids", removed, "err", err)
+			}
+			n.mu.Lock()
+			holding := len(n.held) > 0 || err != nil
+			n.mu.Unlock()
+			if holding && 2*delay < interval {
+				delay *= 2
+				early = time.After(delay)
+			} else if !holding {
+				delay = firstAfterFailure
 			}
 		}
 	}()
 }
+
+// firstAfterFailure is how long after a failed destroy SweepEvery sweeps.
+const firstAfterFailure = 2 * time.Second
 
 // NewID returns a fresh sandbox id.
 func NewID() string {
@@ -484,6 +523,12 @@ func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 			sb.release = nil
 		}
 		n.mu.Unlock()
+		if rtErr != nil {
+			select {
+			case n.sweepSoon <- struct{}{}:
+			default:
+			}
+		}
 		if sb.release != nil {
 			sb.release()
 		}

@@ -373,3 +373,23 @@ func TestNodeDestroyGiven(t *testing.T) {
 		t.Errorf("the pool after DestroyGiven: %+v", p)
 	}
 }
+
+// TestNodeFailedDestroySweptSoon: a failed destroy does not wait for the
+// next periodic sweep: an early one finds what it left once it is gone
+// (here: cleaned a moment later) and gives its capacity back.
+func TestNodeFailedDestroySweptSoon(t *testing.T) {
+	n, rt := newTestNode(t, 250)
+	n.SweepEvery(time.Hour)
+	ctx := t.Context()
+	sb, err := n.Create(ctx, testKey, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.failKill.Store(true)
+	if err := n.Destroy(ctx, sb.ID); err == nil {
+		t.Fatal("destroy did not fail")
+	}
+	rt.failKill.Store(false)
+	time.AfterFunc(500*time.Millisecond, func() { rt.clean(sb.ID) })
+	waitFor(t, func() bool { return n.Capacity().Status().Reserved.Pids == 0 })
+}
