@@ -151,6 +151,10 @@ var migrations = []string{
 	CREATE INDEX sandboxes_team_state ON sandboxes(team_id, state);
 	ALTER TABLE eval_runs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
 	ALTER TABLE eval_runs ADD COLUMN lease_until INTEGER NOT NULL DEFAULT 0;`,
+	// 9: the running sandboxes of a team, which admission counts under
+	// the team's lock at every create: a partial index, whose size is
+	// the running rows', however long the team's history of ended ones.
+	`CREATE INDEX sandboxes_running ON sandboxes(team_id) WHERE state = 'running';`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

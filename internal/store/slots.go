@@ -67,8 +67,10 @@ func (s *Store) TakeSlot(ctx context.Context, teamID, replica string, ttl time.D
 			return err
 		}
 		var running, starting int
-		if err := tx.queryRow(ctx, `SELECT COUNT(*) FROM sandboxes WHERE team_id = ? AND state = ?`,
-			teamID, client.StateRunning).Scan(&running); err != nil {
+		// The state is a literal, so that the partial index of running
+		// rows (migration 9) serves every plan, a generic one too.
+		if err := tx.queryRow(ctx, `SELECT COUNT(*) FROM sandboxes WHERE team_id = ? AND state = '`+client.StateRunning+`'`,
+			teamID).Scan(&running); err != nil {
 			return err
 		}
 		if err := tx.queryRow(ctx, `SELECT COUNT(*) FROM sandbox_slots WHERE team_id = ?`, teamID).Scan(&starting); err != nil {
