@@ -260,6 +260,8 @@ func (s *server) handle(st *yamux.Stream) {
 		resp = s.opMkdir(&req)
 	case agentproto.OpRemove:
 		resp = s.opRemove(&req)
+	case agentproto.OpConnect:
+		resp = s.opConnect(st, &req)
 	default:
 		resp = &agentproto.Response{Error: errorf(agentproto.CodeBadRequest, "unknown op %q", req.Op)}
 	}

@@ -42,6 +42,14 @@
 //	           if the file cannot be opened), then KindData*, then KindEnd
 //	           (or a second KindResponse with Error if reading fails midway).
 //	           Closing the stream before KindEnd stops the transfer.
+//	OpConnect  agent→host: KindResponse{} once it connected to Request.Port
+//	           on the sandbox's loopback (Error CodeConnRefused when nothing
+//	           listens there), then both ways KindData* and, when that side
+//	           has no more to send, KindEnd (a half-close: the other way goes
+//	           on). The agent ends with KindResponse{Error} if the
+//	           connection fails midway, and closes the stream once both
+//	           sides ended. Closing the stream before that aborts the
+//	           connection (the agent closes it).
 //	OpStat, OpListDir, OpMkdir, OpRemove, OpPing: KindResponse only.
 //
 // A frame payload is at most MaxFrame bytes.
@@ -92,6 +100,7 @@ const (
 	OpListDir   = "list_dir"
 	OpMkdir     = "mkdir"
 	OpRemove    = "remove"
+	OpConnect   = "connect"
 )
 
 // Process statuses, as reported in ExitInfo.Status.
@@ -113,7 +122,9 @@ const (
 	CodeNotDir     = "not_directory"
 	CodeNoSpace    = "no_space"  // ENOSPC / EDQUOT while writing
 	CodeTooLarge   = "too_large" // upload longer than Request.MaxBytes
-	CodeInternal   = "internal"
+	// CodeConnRefused: OpConnect found nothing listening on the port.
+	CodeConnRefused = "connection_refused"
+	CodeInternal    = "internal"
 )
 
 // Request is the first frame of every stream.
@@ -144,6 +155,8 @@ type Request struct {
 	// OpWriteFile, OpMkdir: owner of the created file and parents ("" =
 	// the sandbox default user).
 	User string `json:"user,omitempty"`
+	// OpConnect: the TCP port on the sandbox's loopback (1 to 65535).
+	Port int `json:"port,omitempty"`
 }
 
 // ExecRequest describes a process to run.
