@@ -494,6 +494,36 @@ func (l *lostReader) Close() error {
 	return err
 }
 
+// ConnectPort connects to a port of a sandbox on its node. The connection
+// outlives this call: it is cut when the node is lost.
+func (r *Router) ConnectPort(ctx context.Context, id string, port int) (nodeapi.PortConn, error) {
+	m, c, err := r.route(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(m.ctx, func() { cancel(context.Cause(m.ctx)) })
+	conn, err := c.ConnectPort(cctx, id, port)
+	if err != nil {
+		stop()
+		cancel(nil)
+		if lost := context.Cause(m.ctx); lost != nil {
+			return nil, lost
+		}
+		return nil, err
+	}
+	return &lostPortConn{PortConn: conn, r: lostReader{rc: conn, m: m, release: func() { stop(); cancel(nil) }}}, nil
+}
+
+// lostPortConn is a port connection whose reads say when its node was lost.
+type lostPortConn struct {
+	nodeapi.PortConn
+	r lostReader
+}
+
+func (l *lostPortConn) Read(p []byte) (int, error) { return l.r.Read(p) }
+func (l *lostPortConn) Close() error               { return l.r.Close() }
+
 func (r *Router) Stat(ctx context.Context, id, path string) (nodeapi.FileInfo, error) {
 	return on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (nodeapi.FileInfo, error) { return c.Stat(ctx, id, path) })
 }

@@ -150,6 +150,42 @@ func (l *Local) Exec(ctx context.Context, id string, req nodeapi.ExecRequest, st
 	return exitInfo(x, sb.OOMKills()), nil
 }
 
+// ConnectPort connects to a port on the sandbox's loopback through its
+// agent.
+func (l *Local) ConnectPort(ctx context.Context, id string, port int) (nodeapi.PortConn, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nil, err
+	}
+	c, err := sb.Agent.Connect(ctx, port)
+	if err != nil {
+		return nil, callErr(sb, err)
+	}
+	return &localPortConn{c: c, sb: sb}, nil
+}
+
+// localPortConn maps the agent connection's errors to the contract's.
+type localPortConn struct {
+	c  *agentproto.Conn
+	sb *Sandbox
+}
+
+func (p *localPortConn) Read(b []byte) (int, error) {
+	n, err := p.c.Read(b)
+	if err != nil && err != io.EOF {
+		err = callErr(p.sb, err)
+	}
+	return n, err
+}
+
+func (p *localPortConn) Write(b []byte) (int, error) {
+	n, err := p.c.Write(b)
+	return n, callErr(p.sb, err)
+}
+
+func (p *localPortConn) CloseWrite() error { return callErr(p.sb, p.c.CloseWrite()) }
+func (p *localPortConn) Close() error      { return p.c.Close() }
+
 // StartProcess starts a background process.
 func (l *Local) StartProcess(ctx context.Context, id string, req nodeapi.ExecRequest) (nodeapi.ProcInfo, error) {
 	sb, err := l.sandbox(id)

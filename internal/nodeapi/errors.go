@@ -82,6 +82,8 @@ const (
 	CodeNoSpace    = "no_space"
 	CodeTooLarge   = "too_large"
 	CodeInternal   = "internal"
+	// CodeConnRefused: ConnectPort found nothing listening on the port.
+	CodeConnRefused = "connection_refused"
 )
 
 // AgentError is a call the sandbox's guest agent refused or failed: a

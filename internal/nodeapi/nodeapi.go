@@ -94,6 +94,22 @@ type Node interface {
 	// Remove removes a file or an empty directory, or a tree with
 	// recursive. Removing "/" is refused.
 	Remove(ctx context.Context, id, path string, recursive bool) error
+
+	// ConnectPort connects to a TCP port on the sandbox's loopback, from
+	// inside the sandbox (its agent dials it), whatever its network: how
+	// the control plane reaches a server in it. Nothing listening there
+	// is an *AgentError with CodeConnRefused. ctx governs the connection
+	// until it is closed, which must be done.
+	ConnectPort(ctx context.Context, id string, port int) (PortConn, error)
+}
+
+// PortConn is a connection to a port of a sandbox (Node.ConnectPort): its
+// reads are what the server in the sandbox sends, its writes go to it.
+// CloseWrite half-closes it (the server reads EOF; its answer still
+// comes); Close aborts what is left.
+type PortConn interface {
+	io.ReadWriteCloser
+	CloseWrite() error
 }
 
 // Templates by digest: a node that lacks a create's template fetches it

@@ -44,7 +44,7 @@ func TestProtoMirrorsTheContract(t *testing.T) {
 	// The streams: data in, data out, or both.
 	shapes := map[string][2]bool{ // client streams, server streams
 		"Wait": {false, true}, "Exec": {true, true}, "AttachProcess": {false, true},
-		"WriteFile": {true, false}, "OpenFile": {false, true},
+		"WriteFile": {true, false}, "OpenFile": {false, true}, "ConnectPort": {true, true},
 	}
 	for name, m := range rpcs {
 		want := shapes[name]

@@ -24,6 +24,8 @@ var agentCodes = map[string]codes.Code{
 	nodeapi.CodeNoSpace:    codes.ResourceExhausted,
 	nodeapi.CodeTooLarge:   codes.ResourceExhausted,
 	nodeapi.CodeInternal:   codes.Internal,
+	// Nothing listens on the port: the sandbox's state, not the call's.
+	nodeapi.CodeConnRefused: codes.FailedPrecondition,
 }
 
 // apiCodes are the gRPC codes of apierr codes (another is Unknown).

@@ -325,6 +325,45 @@ func suite(t *testing.T, n nodeapi.Node, runtimes []string) {
 		}
 	})
 
+	t.Run("connect port", func(t *testing.T) {
+		// An echo server in the sandbox (perl-base is in every Debian
+		// root), on its loopback: answers what it read once its input
+		// ended.
+		srv := `perl -MIO::Socket::INET -e '$s=IO::Socket::INET->new(LocalAddr=>"127.0.0.1",LocalPort=>8700,Listen=>5,ReuseAddr=>1) or die "listen: $!"; while($c=$s->accept){ local $/; $d=<$c>; print $c $d; close $c }'`
+		if _, err := n.StartProcess(t.Context(), id, nodeapi.ExecRequest{Shell: srv, TimeoutMs: 120000}); err != nil {
+			t.Fatal(err)
+		}
+		var conn nodeapi.PortConn
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var err error
+			conn, err = n.ConnectPort(t.Context(), id, 8700)
+			if err == nil {
+				break
+			}
+			if agentCode(err) != nodeapi.CodeConnRefused || time.Now().After(deadline) {
+				t.Fatalf("connect: %v", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		defer conn.Close()
+		want := bytes.Repeat([]byte("0123456789abcdef"), 3<<16) // 3 MiB: several messages
+		go func() {
+			conn.Write(want)
+			conn.CloseWrite()
+		}()
+		got, err := io.ReadAll(conn)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("echo through the port: %d bytes, %v; want %d", len(got), err, len(want))
+		}
+		if _, err := n.ConnectPort(t.Context(), id, 8701); agentCode(err) != nodeapi.CodeConnRefused {
+			t.Errorf("a port with nothing on it: %v", err)
+		}
+		if _, err := n.ConnectPort(t.Context(), "sb-nope", 8700); !errors.Is(err, nodeapi.ErrSandboxNotFound) {
+			t.Errorf("an unknown sandbox: %v", err)
+		}
+	})
+
 	t.Run("exec stdin", func(t *testing.T) {
 		var out, errb bytes.Buffer
 		in := strings.Repeat("line of input\n", 10000)

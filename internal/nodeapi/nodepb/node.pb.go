@@ -2939,6 +2939,254 @@ func (x *CapacityError) GetWaitedNanos() int64 {
 	return 0
 }
 
+type PortOpen struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Port          int32                  `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PortOpen) Reset() {
+	*x = PortOpen{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PortOpen) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PortOpen) ProtoMessage() {}
+
+func (x *PortOpen) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PortOpen.ProtoReflect.Descriptor instead.
+func (*PortOpen) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *PortOpen) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *PortOpen) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+type PortClientMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Message:
+	//
+	//	*PortClientMessage_Open
+	//	*PortClientMessage_Data
+	//	*PortClientMessage_CloseWrite
+	Message       isPortClientMessage_Message `protobuf_oneof:"message"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PortClientMessage) Reset() {
+	*x = PortClientMessage{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PortClientMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PortClientMessage) ProtoMessage() {}
+
+func (x *PortClientMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PortClientMessage.ProtoReflect.Descriptor instead.
+func (*PortClientMessage) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *PortClientMessage) GetMessage() isPortClientMessage_Message {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+func (x *PortClientMessage) GetOpen() *PortOpen {
+	if x != nil {
+		if x, ok := x.Message.(*PortClientMessage_Open); ok {
+			return x.Open
+		}
+	}
+	return nil
+}
+
+func (x *PortClientMessage) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Message.(*PortClientMessage_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *PortClientMessage) GetCloseWrite() bool {
+	if x != nil {
+		if x, ok := x.Message.(*PortClientMessage_CloseWrite); ok {
+			return x.CloseWrite
+		}
+	}
+	return false
+}
+
+type isPortClientMessage_Message interface {
+	isPortClientMessage_Message()
+}
+
+type PortClientMessage_Open struct {
+	Open *PortOpen `protobuf:"bytes,1,opt,name=open,proto3,oneof"`
+}
+
+type PortClientMessage_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+type PortClientMessage_CloseWrite struct {
+	CloseWrite bool `protobuf:"varint,3,opt,name=close_write,json=closeWrite,proto3,oneof"`
+}
+
+func (*PortClientMessage_Open) isPortClientMessage_Message() {}
+
+func (*PortClientMessage_Data) isPortClientMessage_Message() {}
+
+func (*PortClientMessage_CloseWrite) isPortClientMessage_Message() {}
+
+type PortServerMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Message:
+	//
+	//	*PortServerMessage_Opened
+	//	*PortServerMessage_Data
+	//	*PortServerMessage_CloseWrite
+	Message       isPortServerMessage_Message `protobuf_oneof:"message"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PortServerMessage) Reset() {
+	*x = PortServerMessage{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PortServerMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PortServerMessage) ProtoMessage() {}
+
+func (x *PortServerMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PortServerMessage.ProtoReflect.Descriptor instead.
+func (*PortServerMessage) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *PortServerMessage) GetMessage() isPortServerMessage_Message {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+func (x *PortServerMessage) GetOpened() bool {
+	if x != nil {
+		if x, ok := x.Message.(*PortServerMessage_Opened); ok {
+			return x.Opened
+		}
+	}
+	return false
+}
+
+func (x *PortServerMessage) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Message.(*PortServerMessage_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *PortServerMessage) GetCloseWrite() bool {
+	if x != nil {
+		if x, ok := x.Message.(*PortServerMessage_CloseWrite); ok {
+			return x.CloseWrite
+		}
+	}
+	return false
+}
+
+type isPortServerMessage_Message interface {
+	isPortServerMessage_Message()
+}
+
+type PortServerMessage_Opened struct {
+	Opened bool `protobuf:"varint,1,opt,name=opened,proto3,oneof"`
+}
+
+type PortServerMessage_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+type PortServerMessage_CloseWrite struct {
+	CloseWrite bool `protobuf:"varint,3,opt,name=close_write,json=closeWrite,proto3,oneof"`
+}
+
+func (*PortServerMessage_Opened) isPortServerMessage_Message() {}
+
+func (*PortServerMessage_Data) isPortServerMessage_Message() {}
+
+func (*PortServerMessage_CloseWrite) isPortServerMessage_Message() {}
+
 var File_evalbox_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_evalbox_node_v1_node_proto_rawDesc = "" +
@@ -3163,7 +3411,23 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x06budget\x18\x04 \x01(\x03R\x06budget\x12\x14\n" +
 	"\x05never\x18\x05 \x01(\bR\x05never\x12\x14\n" +
 	"\x05ahead\x18\x06 \x01(\x03R\x05ahead\x12!\n" +
-	"\fwaited_nanos\x18\a \x01(\x03R\vwaitedNanos2\xc6\f\n" +
+	"\fwaited_nanos\x18\a \x01(\x03R\vwaitedNanos\"=\n" +
+	"\bPortOpen\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\x05R\x04port\"\x88\x01\n" +
+	"\x11PortClientMessage\x12/\n" +
+	"\x04open\x18\x01 \x01(\v2\x19.evalbox.node.v1.PortOpenH\x00R\x04open\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
+	"\vclose_write\x18\x03 \x01(\bH\x00R\n" +
+	"closeWriteB\t\n" +
+	"\amessage\"q\n" +
+	"\x11PortServerMessage\x12\x18\n" +
+	"\x06opened\x18\x01 \x01(\bH\x00R\x06opened\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
+	"\vclose_write\x18\x03 \x01(\bH\x00R\n" +
+	"closeWriteB\t\n" +
+	"\amessage2\xa1\r\n" +
 	"\x04Node\x12O\n" +
 	"\bRuntimes\x12 .evalbox.node.v1.RuntimesRequest\x1a!.evalbox.node.v1.RuntimesResponse\x12M\n" +
 	"\bCapacity\x12 .evalbox.node.v1.CapacityRequest\x1a\x1f.evalbox.node.v1.CapacityStatus\x12g\n" +
@@ -3184,7 +3448,8 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x04Stat\x12\x1c.evalbox.node.v1.StatRequest\x1a\x19.evalbox.node.v1.FileInfo\x12L\n" +
 	"\aListDir\x12\x1f.evalbox.node.v1.ListDirRequest\x1a .evalbox.node.v1.ListDirResponse\x12A\n" +
 	"\x05Mkdir\x12\x1d.evalbox.node.v1.MkdirRequest\x1a\x19.evalbox.node.v1.FileInfo\x12I\n" +
-	"\x06Remove\x12\x1e.evalbox.node.v1.RemoveRequest\x1a\x1f.evalbox.node.v1.RemoveResponseB;Z9github.com/evalbox/evalbox/internal/nodeapi/nodepb;nodepbb\x06proto3"
+	"\x06Remove\x12\x1e.evalbox.node.v1.RemoveRequest\x1a\x1f.evalbox.node.v1.RemoveResponse\x12Y\n" +
+	"\vConnectPort\x12\".evalbox.node.v1.PortClientMessage\x1a\".evalbox.node.v1.PortServerMessage(\x010\x01B;Z9github.com/evalbox/evalbox/internal/nodeapi/nodepb;nodepbb\x06proto3"
 
 var (
 	file_evalbox_node_v1_node_proto_rawDescOnce sync.Once
@@ -3199,7 +3464,7 @@ func file_evalbox_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_evalbox_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(ErrorDetail_Kind)(0),            // 0: evalbox.node.v1.ErrorDetail.Kind
 	(*RuntimesRequest)(nil),          // 1: evalbox.node.v1.RuntimesRequest
@@ -3248,8 +3513,11 @@ var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(*RemoveResponse)(nil),           // 44: evalbox.node.v1.RemoveResponse
 	(*ErrorDetail)(nil),              // 45: evalbox.node.v1.ErrorDetail
 	(*CapacityError)(nil),            // 46: evalbox.node.v1.CapacityError
-	nil,                              // 47: evalbox.node.v1.CreateRequest.EnvEntry
-	nil,                              // 48: evalbox.node.v1.ExecRequest.EnvEntry
+	(*PortOpen)(nil),                 // 47: evalbox.node.v1.PortOpen
+	(*PortClientMessage)(nil),        // 48: evalbox.node.v1.PortClientMessage
+	(*PortServerMessage)(nil),        // 49: evalbox.node.v1.PortServerMessage
+	nil,                              // 50: evalbox.node.v1.CreateRequest.EnvEntry
+	nil,                              // 51: evalbox.node.v1.ExecRequest.EnvEntry
 }
 var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	4,  // 0: evalbox.node.v1.CapacityStatus.budget:type_name -> evalbox.node.v1.Resources
@@ -3259,8 +3527,8 @@ var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	9,  // 4: evalbox.node.v1.PoolStatus.spec:type_name -> evalbox.node.v1.Spec
 	13, // 5: evalbox.node.v1.PoolsResponse.pools:type_name -> evalbox.node.v1.PoolStatus
 	9,  // 6: evalbox.node.v1.CreateRequest.spec:type_name -> evalbox.node.v1.Spec
-	47, // 7: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
-	48, // 8: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
+	50, // 7: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
+	51, // 8: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
 	21, // 9: evalbox.node.v1.ExecStart.request:type_name -> evalbox.node.v1.ExecRequest
 	22, // 10: evalbox.node.v1.ExecClientMessage.start:type_name -> evalbox.node.v1.ExecStart
 	25, // 11: evalbox.node.v1.OutputMessage.exit:type_name -> evalbox.node.v1.ExitInfo
@@ -3272,51 +3540,54 @@ var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	34, // 17: evalbox.node.v1.ListDirResponse.files:type_name -> evalbox.node.v1.FileInfo
 	0,  // 18: evalbox.node.v1.ErrorDetail.kind:type_name -> evalbox.node.v1.ErrorDetail.Kind
 	46, // 19: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
-	1,  // 20: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
-	3,  // 21: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
-	6,  // 22: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
-	10, // 23: evalbox.node.v1.Node.SetPool:input_type -> evalbox.node.v1.SetPoolRequest
-	12, // 24: evalbox.node.v1.Node.Pools:input_type -> evalbox.node.v1.PoolsRequest
-	15, // 25: evalbox.node.v1.Node.Create:input_type -> evalbox.node.v1.CreateRequest
-	17, // 26: evalbox.node.v1.Node.Destroy:input_type -> evalbox.node.v1.DestroyRequest
-	19, // 27: evalbox.node.v1.Node.Wait:input_type -> evalbox.node.v1.WaitRequest
-	23, // 28: evalbox.node.v1.Node.Exec:input_type -> evalbox.node.v1.ExecClientMessage
-	27, // 29: evalbox.node.v1.Node.StartProcess:input_type -> evalbox.node.v1.StartProcessRequest
-	28, // 30: evalbox.node.v1.Node.ListProcesses:input_type -> evalbox.node.v1.ListProcessesRequest
-	30, // 31: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
-	31, // 32: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
-	32, // 33: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
-	36, // 34: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
-	37, // 35: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
-	39, // 36: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
-	40, // 37: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
-	42, // 38: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
-	43, // 39: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
-	2,  // 40: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
-	5,  // 41: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
-	7,  // 42: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
-	11, // 43: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
-	14, // 44: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
-	16, // 45: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
-	18, // 46: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
-	20, // 47: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
-	24, // 48: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
-	26, // 49: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
-	29, // 50: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
-	24, // 51: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
-	25, // 52: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
-	33, // 53: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
-	34, // 54: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
-	38, // 55: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
-	34, // 56: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
-	41, // 57: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
-	34, // 58: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
-	44, // 59: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
-	40, // [40:60] is the sub-list for method output_type
-	20, // [20:40] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	47, // 20: evalbox.node.v1.PortClientMessage.open:type_name -> evalbox.node.v1.PortOpen
+	1,  // 21: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
+	3,  // 22: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
+	6,  // 23: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
+	10, // 24: evalbox.node.v1.Node.SetPool:input_type -> evalbox.node.v1.SetPoolRequest
+	12, // 25: evalbox.node.v1.Node.Pools:input_type -> evalbox.node.v1.PoolsRequest
+	15, // 26: evalbox.node.v1.Node.Create:input_type -> evalbox.node.v1.CreateRequest
+	17, // 27: evalbox.node.v1.Node.Destroy:input_type -> evalbox.node.v1.DestroyRequest
+	19, // 28: evalbox.node.v1.Node.Wait:input_type -> evalbox.node.v1.WaitRequest
+	23, // 29: evalbox.node.v1.Node.Exec:input_type -> evalbox.node.v1.ExecClientMessage
+	27, // 30: evalbox.node.v1.Node.StartProcess:input_type -> evalbox.node.v1.StartProcessRequest
+	28, // 31: evalbox.node.v1.Node.ListProcesses:input_type -> evalbox.node.v1.ListProcessesRequest
+	30, // 32: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
+	31, // 33: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
+	32, // 34: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
+	36, // 35: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
+	37, // 36: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
+	39, // 37: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
+	40, // 38: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
+	42, // 39: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
+	43, // 40: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
+	48, // 41: evalbox.node.v1.Node.ConnectPort:input_type -> evalbox.node.v1.PortClientMessage
+	2,  // 42: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
+	5,  // 43: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
+	7,  // 44: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
+	11, // 45: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
+	14, // 46: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
+	16, // 47: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
+	18, // 48: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
+	20, // 49: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
+	24, // 50: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
+	26, // 51: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
+	29, // 52: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
+	24, // 53: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
+	25, // 54: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
+	33, // 55: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
+	34, // 56: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
+	38, // 57: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
+	34, // 58: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
+	41, // 59: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
+	34, // 60: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
+	44, // 61: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
+	49, // 62: evalbox.node.v1.Node.ConnectPort:output_type -> evalbox.node.v1.PortServerMessage
+	42, // [42:63] is the sub-list for method output_type
+	21, // [21:42] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_evalbox_node_v1_node_proto_init() }
@@ -3341,13 +3612,23 @@ func file_evalbox_node_v1_node_proto_init() {
 		(*OpenFileMessage_Info)(nil),
 		(*OpenFileMessage_Data)(nil),
 	}
+	file_evalbox_node_v1_node_proto_msgTypes[47].OneofWrappers = []any{
+		(*PortClientMessage_Open)(nil),
+		(*PortClientMessage_Data)(nil),
+		(*PortClientMessage_CloseWrite)(nil),
+	}
+	file_evalbox_node_v1_node_proto_msgTypes[48].OneofWrappers = []any{
+		(*PortServerMessage_Opened)(nil),
+		(*PortServerMessage_Data)(nil),
+		(*PortServerMessage_CloseWrite)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_evalbox_node_v1_node_proto_rawDesc), len(file_evalbox_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   48,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

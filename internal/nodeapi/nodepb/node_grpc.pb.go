@@ -47,6 +47,7 @@ const (
 	Node_ListDir_FullMethodName          = "/evalbox.node.v1.Node/ListDir"
 	Node_Mkdir_FullMethodName            = "/evalbox.node.v1.Node/Mkdir"
 	Node_Remove_FullMethodName           = "/evalbox.node.v1.Node/Remove"
+	Node_ConnectPort_FullMethodName      = "/evalbox.node.v1.Node/ConnectPort"
 )
 
 // NodeClient is the client API for Node service.
@@ -88,6 +89,13 @@ type NodeClient interface {
 	ListDir(ctx context.Context, in *ListDirRequest, opts ...grpc.CallOption) (*ListDirResponse, error)
 	Mkdir(ctx context.Context, in *MkdirRequest, opts ...grpc.CallOption) (*FileInfo, error)
 	Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error)
+	// ConnectPort: the first client message is open; the server answers
+	// opened once the agent connected to the port (or the call fails: an
+	// agent error connection_refused when nothing listens). Then data both
+	// ways, at most 1 MiB a message; close_write is that side's half-close
+	// (the end of the client's sending is one too). Cancelling the call
+	// aborts the connection.
+	ConnectPort(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortClientMessage, PortServerMessage], error)
 }
 
 type nodeClient struct {
@@ -331,6 +339,19 @@ func (c *nodeClient) Remove(ctx context.Context, in *RemoveRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *nodeClient) ConnectPort(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortClientMessage, PortServerMessage], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Node_ServiceDesc.Streams[5], Node_ConnectPort_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PortClientMessage, PortServerMessage]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Node_ConnectPortClient = grpc.BidiStreamingClient[PortClientMessage, PortServerMessage]
+
 // NodeServer is the server API for Node service.
 // All implementations must embed UnimplementedNodeServer
 // for forward compatibility.
@@ -370,6 +391,13 @@ type NodeServer interface {
 	ListDir(context.Context, *ListDirRequest) (*ListDirResponse, error)
 	Mkdir(context.Context, *MkdirRequest) (*FileInfo, error)
 	Remove(context.Context, *RemoveRequest) (*RemoveResponse, error)
+	// ConnectPort: the first client message is open; the server answers
+	// opened once the agent connected to the port (or the call fails: an
+	// agent error connection_refused when nothing listens). Then data both
+	// ways, at most 1 MiB a message; close_write is that side's half-close
+	// (the end of the client's sending is one too). Cancelling the call
+	// aborts the connection.
+	ConnectPort(grpc.BidiStreamingServer[PortClientMessage, PortServerMessage]) error
 	mustEmbedUnimplementedNodeServer()
 }
 
@@ -439,6 +467,9 @@ func (UnimplementedNodeServer) Mkdir(context.Context, *MkdirRequest) (*FileInfo,
 }
 func (UnimplementedNodeServer) Remove(context.Context, *RemoveRequest) (*RemoveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Remove not implemented")
+}
+func (UnimplementedNodeServer) ConnectPort(grpc.BidiStreamingServer[PortClientMessage, PortServerMessage]) error {
+	return status.Error(codes.Unimplemented, "method ConnectPort not implemented")
 }
 func (UnimplementedNodeServer) mustEmbedUnimplementedNodeServer() {}
 func (UnimplementedNodeServer) testEmbeddedByValue()              {}
@@ -778,6 +809,13 @@ func _Node_Remove_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Node_ConnectPort_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(NodeServer).ConnectPort(&grpc.GenericServerStream[PortClientMessage, PortServerMessage]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Node_ConnectPortServer = grpc.BidiStreamingServer[PortClientMessage, PortServerMessage]
+
 // Node_ServiceDesc is the grpc.ServiceDesc for Node service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -872,6 +910,12 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "OpenFile",
 			Handler:       _Node_OpenFile_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ConnectPort",
+			Handler:       _Node_ConnectPort_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "evalbox/node/v1/node.proto",
