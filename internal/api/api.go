@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httputil"
 	"strconv"
 	"strings"
 	"time"
@@ -67,6 +68,7 @@ type Server struct {
 	// runtimesNow and noBuilds: Config.RuntimesNow, NoTemplateBuilds.
 	runtimesNow func() []string
 	noBuilds    string
+	ports       *httputil.ReverseProxy // port URLs (ports.go)
 	svc         *sandbox.Service
 	store       Store
 	auth        Authenticator
@@ -118,6 +120,7 @@ func New(cfg Config) *Server {
 		s.log = slog.Default()
 	}
 	s.trials = trial.New(cfg.Service, s.log)
+	s.ports = s.newPortProxy()
 	s.routes()
 	return s
 }
@@ -147,6 +150,8 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", a(s.statFile))
 	s.mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", a(s.listFiles))
 	s.mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", a(s.mkdir))
+	s.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}", a(s.portRoot))
+	s.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{path...}", a(s.portProxy))
 	s.mux.HandleFunc("POST /v1/execute", a(s.execute))
 	s.mux.HandleFunc("POST /v1/evals", a(s.createEval))
 	s.mux.HandleFunc("GET /v1/evals", a(s.listEvals))
@@ -266,6 +271,7 @@ var statusOf = map[string]int{
 	client.CodeStorageQuotaExceeded: http.StatusRequestEntityTooLarge,
 	client.CodeInsufficientCapacity: http.StatusServiceUnavailable,
 	client.CodeNotImplemented:       http.StatusNotImplemented,
+	client.CodePortClosed:           http.StatusBadGateway,
 }
 
 // errorDetail maps err to its status, body and Retry-After seconds. Unknown

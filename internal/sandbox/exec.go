@@ -344,3 +344,26 @@ var signals = map[string]syscall.Signal{
 	"USR1": syscall.SIGUSR1, "USR2": syscall.SIGUSR2, "TERM": syscall.SIGTERM, "STOP": syscall.SIGSTOP,
 	"CONT": syscall.SIGCONT, "ALRM": syscall.SIGALRM, "PIPE": syscall.SIGPIPE,
 }
+
+// ConnectPort connects to a port on the loopback of a sandbox of the team
+// (from inside it, through its node and agent): the backend of its port
+// URLs. Nothing listening there is port_closed; an ended sandbox is
+// sandbox_not_running; another team's is not_found.
+func (s *Service) ConnectPort(ctx context.Context, teamID, id string, port int) (nodeapi.PortConn, error) {
+	if port < 1 || port > 65535 {
+		return nil, errorf(client.CodeBadRequest, "port %d: want 1 to 65535", port)
+	}
+	e, err := s.lookup(ctx, teamID, id)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := s.node.ConnectPort(ctx, id, port)
+	if err != nil {
+		if ae := (*nodeapi.AgentError)(nil); errors.As(err, &ae) && ae.Code == nodeapi.CodeConnRefused {
+			return nil, &apierr.Error{Code: client.CodePortClosed, Err: err,
+				Message: fmt.Sprintf("nothing listens on port %d in sandbox %s", port, id)}
+		}
+		return nil, s.callErr(e, err)
+	}
+	return conn, nil
+}

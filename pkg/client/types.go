@@ -62,6 +62,9 @@ const (
 	// configuration (template builds and imports on a fleet, `serve
 	// --nodes kubernetes`).
 	CodeNotImplemented = "not_implemented"
+	// CodePortClosed (502): nothing listens on the sandbox port a port URL
+	// names (yet: a server that is starting answers once it listens).
+	CodePortClosed = "port_closed"
 )
 
 // ErrorBody is every error response: {"error":{"code","message"}}.

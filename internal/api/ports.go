@@ -1,0 +1,155 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/nodeapi"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// Port URLs (docs/design/network.md): /v1/sandboxes/{id}/ports/{port}/…
+// reaches a server that listens on that port of the sandbox's loopback,
+// through a connection its agent opens from inside (Node.ConnectPort): plain
+// HTTP, streamed bodies and Server-Sent Events unbuffered, and WebSocket
+// upgrades. The caller's API key never reaches the sandbox.
+
+// portHostSuffix names the synthetic host of a port's connections in the
+// proxy's transport ("<id>-<port>.evalbox-port"): its connection pool is
+// per sandbox port.
+const portHostSuffix = ".evalbox-port"
+
+// portTeamKey carries the team of a port request to the transport's dial.
+type portTeamKey struct{}
+
+// newPortProxy returns the reverse proxy of port URLs, whose transport
+// dials sandbox ports through svc.
+func (s *Server) newPortProxy() *httputil.ReverseProxy {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			host, _, _ := net.SplitHostPort(addr)
+			id, port, ok := parsePortHost(host)
+			team, _ := ctx.Value(portTeamKey{}).(string)
+			if !ok || team == "" {
+				return nil, fmt.Errorf("api: port proxy: bad address %q", addr)
+			}
+			// The connection may be pooled for later requests: the
+			// request's end must not cut it (the transport closes it).
+			conn, err := s.svc.ConnectPort(context.WithoutCancel(ctx), team, id, port)
+			if err != nil {
+				return nil, err
+			}
+			return &portNetConn{PortConn: conn, addr: portAddr(host)}, nil
+		},
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true, // the sandbox's bytes, as it sent them
+	}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			id, port := pr.In.PathValue("id"), pr.In.PathValue("port")
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = id + "-" + port + portHostSuffix
+			pr.Out.URL.Path = "/" + pr.In.PathValue("path")
+			pr.Out.URL.RawPath = ""
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+			pr.Out.Header.Set("X-Forwarded-Prefix", "/v1/sandboxes/"+id+"/ports/"+port)
+			// The caller's credentials are evalbox's, not the sandbox's.
+			pr.Out.Header.Del("Authorization")
+		},
+		Transport:     tr,
+		FlushInterval: -1, // streams and events as they come
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			writePortError(w, r, err)
+		},
+	}
+}
+
+// portProxy serves a port URL of a sandbox of the team.
+func (s *Server) portProxy(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 || strconv.Itoa(port) != r.PathValue("port") {
+		writeError(w, errorf(client.CodeBadRequest, "port %q: want a number from 1 to 65535", r.PathValue("port")))
+		return
+	}
+	if _, err := s.svc.Get(r.Context(), p.TeamID, r.PathValue("id")); err != nil {
+		writePortError(w, r, err)
+		return
+	}
+	ctx := context.WithValue(r.Context(), portTeamKey{}, p.TeamID)
+	s.ports.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// portRoot sends /v1/sandboxes/{id}/ports/{port} to its directory, so that
+// the relative links of the sandbox's pages resolve under it.
+func (s *Server) portRoot(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	u := *r.URL
+	u.Path += "/"
+	http.Redirect(w, r, u.String(), http.StatusPermanentRedirect)
+}
+
+// writePortError answers a port request that did not reach the sandbox's
+// server: an ended sandbox is 410 Gone (its URLs are gone for good).
+func writePortError(w http.ResponseWriter, r *http.Request, err error) {
+	var ae *apierr.Error
+	if errors.As(err, &ae) {
+		if ae.Code == client.CodeSandboxNotRunning {
+			writeJSON(w, http.StatusGone, client.ErrorBody{Error: client.ErrorDetail{Code: ae.Code, Message: ae.Message}})
+			return
+		}
+		writeError(w, err)
+		return
+	}
+	if errors.Is(err, context.Canceled) {
+		writeError(w, err)
+		return
+	}
+	// The connection to the sandbox's server broke before its answer.
+	writeJSON(w, http.StatusBadGateway, client.ErrorBody{Error: client.ErrorDetail{Code: client.CodePortClosed,
+		Message: fmt.Sprintf("the server on port %s closed the connection before answering", r.PathValue("port"))}})
+}
+
+// parsePortHost splits "<id>-<port>.evalbox-port".
+func parsePortHost(host string) (id string, port int, ok bool) {
+	name, found := strings.CutSuffix(host, portHostSuffix)
+	if !found {
+		return "", 0, false
+	}
+	i := strings.LastIndexByte(name, '-')
+	if i <= 0 {
+		return "", 0, false
+	}
+	port, err := strconv.Atoi(name[i+1:])
+	if err != nil {
+		return "", 0, false
+	}
+	return name[:i], port, true
+}
+
+// portNetConn is a sandbox port's connection as the transport wants it.
+// Deadlines are not kept: the request's context governs the connection.
+type portNetConn struct {
+	nodeapi.PortConn
+	addr portAddr
+}
+
+func (c *portNetConn) LocalAddr() net.Addr              { return c.addr }
+func (c *portNetConn) RemoteAddr() net.Addr             { return c.addr }
+func (c *portNetConn) SetDeadline(time.Time) error      { return nil }
+func (c *portNetConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *portNetConn) SetWriteDeadline(time.Time) error { return nil }
+
+type portAddr string
+
+func (a portAddr) Network() string { return "evalbox-port" }
+func (a portAddr) String() string  { return string(a) }

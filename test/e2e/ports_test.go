@@ -1,0 +1,183 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// portServer is the server the port tests run in a sandbox: files from
+// /tmp/www, /headers (the request's headers as JSON), and /events (Server-
+// Sent Events: one, then another once /tmp/go exists, so that a client
+// that got the first before the second proves nothing was buffered).
+const portServer = `
+import http.server, json, os, time
+class H(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *a, **k):
+        super().__init__(*a, directory="/tmp/www", **k)
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        if self.path == "/headers":
+            body = json.dumps(dict(self.headers)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif self.path == "/events":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b"data: one\n\n"); self.wfile.flush()
+            while not os.path.exists("/tmp/go"):
+                time.sleep(0.05)
+            self.wfile.write(b"data: two\n\n"); self.wfile.flush()
+        else:
+            super().do_GET()
+http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
+`
+
+// TestPortURL: a server in a sandbox, reached through its port URL (path
+// form) on both runtimes, with network none: files, a 64 MiB download
+// whole, events unbuffered, the API key kept from the sandbox; refused
+// without a key, 404 for another team, 502 port_closed on a port with
+// nothing on it, 400 for a bad port, and 410 once the sandbox ended.
+func TestPortURL(t *testing.T) {
+	t.Parallel()
+	c, _, key := newTeam(t, srv, client.Limits{MaxSandboxes: 4, MaxConcurrentExec: 8})
+	_, _, otherKey := newTeam(t, srv, client.Limits{MaxSandboxes: 1, MaxConcurrentExec: 1})
+	for _, rt := range runtimes {
+		t.Run(rt, func(t *testing.T) {
+			sb := mustCreate(t, c, client.CreateSandboxRequest{Template: "python", Runtime: rt, Timeout: 600})
+			mustExec(t, c, sb.ID, client.ExecRequest{Cmd: "mkdir -p /tmp/www && echo hello > /tmp/www/index.html && head -c 64M /dev/urandom > /tmp/www/big"})
+			if _, err := c.WriteFile(ctxT(t, time.Minute), sb.ID, "/tmp/server.py", strings.NewReader(portServer), int64(len(portServer)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.StartProcess(ctxT(t, time.Minute), sb.ID, client.ExecRequest{Argv: []string{"python3", "/tmp/server.py"}}); err != nil {
+				t.Fatal(err)
+			}
+			base := fmt.Sprintf("%s/v1/sandboxes/%s/ports/8000", srv.url, sb.ID)
+			get := func(url, key string) *http.Response {
+				t.Helper()
+				req, err := http.NewRequestWithContext(ctxT(t, 2*time.Minute), "GET", url, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if key != "" {
+					req.Header.Set("Authorization", "Bearer "+key)
+				}
+				resp, err := http.DefaultTransport.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp
+			}
+			// Until the server listens: 502 port_closed.
+			deadline := time.Now().Add(time.Minute)
+			for {
+				resp := get(base+"/index.html", key)
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					if string(body) != "hello\n" {
+						t.Fatalf("index.html: %q", body)
+					}
+					break
+				}
+				if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), client.CodePortClosed) || time.Now().After(deadline) {
+					t.Fatalf("before the server listens: %d %s", resp.StatusCode, body)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+
+			// A large download, whole.
+			want := strings.Fields(mustExec(t, c, sb.ID, client.ExecRequest{Cmd: "sha256sum /tmp/www/big"}).Stdout)[0]
+			resp := get(base+"/big", key)
+			h := sha256.New()
+			n, err := io.Copy(h, resp.Body)
+			resp.Body.Close()
+			if err != nil || n != 64<<20 || hex.EncodeToString(h.Sum(nil)) != want {
+				t.Errorf("big: %d bytes, %v, sha256 %x; want %s", n, err, h.Sum(nil), want)
+			}
+
+			// The sandbox never sees the API key.
+			resp = get(base+"/headers", key)
+			var headers map[string]string
+			err = json.NewDecoder(resp.Body).Decode(&headers)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range headers {
+				if strings.EqualFold(k, "Authorization") || strings.Contains(v, key) {
+					t.Errorf("the sandbox got the caller's key in %s: %q", k, v)
+				}
+			}
+			if headers["X-Forwarded-Prefix"] != "/v1/sandboxes/"+sb.ID+"/ports/8000" {
+				t.Errorf("X-Forwarded-Prefix %q", headers["X-Forwarded-Prefix"])
+			}
+
+			// Events as they come: the second waits for /tmp/go.
+			resp = get(base+"/events", key)
+			r := bufio.NewReader(resp.Body)
+			if line, err := r.ReadString('\n'); err != nil || line != "data: one\n" {
+				t.Fatalf("first event: %q %v", line, err)
+			}
+			mustExec(t, c, sb.ID, client.ExecRequest{Cmd: "touch /tmp/go"})
+			r.ReadString('\n')
+			if line, err := r.ReadString('\n'); err != nil || line != "data: two\n" {
+				t.Errorf("second event: %q %v", line, err)
+			}
+			resp.Body.Close()
+
+			// Refusals.
+			for _, c := range []struct {
+				url, key string
+				status   int
+				code     string
+			}{
+				{base + "/index.html", "", http.StatusUnauthorized, client.CodeUnauthorized},
+				{base + "/index.html", otherKey, http.StatusNotFound, client.CodeNotFound},
+				{fmt.Sprintf("%s/v1/sandboxes/%s/ports/8001/", srv.url, sb.ID), key, http.StatusBadGateway, client.CodePortClosed},
+				{fmt.Sprintf("%s/v1/sandboxes/%s/ports/0/", srv.url, sb.ID), key, http.StatusBadRequest, client.CodeBadRequest},
+				{fmt.Sprintf("%s/v1/sandboxes/%s/ports/http/", srv.url, sb.ID), key, http.StatusBadRequest, client.CodeBadRequest},
+				{fmt.Sprintf("%s/v1/sandboxes/sb-nope/ports/8000/", srv.url), key, http.StatusNotFound, client.CodeNotFound},
+			} {
+				resp := get(c.url, c.key)
+				var eb client.ErrorBody
+				json.NewDecoder(resp.Body).Decode(&eb)
+				resp.Body.Close()
+				if resp.StatusCode != c.status || eb.Error.Code != c.code {
+					t.Errorf("GET %s (key %v): %d %+v, want %d %s", c.url, c.key != "", resp.StatusCode, eb.Error, c.status, c.code)
+				}
+			}
+			// The port's root is its directory.
+			resp = get(base, key)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusPermanentRedirect || resp.Header.Get("Location") != "/v1/sandboxes/"+sb.ID+"/ports/8000/" {
+				t.Errorf("the port's root: %d, Location %q", resp.StatusCode, resp.Header.Get("Location"))
+			}
+
+			// Gone with the sandbox.
+			if err := c.DeleteSandbox(context.Background(), sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			resp = get(base+"/index.html", key)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusGone && resp.StatusCode != http.StatusNotFound {
+				t.Errorf("after the delete: %d, want 410 or 404", resp.StatusCode)
+			}
+		})
+	}
+}
