@@ -84,7 +84,11 @@ func TestHostile(t *testing.T) {
 			})
 			t.Run("spawning_loop_and_daemons", func(t *testing.T) {
 				sb := mustCreate(t, c, client.CreateSandboxRequest{Runtime: rt})
-				r := mustExec(t, c, sb.ID, client.ExecRequest{Timeout: 2, Cmd: `for i in 1 2 3; do (setsid sh -c 'while :; do sleep 1; done' &) ; done; nohup sh -c 'while :; do :; done' >/dev/null 2>&1 & while :; do sleep 0.1 & done`})
+				// The loop forks at most ~100 a second (a loop at full speed
+				// fills the sandbox's pids on a loaded host before the
+				// timeout, and then dies of "Cannot fork" on its own): at
+				// most ~200 processes by the timeout, well under --pids.
+				r := mustExec(t, c, sb.ID, client.ExecRequest{Timeout: 2, Cmd: `for i in 1 2 3; do (setsid sh -c 'while :; do sleep 1; done' &) ; done; nohup sh -c 'while :; do :; done' >/dev/null 2>&1 & while :; do sleep 0.1 & sleep 0.01; done`})
 				if r.Status != client.StatusTimedOut {
 					t.Fatalf("spawning loop: %+v", r)
 				}
