@@ -302,6 +302,14 @@ func writeError(w http.ResponseWriter, err error) {
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 	}
+	writeErrorBody(w, status, detail)
+}
+
+// writeErrorBody answers an error of evalbox's own, with its code also in
+// the client.HeaderError header (which tells it from a sandbox's answer
+// through a port URL).
+func writeErrorBody(w http.ResponseWriter, status int, detail client.ErrorDetail) {
+	w.Header().Set(client.HeaderError, detail.Code)
 	writeJSON(w, status, client.ErrorBody{Error: detail})
 }
 

@@ -69,6 +69,12 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 		},
 		Transport:     tr,
 		FlushInterval: -1, // streams and events as they come
+		// Only evalbox marks its own errors: a sandbox cannot pass its
+		// answers off as evalbox's.
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Del(client.HeaderError)
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			writePortError(w, r, err)
 		},
@@ -104,7 +110,7 @@ func writePortError(w http.ResponseWriter, r *http.Request, err error) {
 	var ae *apierr.Error
 	if errors.As(err, &ae) {
 		if ae.Code == client.CodeSandboxNotRunning {
-			writeJSON(w, http.StatusGone, client.ErrorBody{Error: client.ErrorDetail{Code: ae.Code, Message: ae.Message}})
+			writeErrorBody(w, http.StatusGone, client.ErrorDetail{Code: ae.Code, Message: ae.Message})
 			return
 		}
 		writeError(w, err)
@@ -115,8 +121,8 @@ func writePortError(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	// The connection to the sandbox's server broke before its answer.
-	writeJSON(w, http.StatusBadGateway, client.ErrorBody{Error: client.ErrorDetail{Code: client.CodePortClosed,
-		Message: fmt.Sprintf("the server on port %s closed the connection before answering", r.PathValue("port"))}})
+	writeErrorBody(w, http.StatusBadGateway, client.ErrorDetail{Code: client.CodePortClosed,
+		Message: fmt.Sprintf("the server on port %s closed the connection before answering", r.PathValue("port"))})
 }
 
 // parsePortHost splits "<id>-<port>.evalbox-port".

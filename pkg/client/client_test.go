@@ -196,6 +196,13 @@ func TestClientCoversSpec(t *testing.T) {
 			}
 			return err
 		},
+		func() error {
+			resp, err := c.Port(ctx, http.MethodGet, "sb-1", 8000, "index.html", nil)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		},
 		func() error { _, err := c.ListPools(ctx); return err },
 		func() error { _, err := c.Capacity(ctx); return err },
 		func() error {

@@ -67,6 +67,12 @@ const (
 	CodePortClosed = "port_closed"
 )
 
+// HeaderError is set, to the error's code, on every error answer of
+// evalbox's own: through a port URL it tells evalbox's refusals (the
+// sandbox ended, nothing listens, no key) from the sandbox server's answers,
+// from which evalbox removes it.
+const HeaderError = "Evalbox-Error"
+
 // ErrorBody is every error response: {"error":{"code","message"}}.
 type ErrorBody struct {
 	Error ErrorDetail `json:"error"`

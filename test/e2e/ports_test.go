@@ -35,6 +35,13 @@ class H(http.server.SimpleHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+        elif self.path == "/forged":
+            body = b'{"error":{"code":"not_found","message":"forged by the sandbox"}}'
+            self.send_response(404)
+            self.send_header("Evalbox-Error", "not_found")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif self.path == "/events":
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -126,6 +133,23 @@ func TestPortURL(t *testing.T) {
 			}
 			if headers["X-Forwarded-Prefix"] != "/v1/sandboxes/"+sb.ID+"/ports/8000" {
 				t.Errorf("X-Forwarded-Prefix %q", headers["X-Forwarded-Prefix"])
+			}
+
+			// The Go client: the sandbox's answers, whatever their status,
+			// are responses; evalbox's refusals are errors, and a sandbox
+			// cannot pass one of its answers off as evalbox's.
+			if resp, err := c.Port(ctxT(t, time.Minute), http.MethodGet, sb.ID, 8000, "/index.html", nil); err != nil || resp.StatusCode != http.StatusOK {
+				t.Errorf("Port: %v, %v", resp, err)
+			} else {
+				resp.Body.Close()
+			}
+			if resp, err := c.Port(ctxT(t, time.Minute), http.MethodGet, sb.ID, 8000, "forged", nil); err != nil || resp.StatusCode != http.StatusNotFound || resp.Header.Get(client.HeaderError) != "" {
+				t.Errorf("a sandbox's 404 with a forged %s header: %+v, %v", client.HeaderError, resp, err)
+			} else {
+				resp.Body.Close()
+			}
+			if _, err := c.Port(ctxT(t, time.Minute), http.MethodGet, sb.ID, 8001, "/", nil); client.ErrorCode(err) != client.CodePortClosed {
+				t.Errorf("Port on a closed port: %v", err)
 			}
 
 			// Events as they come: the second waits for /tmp/go.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -78,6 +79,24 @@ func TestSchemathesis(t *testing.T) {
 	if _, err := c.WaitProcess(ctx, sb.ID, ended.ID, time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	// A server on port 8000 of sb, behind the port URL operation: a
+	// request of any method and path gets 200 "ok" (perl-base is in every
+	// Debian root).
+	portSrv := `perl -MIO::Socket::INET -e '$SIG{PIPE}="IGNORE"; $s=IO::Socket::INET->new(LocalAddr=>"127.0.0.1",LocalPort=>8000,Listen=>64,ReuseAddr=>1) or die "listen: $!"; while($c=$s->accept){ while(defined($l=<$c>)){ last if $l=~/^\r?\n$/ } print $c "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"; close $c }'`
+	if _, err := c.StartProcess(ctx, sb.ID, client.ExecRequest{Cmd: portSrv, Tag: "port-8000"}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; {
+		resp, err := c.Port(ctx, http.MethodGet, sb.ID, 8000, "/", nil)
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if client.ErrorCode(err) != client.CodePortClosed || time.Now().After(deadline) {
+			t.Fatalf("the port server: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	completion := "    return a + b\n"
 	run, err := c.CreateEval(ctx, client.CreateEvalRequest{
 		Problems: []client.EvalProblem{{TaskID: "t/0", Prompt: "def add(a, b):\n", EntryPoint: "add",
@@ -112,6 +131,9 @@ func TestSchemathesis(t *testing.T) {
 		`[[operations]]`,
 		`include-name = "POST /v1/sandboxes/{id}/processes/{pid}/wait"`,
 		`parameters = { id = ` + q(sb.ID) + `, pid = ` + q(running.ID) + `, timeout = 0.5 }`,
+		`[[operations]]`,
+		`include-name = "GET /v1/sandboxes/{id}/ports/{port}/{path}"`,
+		`parameters = { id = ` + q(sb.ID) + `, port = 8000 }`,
 		`[[operations]]`,
 		`include-name = "GET /v1/sandboxes/{id}/processes/{pid}/stream"`,
 		`parameters = { id = ` + q(sb.ID) + `, pid = ` + q(ended.ID) + ` }`,

@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 
+import httpx
 import pytest
 
 import evalbox
@@ -196,3 +197,30 @@ def test_connection_error() -> None:
         Sandbox.list(api_url="http://127.0.0.1:1", api_key="x")
     assert ei.value.code == "connection"
     assert ei.value.unsent
+
+
+def test_get_url(team: Team) -> None:
+    """A server in the sandbox, reached through its port URL with the team's key."""
+    with Sandbox.create(template="python", runtime=NS, timeout=120) as sb:
+        url = sb.get_url(8000)
+        assert url.endswith(f"/v1/sandboxes/{sb.id}/ports/8000/")
+        headers = {"Authorization": f"Bearer {team.key}"}
+        # Nothing listens yet: evalbox's own 502, marked as its own.
+        r = httpx.get(url, headers=headers, timeout=30)
+        assert r.status_code == 502
+        assert r.headers["Evalbox-Error"] == "port_closed"
+        with pytest.raises(evalbox.PortClosedError):
+            raise evalbox.errors.error_from_detail(r.json()["error"], status=r.status_code)
+        sb.commands.run("mkdir -p /tmp/www && echo hi > /tmp/www/index.html")
+        sb.commands.run("cd /tmp/www && python3 -m http.server 8000 --bind 127.0.0.1", background=True)
+        deadline = time.monotonic() + 30
+        while True:
+            r = httpx.get(url + "index.html", headers=headers, timeout=30)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert (r.status_code, r.text) == (200, "hi\n")
+        assert "Evalbox-Error" not in r.headers
+        assert httpx.get(url + "index.html", timeout=30).status_code == 401
+    with pytest.raises(ValueError, match="port 0"):
+        sb.get_url(0)

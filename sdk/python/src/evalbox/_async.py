@@ -580,6 +580,16 @@ class AsyncSandbox:
         """The sandbox as the server sees it now."""
         return await self._client._run(core.get_sandbox(self._client._cfg, self.id))
 
+    def get_url(self, port: int) -> str:
+        """The URL of ``port`` in the sandbox (ends with ``/``): the server listening there.
+
+        Send requests to it (or below it) with the team's API key in
+        ``Authorization: Bearer …``; evalbox does not pass the key on. Every
+        method, streamed bodies, Server-Sent Events and WebSockets go through.
+        Nothing listening there answers 502 ``port_closed``.
+        """
+        return core.port_url(self._client._cfg, self.id, port)
+
     async def set_timeout(self, seconds: int) -> SandboxInfo:
         """Make the sandbox expire ``seconds`` from now."""
         return await self._client._run(core.set_timeout(self._client._cfg, self.id, seconds))

@@ -306,6 +306,17 @@ def sandbox_path(sandbox_id: str, suffix: str = "") -> str:
     return f"/sandboxes/{_seg(sandbox_id, 'sandbox id')}{suffix}"
 
 
+def port_url(cfg: Config, sandbox_id: str, port: int) -> str:
+    """The URL of a port of a sandbox (the path form), ending with ``/``.
+
+    Requests to it, or below it, with the team's API key in
+    ``Authorization`` reach the server listening on that port in the sandbox.
+    """
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port {port!r}: want an int from 1 to 65535")
+    return f"{cfg.api_url}/v1{sandbox_path(sandbox_id)}/ports/{port}/"
+
+
 def process_path(sandbox_id: str, process_id: str, suffix: str = "") -> str:
     """``/sandboxes/{id}/processes/{pid}{suffix}``."""
     return sandbox_path(sandbox_id, f"/processes/{_seg(process_id, 'process id')}{suffix}")

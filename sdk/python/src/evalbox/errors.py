@@ -168,6 +168,11 @@ class InsufficientCapacityError(ServiceUnavailableError):
     """
 
 
+class PortClosedError(ServerError):
+    """502 ``port_closed``: nothing listens on the sandbox port a port URL names (yet), or its server
+    closed the connection before answering."""
+
+
 class APIConnectionError(EvalboxError):
     """The server could not be reached, or the connection broke mid-answer.
 
@@ -200,6 +205,7 @@ _BY_CODE: dict[str, type[EvalboxError]] = {
     "internal": ServerError,
     "unavailable": ServiceUnavailableError,
     "insufficient_capacity": InsufficientCapacityError,
+    "port_closed": PortClosedError,
 }
 
 

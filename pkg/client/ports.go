@@ -1,0 +1,51 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// PortURL is the URL of a port of a sandbox (the path form): a request to
+// it, or below it, that carries the team's API key (as Port sends it)
+// reaches the server listening on that port in the sandbox. It ends with
+// "/".
+func (c *Client) PortURL(id string, port int) string {
+	return c.base + "/v1/sandboxes/" + seg(id) + "/ports/" + strconv.Itoa(port) + "/"
+}
+
+// Port sends an HTTP request to the server listening on port in sandbox
+// id, through its port URL, with the API key (which evalbox does not pass
+// on). path is below the port's root ("/index.html?x=1"). Whatever the
+// sandbox's server answers is the response, any status; an answer of
+// evalbox's own (the sandbox ended, nothing listens there: port_closed, no
+// such sandbox) is an *APIError. The caller closes the response's body.
+func (c *Client) Port(ctx context.Context, method, id string, port int, path string, body io.Reader) (*http.Response, error) {
+	if err := checkIDs(id); err != nil {
+		return nil, err
+	}
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("evalbox: port %d: want 1 to 65535", port)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.PortURL(id, port)+strings.TrimPrefix(path, "/"), body)
+	if err != nil {
+		return nil, fmt.Errorf("evalbox: %w", err)
+	}
+	if c.auth != "" {
+		req.Header.Set("Authorization", c.auth)
+	}
+	if c.userAgent != "" {
+		req.Header.Set("User-Agent", c.userAgent)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("evalbox: %w", err)
+	}
+	if resp.Header.Get(HeaderError) != "" {
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
