@@ -8,6 +8,8 @@ import uuid
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
 
 import evalbox
 from evalbox import Client, Sandbox
@@ -224,3 +226,91 @@ def test_get_url(team: Team) -> None:
         assert httpx.get(url + "index.html", timeout=30).status_code == 401
     with pytest.raises(ValueError, match="port 0"):
         sb.get_url(0)
+
+
+# A WebSocket echo server on the standard library only (the python
+# template has no websockets package): text, binary and ping frames back.
+WS_ECHO = r"""
+import base64, hashlib, socket, struct, threading
+def exact(c, n):
+    b = b""
+    while len(b) < n:
+        d = c.recv(n - len(b))
+        if not d:
+            raise EOFError
+        b += d
+    return b
+def handle(c):
+    req = b""
+    while b"\r\n\r\n" not in req:
+        d = c.recv(4096)
+        if not d:
+            return
+        req += d
+    key = [l.split(b":", 1)[1].strip() for l in req.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key:")][0]
+    acc = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              + b"Sec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+    while True:
+        h = exact(c, 2)
+        op, n = h[0] & 15, h[1] & 127
+        if n == 126:
+            n = struct.unpack(">H", exact(c, 2))[0]
+        elif n == 127:
+            n = struct.unpack(">Q", exact(c, 8))[0]
+        mask = exact(c, 4) if h[1] & 128 else bytes(4)
+        data = bytes(b ^ mask[i % 4] for i, b in enumerate(exact(c, n)))
+        if op == 8:
+            c.sendall(b"\x88\x00")
+            return
+        if op == 9:
+            op = 10
+        hdr = bytes([128 | op])
+        if len(data) < 126:
+            hdr += bytes([len(data)])
+        elif len(data) < 65536:
+            hdr += bytes([126]) + struct.pack(">H", len(data))
+        else:
+            hdr += bytes([127]) + struct.pack(">Q", len(data))
+        c.sendall(hdr + data)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8765))
+s.listen(16)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=handle, args=(c,), daemon=True).start()
+"""
+
+
+@pytest.mark.parametrize("runtime", [NS, "gvisor"])
+def test_websocket_through_port_url(team: Team, runtime: str) -> None:
+    """A real WebSocket client (the websockets package) through a port URL, both ways; the
+    sandbox's deletion ends the open WebSocket at once instead of leaving it hanging."""
+    sb = Sandbox.create(template="python", runtime=runtime, timeout=120)
+    try:
+        sb.files.write("/tmp/ws.py", WS_ECHO)
+        sb.commands.run("python3 /tmp/ws.py", background=True)
+        url = "ws" + sb.get_url(8765).removeprefix("http")
+        headers = {"Authorization": f"Bearer {team.key}"}
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                ws = ws_connect(url, additional_headers=headers, open_timeout=10)
+                break
+            except Exception:  # the server is starting: 502 port_closed
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        with ws:
+            ws.send("hello")
+            assert ws.recv(timeout=30) == "hello"
+            blob = bytes(range(256)) * 256  # 64 KiB, several frames of the agent's stream
+            ws.send(blob)
+            assert ws.recv(timeout=30) == blob
+            ws.ping().wait(timeout=30)
+            sb.kill()
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=30)
+    finally:
+        sb.kill()
