@@ -41,9 +41,14 @@ func (s *server) opConnect(st *yamux.Stream, req *agentproto.Request) *agentprot
 	var (
 		wg      sync.WaitGroup
 		writeMu sync.Mutex // the stream's writes: data, the end, an error
+		// Which sides ended (sent KindEnd): once both did, the reader,
+		// which after the host's end only watches for an abort, is let go.
+		endMu                sync.Mutex
+		hostEnded, portEnded bool
 	)
 	// Host → port. The host's end is a half-close; a stream that ends
-	// without it (closed, the session gone) aborts the connection.
+	// without it (closed, the session gone), before or after it, aborts
+	// the connection.
 	wg.Go(func() {
 		buf := make([]byte, agentproto.ChunkSize)
 		for {
@@ -52,23 +57,26 @@ func (s *server) opConnect(st *yamux.Stream, req *agentproto.Request) *agentprot
 				conn.Close()
 				return
 			}
-			switch kind {
-			case agentproto.KindData:
-				if n > len(buf) {
-					conn.Close()
-					return
-				}
+			switch {
+			case kind == agentproto.KindData && !hostEnded && n <= len(buf):
 				if _, err := io.ReadFull(st, buf[:n]); err != nil {
 					conn.Close()
 					return
 				}
 				if _, err := conn.Write(buf[:n]); err != nil {
-					// The connection failed; its reader reports it.
+					// The connection failed; its reader reports it, and
+					// ends this one.
+					st.SetReadDeadline(time.Now())
+				}
+			case kind == agentproto.KindEnd && !hostEnded:
+				_ = conn.CloseWrite()
+				endMu.Lock()
+				hostEnded = true
+				done := portEnded
+				endMu.Unlock()
+				if done {
 					return
 				}
-			case agentproto.KindEnd:
-				_ = conn.CloseWrite()
-				return
 			default:
 				conn.Close()
 				return
@@ -88,6 +96,7 @@ func (s *server) opConnect(st *yamux.Stream, req *agentproto.Request) *agentprot
 			writeMu.Unlock()
 			if werr != nil {
 				conn.Close()
+				st.SetReadDeadline(time.Now())
 				break
 			}
 		}
@@ -95,6 +104,13 @@ func (s *server) opConnect(st *yamux.Stream, req *agentproto.Request) *agentprot
 			writeMu.Lock()
 			_ = agentproto.WriteFrame(st, agentproto.KindEnd, nil)
 			writeMu.Unlock()
+			endMu.Lock()
+			portEnded = true
+			done := hostEnded
+			endMu.Unlock()
+			if done {
+				st.SetReadDeadline(time.Now())
+			}
 			break
 		}
 		if err != nil {

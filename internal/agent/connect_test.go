@@ -133,6 +133,34 @@ func TestConnectRefusedAndAborted(t *testing.T) {
 	if err := ta.c.Ping(ctxT(t)); err != nil {
 		t.Fatalf("the session after an abort: %v", err)
 	}
+
+	// An abort after the client's half-close (a WebSocket client that
+	// left while the server stays silent) ends the server's connection too.
+	ended2 := make(chan struct{})
+	port2 := listen(t, func(c *net.TCPConn) {
+		io.Copy(io.Discard, c) // the half-close: EOF here
+		// Then a trickle, until the agent closes the connection (a
+		// write fails once it did).
+		for {
+			if _, err := c.Write([]byte{'.'}); err != nil {
+				close(ended2)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	conn2, err := ta.c.Connect(ctxT(t), port2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn2.CloseWrite()
+	time.Sleep(100 * time.Millisecond)
+	conn2.Close()
+	select {
+	case <-ended2:
+	case <-time.After(10 * time.Second):
+		t.Fatal("closing the client after its half-close did not end the server's connection")
+	}
 }
 
 // BenchmarkConnect: bytes from a server in the sandbox through OpConnect

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -44,12 +45,28 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 			}
 			// The connection may be pooled for later requests: the
 			// request's end must not cut it (the transport closes it).
-			conn, err := s.svc.ConnectPort(context.WithoutCancel(ctx), team, id, port)
+			// The dial itself is bounded (a sandbox that stopped its
+			// own agent answers nothing).
+			cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+			timer := time.AfterFunc(portDialTimeout, cancel)
+			conn, err := s.svc.ConnectPort(cctx, team, id, port)
+			if !timer.Stop() {
+				if err == nil {
+					conn.Close()
+				}
+				cancel()
+				return nil, &apierr.Error{Code: client.CodePortClosed,
+					Message: fmt.Sprintf("port %d of sandbox %s did not answer within %s", port, id, portDialTimeout)}
+			}
 			if err != nil {
+				cancel()
 				return nil, err
 			}
-			return &portNetConn{PortConn: conn, addr: portAddr(host)}, nil
+			return &portNetConn{PortConn: conn, addr: portAddr(host), cancel: cancel}, nil
 		},
+		// Bounds per sandbox port: connections at once (more requests
+		// wait for one), and idle ones kept.
+		MaxConnsPerHost:     64,
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true, // the sandbox's bytes, as it sent them
@@ -59,8 +76,15 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 			id, port := pr.In.PathValue("id"), pr.In.PathValue("port")
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = id + "-" + port + portHostSuffix
-			pr.Out.URL.Path = "/" + pr.In.PathValue("path")
-			pr.Out.URL.RawPath = ""
+			// The path below the port, as the caller encoded it (a %2F
+			// stays one).
+			prefix := "/v1/sandboxes/" + id + "/ports/" + port
+			rest := strings.TrimPrefix(pr.In.URL.EscapedPath(), prefix)
+			if p, err := url.PathUnescape(rest); err == nil {
+				pr.Out.URL.Path, pr.Out.URL.RawPath = p, rest
+			} else {
+				pr.Out.URL.Path, pr.Out.URL.RawPath = "/"+pr.In.PathValue("path"), ""
+			}
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 			pr.Out.Header.Set("X-Forwarded-Prefix", "/v1/sandboxes/"+id+"/ports/"+port)
@@ -142,11 +166,23 @@ func parsePortHost(host string) (id string, port int, ok bool) {
 	return name[:i], port, true
 }
 
+// portDialTimeout bounds a port connection's dial (the lookup, the node's
+// stream, the agent's connect).
+const portDialTimeout = 30 * time.Second
+
 // portNetConn is a sandbox port's connection as the transport wants it.
-// Deadlines are not kept: the request's context governs the connection.
+// Deadlines are not kept: the transport closes the connection when it is
+// done with it, and the sandbox's end ends it.
 type portNetConn struct {
 	nodeapi.PortConn
-	addr portAddr
+	addr   portAddr
+	cancel context.CancelFunc // the dial's context, which governs the connection
+}
+
+func (c *portNetConn) Close() error {
+	err := c.PortConn.Close()
+	c.cancel()
+	return err
 }
 
 func (c *portNetConn) LocalAddr() net.Addr              { return c.addr }

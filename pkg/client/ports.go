@@ -22,7 +22,9 @@ func (c *Client) PortURL(id string, port int) string {
 // on). path is below the port's root ("/index.html?x=1"). Whatever the
 // sandbox's server answers is the response, any status; an answer of
 // evalbox's own (the sandbox ended, nothing listens there: port_closed, no
-// such sandbox) is an *APIError. The caller closes the response's body.
+// such sandbox) is an *APIError. A redirect is returned, not followed (the
+// sandbox's server chooses where it points; following it with the key
+// could reach evalbox's own API). The caller closes the response's body.
 func (c *Client) Port(ctx context.Context, method, id string, port int, path string, body io.Reader) (*http.Response, error) {
 	if err := checkIDs(id); err != nil {
 		return nil, err
@@ -40,7 +42,12 @@ func (c *Client) Port(ctx context.Context, method, id string, port int, path str
 	if c.userAgent != "" {
 		req.Header.Set("User-Agent", c.userAgent)
 	}
-	resp, err := c.hc.Do(req)
+	// Redirects are not followed: the port's server chooses them, and a
+	// redirect to evalbox's own API would carry the key there.
+	hc := &http.Client{Transport: c.hc.Transport, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("evalbox: %w", err)
 	}

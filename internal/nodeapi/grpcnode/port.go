@@ -13,8 +13,13 @@ import (
 	pb "github.com/evalbox/evalbox/internal/nodeapi/nodepb"
 )
 
-// portChunk is the most data one ConnectPort message carries.
-const portChunk = 1 << 20
+// portChunk is the most data one ConnectPort message carries; the node
+// reads the port in smaller pieces (portReadChunk), so that an idle
+// connection holds little.
+const (
+	portChunk     = 1 << 20
+	portReadChunk = 64 << 10
+)
 
 // ConnectPort serves a connection to a sandbox's port: open, then bytes
 // both ways (see node.proto).
@@ -72,7 +77,7 @@ func (s *server) ConnectPort(st pb.Node_ConnectPortServer) error {
 		}
 	}()
 	// Port → client.
-	buf := make([]byte, portChunk)
+	buf := make([]byte, portReadChunk)
 	var outErr error
 	for {
 		n, err := conn.Read(buf)
@@ -93,9 +98,10 @@ func (s *server) ConnectPort(st pb.Node_ConnectPortServer) error {
 		}
 	}
 	if outErr != nil {
+		// Not waiting for the client's side: its Recv returns only once
+		// this handler has (inErr is buffered).
 		cancel()
 		conn.Close()
-		<-inErr
 		return outErr
 	}
 	// The port's side is done: the call ends once the client's is too.
@@ -177,8 +183,9 @@ func (p *portConn) Write(b []byte) (int, error) {
 		n := min(len(b), portChunk)
 		if err := p.st.Send(&pb.PortClientMessage{Message: &pb.PortClientMessage_Data{Data: b[:n]}}); err != nil {
 			if err == io.EOF {
-				// The server ended the call: Recv says why.
-				_, err = p.st.Recv()
+				// The node ended the call; Read reports its status (a
+				// second Recv here would race with the reader's).
+				return written, errors.New("grpcnode connect_port: the connection ended")
 			}
 			return written, fromStatus(p.ctx, "connect_port", err)
 		}

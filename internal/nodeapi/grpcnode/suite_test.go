@@ -364,6 +364,42 @@ func suite(t *testing.T, n nodeapi.Node, runtimes []string) {
 		}
 	})
 
+	t.Run("connect port ends with its sandbox", func(t *testing.T) {
+		// A server that says nothing; the sandbox is destroyed while a
+		// read waits on it: the read ends, it does not hang.
+		other := create(t, n, "namespaces")
+		silent := `perl -MIO::Socket::INET -e '$s=IO::Socket::INET->new(LocalAddr=>"127.0.0.1",LocalPort=>8702,Listen=>5,ReuseAddr=>1) or die; while($c=$s->accept){ sleep 3600 }'`
+		if _, err := n.StartProcess(t.Context(), other, nodeapi.ExecRequest{Shell: silent, TimeoutMs: 120000}); err != nil {
+			t.Fatal(err)
+		}
+		var conn nodeapi.PortConn
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			var err error
+			if conn, err = n.ConnectPort(t.Context(), other, 8702); err == nil {
+				break
+			} else if agentCode(err) != nodeapi.CodeConnRefused || time.Now().After(deadline) {
+				t.Fatalf("connect: %v", err)
+			}
+		}
+		defer conn.Close()
+		read := make(chan error, 1)
+		go func() {
+			_, err := conn.Read(make([]byte, 1))
+			read <- err
+		}()
+		if err := n.Destroy(t.Context(), other); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-read:
+			if err == nil {
+				t.Error("a read after the sandbox's end returned no error")
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("a read on a port connection hangs after its sandbox was destroyed")
+		}
+	})
+
 	t.Run("exec stdin", func(t *testing.T) {
 		var out, errb bytes.Buffer
 		in := strings.Repeat("line of input\n", 10000)
