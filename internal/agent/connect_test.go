@@ -14,7 +14,7 @@ import (
 
 // listen serves on a loopback port of the test's network namespace (the
 // in-process agent's too) with handle, and returns the port.
-func listen(t *testing.T, handle func(*net.TCPConn)) int {
+func listen(t testing.TB, handle func(*net.TCPConn)) int {
 	t.Helper()
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
@@ -168,27 +168,16 @@ func TestConnectRefusedAndAborted(t *testing.T) {
 func BenchmarkConnect(b *testing.B) {
 	ta := startAgent(b, agent.Config{})
 	chunk := make([]byte, 1<<20)
-	ln, _ := net.Listen("tcp4", "127.0.0.1:0")
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
+	port := listen(b, func(c *net.TCPConn) {
+		for range 64 {
+			if _, err := c.Write(chunk); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				for range 64 {
-					if _, err := c.Write(chunk); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 	b.SetBytes(64 << 20)
 	for b.Loop() {
-		conn, err := ta.c.Connect(ctxT(b), ln.Addr().(*net.TCPAddr).Port)
+		conn, err := ta.c.Connect(ctxT(b), port)
 		if err != nil {
 			b.Fatal(err)
 		}

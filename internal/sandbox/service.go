@@ -401,6 +401,19 @@ func (s *Service) adopt(row client.Sandbox) *entry {
 	return e
 }
 
+// entryOf returns the entry that serves row: this service's own, or in a
+// fleet one adopted now; nil when none can (another server's node, a node
+// that is not live).
+func (s *Service) entryOf(row client.Sandbox) *entry {
+	s.mu.Lock()
+	e, ok := s.live[row.ID]
+	s.mu.Unlock()
+	if ok {
+		return e
+	}
+	return s.adopt(row)
+}
+
 // endAll ends sandboxes concurrently, a few at a time.
 func (s *Service) endAll(ctx context.Context, es []*entry, state, reason string) {
 	sem := make(chan struct{}, 8)
@@ -888,13 +901,9 @@ func (s *Service) expiredInStore(now time.Time) []*entry {
 	}
 	var out []*entry
 	for _, row := range rows {
-		s.mu.Lock()
-		e, ok := s.live[row.ID]
-		s.mu.Unlock()
-		if !ok {
-			if e = s.adopt(row); e == nil {
-				continue
-			}
+		e := s.entryOf(row)
+		if e == nil {
+			continue
 		}
 		// Only if the stored expiry still has passed: a timeout another
 		// replica set since the list keeps the sandbox.
@@ -988,13 +997,9 @@ func (s *Service) DeleteByMetadata(ctx context.Context, teamID string, md map[st
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, row := range rows {
-		s.mu.Lock()
-		e, ok := s.live[row.ID]
-		s.mu.Unlock()
-		if !ok {
-			if e = s.adopt(row); e == nil {
-				continue
-			}
+		e := s.entryOf(row)
+		if e == nil {
+			continue
 		}
 		wg.Add(1)
 		go func() {
