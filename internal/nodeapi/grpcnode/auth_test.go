@@ -3,17 +3,8 @@ package grpcnode
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"log/slog"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +14,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/evalbox/evalbox/internal/tlstest"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -184,17 +177,12 @@ func TestHostileFrames(t *testing.T) {
 // TestMutualTLS: a node with mutual TLS serves a client with a certificate
 // of its CA, and no client without one.
 func TestMutualTLS(t *testing.T) {
-	dir := t.TempDir()
-	ca := newCA(t)
-	ca.issue(t, dir, "node", true)
-	ca.issue(t, dir, "cp", false)
-	other := newCA(t)
-	other.issue(t, dir, "stranger", false)
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	srvTLS, err := ServerTLS(filepath.Join(dir, "node.pem"), filepath.Join(dir, "node.key"), caFile)
+	ca := tlstest.NewCA(t)
+	nodeCert, nodeKey := ca.Issue(t, "node", true)
+	cpCert, cpKey := ca.Issue(t, "cp", false)
+	strangerCert, strangerKey := tlstest.NewCA(t).Issue(t, "stranger", false)
+	caFile := ca.File
+	srvTLS, err := ServerTLS(nodeCert, nodeKey, caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,13 +208,13 @@ func TestMutualTLS(t *testing.T) {
 		_, err = dial(t, addr, ClientConfig{TLS: cfg}).Runtimes(ctx)
 		return err
 	}
-	if err := call(filepath.Join(dir, "cp.pem"), filepath.Join(dir, "cp.key")); err != nil {
+	if err := call(cpCert, cpKey); err != nil {
 		t.Errorf("a client of the CA: %v", err)
 	}
 	if err := call("", ""); err == nil {
 		t.Error("a client without a certificate was served")
 	}
-	if err := call(filepath.Join(dir, "stranger.pem"), filepath.Join(dir, "stranger.key")); err == nil {
+	if err := call(strangerCert, strangerKey); err == nil {
 		t.Error("a client of another CA was served")
 	}
 	// Plaintext to a TLS node: no answer.
@@ -234,58 +222,5 @@ func TestMutualTLS(t *testing.T) {
 	defer cancel()
 	if _, err := dial(t, addr, ClientConfig{}).Runtimes(ctx); err == nil {
 		t.Error("a plaintext client was served by a TLS node")
-	}
-}
-
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue writes dir/name.pem and dir/name.key, a certificate for a server
-// (DNS name "name") or a client.
-func (ca *testCA) issue(t *testing.T, dir, name string, server bool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	if server {
-		tpl.DNSNames, tpl.ExtKeyUsage = []string{name}, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, name+".pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, name+".key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
 	}
 }
