@@ -43,7 +43,8 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		Limits: client.Limits{MaxSandboxes: c.MaxSandboxes, MaxConcurrentExec: c.MaxConcurrentExecs, MaxStorageMB: c.MaxStorageMB},
 		Service: sandbox.Config{DefaultTimeout: c.DefaultTimeout, MaxTimeout: c.MaxTimeout, MaxFileBytes: c.MaxFileBytes,
 			ExecWait: execWait(c.ExecWait), Pids: c.Pids},
-		Capacity:      nodeCapacity(c.NodeFlags),
+		Capacity:  nodeCapacity(c.NodeFlags),
+		EgressDNS: c.EgressDNS, AllowPrivate: c.AllowPrivate, SandboxDomain: c.SandboxDomain,
 		Catalog:       catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
 		OutputMemory:  int64(c.OutputMemoryMB) << 20,
 		HTTP:          server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
@@ -82,7 +83,7 @@ func runNode(ctx context.Context, c cli.NodeConfig) error {
 	}
 	return nodeagent.Run(ctx, nodeagent.Config{
 		Host: nodehost.Config{DataDir: c.DataDir, Runsc: c.RunscPath, Agent: c.AgentPath, TemplatesDir: c.TemplatesDir,
-			Runtimes: c.Runtimes, Capacity: nodeCapacity(c.NodeFlags)},
+			Runtimes: c.Runtimes, Capacity: nodeCapacity(c.NodeFlags), EgressDNS: c.EgressDNS, AllowPrivate: c.AllowPrivate},
 		Listen: c.Listen, HealthListen: c.HealthListen, NodeID: c.NodeID, Advertise: c.Advertise,
 		Token: c.Token, TLS: tlsConfig, Insecure: c.Insecure,
 		Kubeconfig: c.Kubeconfig, Namespace: c.Namespace, LeaseDuration: c.LeaseDuration,

@@ -69,6 +69,7 @@ type Server struct {
 	runtimesNow func() []string
 	noBuilds    string
 	ports       *httputil.ReverseProxy // port URLs (ports.go)
+	domain      string                 // Config.SandboxDomain
 	svc         *sandbox.Service
 	store       Store
 	auth        Authenticator
@@ -103,6 +104,10 @@ type Config struct {
 	NoTemplateBuilds string
 	Pools            Pools
 	Capacity         Capacity
+	// SandboxDomain, when set, serves the host form of port URLs:
+	// requests whose Host is {port}-{id}.{SandboxDomain} (wildcard DNS
+	// pointing at this server) go to that sandbox port.
+	SandboxDomain string
 	// DefaultLimits are given to teams created without limits.
 	DefaultLimits client.Limits
 	// OutputBudget bounds the memory of command output held for buffered
@@ -115,7 +120,7 @@ type Config struct {
 func New(cfg Config) *Server {
 	s := &Server{runtimesNow: cfg.RuntimesNow, noBuilds: cfg.NoTemplateBuilds, pools: cfg.Pools, capacity: cfg.Capacity, svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
 		evals: cfg.Evals, storage: cfg.Storage, runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux(),
-		outputBudget: cfg.OutputBudget}
+		outputBudget: cfg.OutputBudget, domain: strings.ToLower(strings.TrimSuffix(cfg.SandboxDomain, "."))}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -150,8 +155,13 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/sandboxes/{id}/files/stat", a(s.statFile))
 	s.mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", a(s.listFiles))
 	s.mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", a(s.mkdir))
-	s.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}", a(s.portRoot))
-	s.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{path...}", a(s.portProxy))
+	s.mux.HandleFunc("PUT /v1/sandboxes/{id}/network", a(s.setNetwork))
+	s.mux.HandleFunc("PUT /v1/sandboxes/{id}/ports", a(s.setPorts))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/traffic-token", a(s.rotateTrafficToken))
+	// Port URLs authenticate themselves (ports.go): the API key, the
+	// sandbox's traffic token, or a public port.
+	s.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}", s.portRoot)
+	s.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{path...}", s.portPath)
 	s.mux.HandleFunc("POST /v1/execute", a(s.execute))
 	s.mux.HandleFunc("POST /v1/evals", a(s.createEval))
 	s.mux.HandleFunc("GET /v1/evals", a(s.listEvals))
@@ -185,7 +195,12 @@ func (s *Server) routes() {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
-	s.mux.ServeHTTP(rw, r)
+	if id, port, ok := s.portHost(r.Host); ok {
+		// The host form of a port URL: before the mux, whatever the path.
+		s.portByHost(rw, r, id, port)
+	} else {
+		s.mux.ServeHTTP(rw, r)
+	}
 	level := slog.LevelDebug
 	if rw.status >= 500 {
 		level = slog.LevelError
@@ -242,7 +257,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	if s.runtimesNow != nil {
 		rts = s.runtimesNow()
 	}
-	writeJSON(w, http.StatusOK, client.Health{Status: "ok", Version: Version, Runtimes: rts})
+	writeJSON(w, http.StatusOK, client.Health{Status: "ok", Version: Version, Runtimes: rts, SandboxDomain: s.domain})
 }
 
 // apiError is an error with a stable code raised by the API layer itself.

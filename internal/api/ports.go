@@ -29,8 +29,26 @@ import (
 // per sandbox port.
 const portHostSuffix = ".evalbox-port"
 
-// portTeamKey carries the team of a port request to the transport's dial.
-type portTeamKey struct{}
+// portTarget is the sandbox port a request goes to, and who it acts as,
+// from the handler to the proxy's Rewrite, transport and answers.
+type portTarget struct {
+	team, id string
+	port     int
+	// prefix is the path form's prefix (removed before forwarding); ""
+	// for the host form.
+	prefix string
+	// cookie, when set, is the traffic token to keep in a cookie (it came
+	// in the query: a browser's first request).
+	cookie string
+	secure bool
+}
+
+type portTargetKey struct{}
+
+func targetOf(ctx context.Context) *portTarget {
+	t, _ := ctx.Value(portTargetKey{}).(*portTarget)
+	return t
+}
 
 // newPortProxy returns the reverse proxy of port URLs, whose transport
 // dials sandbox ports through svc.
@@ -39,8 +57,8 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			host, _, _ := net.SplitHostPort(addr)
 			id, port, ok := parsePortHost(host)
-			team, _ := ctx.Value(portTeamKey{}).(string)
-			if !ok || team == "" {
+			t := targetOf(ctx)
+			if !ok || t == nil || t.id != id || t.port != port {
 				return nil, fmt.Errorf("api: port proxy: bad address %q", addr)
 			}
 			// The connection may be pooled for later requests: the
@@ -49,7 +67,7 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 			// own agent answers nothing).
 			cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 			timer := time.AfterFunc(portDialTimeout, cancel)
-			conn, err := s.svc.ConnectPort(cctx, team, id, port)
+			conn, err := s.svc.ConnectPort(cctx, t.team, id, port)
 			if !timer.Stop() {
 				if err == nil {
 					conn.Close()
@@ -73,23 +91,31 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 	}
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			id, port := pr.In.PathValue("id"), pr.In.PathValue("port")
+			t := targetOf(pr.In.Context())
 			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = id + "-" + port + portHostSuffix
-			// The path below the port, as the caller encoded it (a %2F
-			// stays one).
-			prefix := "/v1/sandboxes/" + id + "/ports/" + port
-			rest := strings.TrimPrefix(pr.In.URL.EscapedPath(), prefix)
-			if p, err := url.PathUnescape(rest); err == nil {
-				pr.Out.URL.Path, pr.Out.URL.RawPath = p, rest
-			} else {
-				pr.Out.URL.Path, pr.Out.URL.RawPath = "/"+pr.In.PathValue("path"), ""
+			// The pool of connections is per sandbox port (the team is
+			// checked at each request, before this).
+			pr.Out.URL.Host = t.id + "-" + strconv.Itoa(t.port) + portHostSuffix
+			if t.prefix != "" {
+				// The path below the port, as the caller encoded it (a
+				// %2F stays one).
+				rest := strings.TrimPrefix(pr.In.URL.EscapedPath(), t.prefix)
+				if p, err := url.PathUnescape(rest); err == nil {
+					pr.Out.URL.Path, pr.Out.URL.RawPath = p, rest
+				} else {
+					pr.Out.URL.Path, pr.Out.URL.RawPath = "/"+pr.In.PathValue("path"), ""
+				}
 			}
+			pr.Out.URL.RawQuery = stripQueryParam(pr.In.URL.RawQuery, client.QueryTrafficToken)
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
-			pr.Out.Header.Set("X-Forwarded-Prefix", "/v1/sandboxes/"+id+"/ports/"+port)
+			if t.prefix != "" {
+				pr.Out.Header.Set("X-Forwarded-Prefix", t.prefix)
+			}
 			// The caller's credentials are evalbox's, not the sandbox's.
 			pr.Out.Header.Del("Authorization")
+			pr.Out.Header.Del(client.HeaderTrafficToken)
+			stripCookie(pr.Out.Header, client.QueryTrafficToken)
 		},
 		Transport:     tr,
 		FlushInterval: -1, // streams and events as they come
@@ -97,40 +123,127 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 		// answers off as evalbox's.
 		ModifyResponse: func(resp *http.Response) error {
 			resp.Header.Del(client.HeaderError)
+			if t := targetOf(resp.Request.Context()); t != nil && t.cookie != "" {
+				path := "/"
+				if t.prefix != "" {
+					path = t.prefix + "/"
+				}
+				c := &http.Cookie{Name: client.QueryTrafficToken, Value: t.cookie, Path: path, HttpOnly: true,
+					Secure: t.secure, SameSite: http.SameSiteLaxMode}
+				resp.Header.Add("Set-Cookie", c.String())
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			writePortError(w, r, err)
+			writePortError(w, targetOf(r.Context()).port, err)
 		},
 	}
 }
 
-// portProxy serves a port URL of a sandbox of the team.
-func (s *Server) portProxy(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	port, err := strconv.Atoi(r.PathValue("port"))
-	if err != nil || port < 1 || port > 65535 || strconv.Itoa(port) != r.PathValue("port") {
-		writeError(w, errorf(client.CodeBadRequest, "port %q: want a number from 1 to 65535", r.PathValue("port")))
+// portPath serves the path form of a port URL:
+// /v1/sandboxes/{id}/ports/{port}/….
+func (s *Server) portPath(w http.ResponseWriter, r *http.Request) {
+	id, port := r.PathValue("id"), r.PathValue("port")
+	s.portServe(w, r, id, port, "/v1/sandboxes/"+id+"/ports/"+port)
+}
+
+// portByHost serves the host form of a port URL: {port}-{id}.{domain}.
+func (s *Server) portByHost(w http.ResponseWriter, r *http.Request, id, port string) {
+	s.portServe(w, r, id, port, "")
+}
+
+// portHost parses the host form's Host ("8000-sb_x.sandboxes.example.com",
+// with or without a port) when the server has a sandbox domain.
+func (s *Server) portHost(host string) (id, port string, ok bool) {
+	if s.domain == "" {
+		return "", "", false
+	}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	name, found := strings.CutSuffix(strings.ToLower(strings.TrimSuffix(host, ".")), "."+s.domain)
+	if !found || strings.Contains(name, ".") {
+		return "", "", false
+	}
+	port, id, ok = strings.Cut(name, "-")
+	if !ok || port == "" || id == "" || strings.Trim(port, "0123456789") != "" {
+		return "", "", false // not a port's host (another name of the server's)
+	}
+	return id, port, true
+}
+
+// portServe authenticates a port request and proxies it to the port: the
+// team's API key (another team's sandbox is not found), else the
+// sandbox's traffic token (header, query or cookie), else the port must
+// be public. A request without a valid credential is 401 whether the
+// sandbox exists or not.
+func (s *Server) portServe(w http.ResponseWriter, r *http.Request, id, portStr, prefix string) {
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 1 || port > 65535 || strconv.Itoa(port) != portStr {
+		writeError(w, errorf(client.CodeBadRequest, "port %q: want a number from 1 to 65535", portStr))
 		return
 	}
-	if _, err := s.svc.Get(r.Context(), p.TeamID, r.PathValue("id")); err != nil {
-		writePortError(w, r, err)
+	t := &portTarget{id: id, port: port, prefix: prefix, secure: r.TLS != nil}
+	if h := r.Header.Get("Authorization"); h != "" {
+		p, err := s.auth.Authenticate(r.Context(), h)
+		if err != nil {
+			if errors.Is(err, auth.ErrUnauthorized) {
+				writeError(w, errorf(client.CodeUnauthorized, "missing or invalid API key"))
+				return
+			}
+			writeError(w, err)
+			return
+		}
+		t.team = p.TeamID
+	} else {
+		token := r.Header.Get(client.HeaderTrafficToken)
+		queryToken := r.URL.Query().Get(client.QueryTrafficToken)
+		if token == "" {
+			token = queryToken
+		}
+		if token == "" {
+			if c, err := r.Cookie(client.QueryTrafficToken); err == nil {
+				token = c.Value
+			}
+		}
+		a, err := s.svc.PortAccess(r.Context(), id, port, token)
+		var ae *apierr.Error
+		if err != nil && !(errors.As(err, &ae) && ae.Code == client.CodeNotFound) {
+			writeError(w, err)
+			return
+		}
+		if err != nil || !a.Allowed {
+			writeError(w, errorf(client.CodeUnauthorized,
+				"this port URL needs the team's API key (Authorization), the sandbox's traffic token (%s) or a public port", client.HeaderTrafficToken))
+			return
+		}
+		t.team = a.TeamID
+		if queryToken != "" && queryToken == token {
+			t.cookie = token
+		}
+	}
+	if _, err := s.svc.Get(r.Context(), t.team, id); err != nil {
+		writePortError(w, port, err)
 		return
 	}
-	ctx := context.WithValue(r.Context(), portTeamKey{}, p.TeamID)
-	s.ports.ServeHTTP(w, r.WithContext(ctx))
+	// A running sandbox: the dial tells an ended one (410) too.
+	s.ports.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), portTargetKey{}, t)))
 }
 
 // portRoot sends /v1/sandboxes/{id}/ports/{port} to its directory, so that
 // the relative links of the sandbox's pages resolve under it.
-func (s *Server) portRoot(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+func (s *Server) portRoot(w http.ResponseWriter, r *http.Request) {
 	u := *r.URL
 	u.Path += "/"
+	if u.RawPath != "" {
+		u.RawPath += "/"
+	}
 	http.Redirect(w, r, u.String(), http.StatusPermanentRedirect)
 }
 
 // writePortError answers a port request that did not reach the sandbox's
 // server: an ended sandbox is 410 Gone (its URLs are gone for good).
-func writePortError(w http.ResponseWriter, r *http.Request, err error) {
+func writePortError(w http.ResponseWriter, port int, err error) {
 	var ae *apierr.Error
 	if errors.As(err, &ae) {
 		if ae.Code == client.CodeSandboxNotRunning {
@@ -146,7 +259,47 @@ func writePortError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	// The connection to the sandbox's server broke before its answer.
 	writeErrorBody(w, http.StatusBadGateway, client.ErrorDetail{Code: client.CodePortClosed,
-		Message: fmt.Sprintf("the server on port %s closed the connection before answering", r.PathValue("port"))})
+		Message: fmt.Sprintf("the server on port %d closed the connection before answering", port)})
+}
+
+// stripQueryParam removes every name=… of a raw query, keeping the rest
+// as it was written.
+func stripQueryParam(raw, name string) string {
+	if !strings.Contains(raw, name) {
+		return raw
+	}
+	parts := strings.Split(raw, "&")
+	kept := parts[:0]
+	for _, p := range parts {
+		k, _, _ := strings.Cut(p, "=")
+		if uk, err := url.QueryUnescape(k); err == nil && uk == name {
+			continue
+		}
+		kept = append(kept, p)
+	}
+	return strings.Join(kept, "&")
+}
+
+// stripCookie removes the cookie name from the request's Cookie headers.
+func stripCookie(h http.Header, name string) {
+	lines := h.Values("Cookie")
+	if len(lines) == 0 {
+		return
+	}
+	var kept []string
+	for _, line := range lines {
+		for _, c := range strings.Split(line, ";") {
+			c = strings.TrimSpace(c)
+			if k, _, _ := strings.Cut(c, "="); c == "" || k == name {
+				continue
+			}
+			kept = append(kept, c)
+		}
+	}
+	h.Del("Cookie")
+	if len(kept) > 0 {
+		h.Set("Cookie", strings.Join(kept, "; "))
+	}
 }
 
 // parsePortHost splits "<id>-<port>.evalbox-port".

@@ -20,7 +20,13 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p auth.Pr
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, sb)
+	writeJSON(w, http.StatusCreated, s.out(sb))
+}
+
+// out is a sandbox as answered: with the server's sandbox domain.
+func (s *Server) out(sb client.Sandbox) client.Sandbox {
+	sb.Domain = s.domain
+	return sb
 }
 
 // metadataFilter reads metadata.<key>=<value> query parameters.
@@ -63,6 +69,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.Pr
 	if list == nil {
 		list = []client.Sandbox{}
 	}
+	for i := range list {
+		list[i] = s.out(list[i])
+	}
 	writeJSON(w, http.StatusOK, client.SandboxList{Sandboxes: list})
 }
 
@@ -86,7 +95,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p auth.Princ
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, s.out(sb))
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) {
@@ -108,5 +117,42 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, p auth.Princ
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, s.out(sb))
+}
+
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var req client.NetworkSpec
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, err := s.svc.SetNetwork(r.Context(), p.TeamID, r.PathValue("id"), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.out(sb))
+}
+
+func (s *Server) setPorts(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var req client.SetPortsRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, err := s.svc.SetPorts(r.Context(), p.TeamID, r.PathValue("id"), req.Ports)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.out(sb))
+}
+
+func (s *Server) rotateTrafficToken(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	tok, err := s.svc.RotateTrafficToken(r.Context(), p.TeamID, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, client.TrafficToken{TrafficToken: tok})
 }

@@ -383,7 +383,7 @@ func (k *soaker) cycle(ctx context.Context, rt, network string, seq int) (c soak
 		// start timeout on an overloaded host) says to try again, as a
 		// client does: the check after the batch finds whatever it left.
 		for attempt := 0; ; attempt++ {
-			sb, err = k.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: k.o.template, Runtime: rt, Network: network,
+			sb, err = k.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: k.o.template, Runtime: rt, Network: client.Network(network),
 				Timeout: 600, Metadata: map[string]string{"soak": strconv.Itoa(seq)}})
 			if client.ErrorCode(err) != client.CodeUnavailable || attempt == 4 || ctx.Err() != nil {
 				return err

@@ -261,7 +261,7 @@ func (f *fakeAPI) create(w http.ResponseWriter, r *http.Request) {
 	f.next++
 	sb := &client.Sandbox{
 		ID: fmt.Sprintf("sb-%d", f.next), TeamID: "team-1", Template: req.Template, Runtime: cmpOr(req.Runtime, client.RuntimeGVisor),
-		State: client.StateRunning, CPU: 1, MemoryMB: 512, DiskMB: 1024, Network: cmpOr(req.Network, client.NetworkNone),
+		State: client.StateRunning, CPU: 1, MemoryMB: 512, DiskMB: 1024, Network: cmpOr(req.Network.Mode, client.NetworkNone),
 		Metadata: cmpOrMap(req.Metadata), CreatedAt: fakeNow.Add(time.Duration(f.next) * time.Second),
 		ExpiresAt: fakeNow.Add(time.Duration(f.next)*time.Second + 300*time.Second),
 	}

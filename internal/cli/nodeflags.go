@@ -2,6 +2,7 @@ package cli
 
 import (
 	"log/slog"
+	"net/netip"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -32,6 +33,11 @@ type NodeFlags struct {
 	HostReservePids     int64
 	HostReserveMemoryMB int64
 	MemoryOvercommit    float64
+	// EgressDNS are the resolvers the egress resolver of rules sandboxes
+	// asks (empty: the host's); AllowPrivate, ranges of the deny list
+	// that sandboxes may reach all the same.
+	EgressDNS    []netip.AddrPort
+	AllowPrivate []netip.Prefix
 	// LogLevel is the minimum level logged; Logger logs to stderr at it.
 	LogLevel slog.Level
 	Logger   *slog.Logger
@@ -39,8 +45,9 @@ type NodeFlags struct {
 
 // nodeFlagSet registers NodeFlags on a command and checks them.
 type nodeFlagSet struct {
-	cfg      *NodeFlags
-	logLevel string
+	cfg                     *NodeFlags
+	logLevel                string
+	egressDNS, allowPrivate []string
 }
 
 func (n *nodeFlagSet) register(f *pflag.FlagSet, defaultDataDir string) {
@@ -59,6 +66,9 @@ func (n *nodeFlagSet) register(f *pflag.FlagSet, defaultDataDir string) {
 		"host memory kept out of the sandboxes' budget, in MiB; no sandbox starts while MemAvailable is below it (default: max(2048, 10% of MemTotal))")
 	f.Float64Var(&c.MemoryOvercommit, "memory-overcommit", DefaultMemoryOvercommit,
 		"how many times the host's memory (less the reserve) the sandboxes' memory limits may add up to; raise it for many idle sandboxes")
+	f.StringSliceVar(&n.egressDNS, "egress-dns", nil, "resolvers (IP or IP:port) that the DNS of network-rules sandboxes asks (default: the host's)")
+	f.StringSliceVar(&n.allowPrivate, "allow-private", nil,
+		"private or special CIDRs that sandboxes may reach all the same (outbound ones, and rules ones that allow them); never the host or other sandboxes")
 }
 
 // check validates the flags and makes the logger; a bad one is a usage
@@ -84,6 +94,25 @@ func (n *nodeFlagSet) check(cmd *cobra.Command) error {
 		if rt != "gvisor" && rt != "namespaces" {
 			return usagef(cmd, "--runtimes: unknown runtime %q (want gvisor, namespaces)", rt)
 		}
+	}
+	c.EgressDNS, c.AllowPrivate = nil, nil
+	for _, s := range n.egressDNS {
+		ap, err := netip.ParseAddrPort(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return usagef(cmd, "--egress-dns %q: want an IP address or IP:port", s)
+			}
+			ap = netip.AddrPortFrom(a, 53)
+		}
+		c.EgressDNS = append(c.EgressDNS, ap)
+	}
+	for _, s := range n.allowPrivate {
+		p, err := netip.ParsePrefix(s)
+		if err != nil || p.Masked() != p {
+			return usagef(cmd, "--allow-private %q: want a CIDR such as 10.1.0.0/16", s)
+		}
+		c.AllowPrivate = append(c.AllowPrivate, p)
 	}
 	c.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: c.LogLevel}))
 	return nil

@@ -26,6 +26,8 @@ func newSandboxCmd(a *app) *cobra.Command {
 		newSandboxCpCmd(a),
 		newSandboxPsCmd(a),
 		newSandboxKillCmd(a),
+		newSandboxPortCmd(a),
+		newSandboxNetworkCmd(a),
 	)
 	return cmd
 }
@@ -35,6 +37,9 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 		req           client.CreateSandboxRequest
 		timeout, wait seconds
 		env, md       []string
+		netMode       string
+		allow, deny   []string
+		public        []int
 		asJSON        bool
 	)
 	cmd := &cobra.Command{
@@ -58,6 +63,10 @@ instead of failing with insufficient_capacity.`,
 			}
 			req.Timeout = wholeSeconds(time.Duration(timeout))
 			req.WaitSeconds = wholeSeconds(time.Duration(wait))
+			req.Network = networkSpec(netMode, allow, deny)
+			for _, p := range public {
+				req.Ports = append(req.Ports, client.PortSpec{Port: p, Public: true})
+			}
 			sb, err := a.client().CreateSandbox(cmd.Context(), req)
 			if err != nil {
 				return err
@@ -78,7 +87,10 @@ instead of failing with insufficient_capacity.`,
 	f.IntVar(&req.DiskMB, "disk-mb", 0, "writable disk in MiB (default: the template's)")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	f.StringArrayVarP(&md, "metadata", "m", nil, "metadata KEY=VALUE (repeatable)")
-	f.StringVar(&req.Network, "network", "", "network: none or outbound (default none)")
+	f.StringVar(&netMode, "network", "", "network: none, outbound or rules (default none; rules when --allow or --deny is given)")
+	f.StringArrayVar(&allow, "allow", nil, "network rules: a CIDR, domain or *.domain the sandbox may reach (repeatable)")
+	f.StringArrayVar(&deny, "deny", nil, "network rules: a CIDR, domain or *.domain refused even when allowed (repeatable)")
+	f.IntSliceVar(&public, "public-port", nil, "open this port's URLs to anyone, with no key or token (repeatable)")
 	f.Var(&wait, "wait", "queue up to this long when the team is at its sandbox limit or the host has no room")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
@@ -310,4 +322,113 @@ With --signal, send that signal (a name like TERM or SIGTERM, or a number) to th
 	}
 	cmd.Flags().StringVarP(&sig, "signal", "s", "", "signal to send instead of killing the tree (TERM, SIGINT, 15, …)")
 	return cmd
+}
+
+// networkSpec is the network of --network, --allow and --deny: lists mean
+// mode rules unless a mode is given.
+func networkSpec(mode string, allow, deny []string) client.NetworkSpec {
+	if mode == "" && (len(allow) > 0 || len(deny) > 0) {
+		mode = client.NetworkRules
+	}
+	n := client.NetworkSpec{Mode: mode, Allow: allow, Deny: deny}
+	if mode == client.NetworkRules {
+		n.Allow, n.Deny = nonNil(allow), nonNil(deny)
+	}
+	return n
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func newSandboxPortCmd(a *app) *cobra.Command {
+	var pathForm bool
+	cmd := &cobra.Command{
+		Use:   "port ID PORT",
+		Short: "Print the URL of a port of a sandbox",
+		Long: `Print the URL that reaches PORT in the sandbox: the host form
+({port}-{id}.{domain}) when the server has a sandbox domain, else the path
+form (/v1/sandboxes/{id}/ports/{port}/). A request to it needs the team's API
+key (Authorization), the sandbox's traffic token (X-Evalbox-Traffic-Token, or
+?evalbox_token= in a browser), or a public port (create --public-port).`,
+		Example: `  curl -H "Authorization: Bearer $EVALBOX_API_KEY" "$(evalbox sandbox port $id 8000)"`,
+		Args:    args(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			port, err := strconv.Atoi(argv[1])
+			if err != nil || port < 1 || port > 65535 {
+				return usagef(cmd, "PORT %q: want a number from 1 to 65535", argv[1])
+			}
+			c := a.client()
+			sb, err := c.GetSandbox(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			u := c.HostPortURL(sb.ID, port, sb.Domain)
+			if u == "" || pathForm {
+				u = c.PortURL(sb.ID, port)
+			}
+			_, err = fmt.Fprintln(out(cmd), u)
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&pathForm, "path", false, "print the path form even when the server has a sandbox domain")
+	return cmd
+}
+
+func newSandboxNetworkCmd(a *app) *cobra.Command {
+	var (
+		mode        string
+		allow, deny []string
+		asJSON      bool
+	)
+	cmd := &cobra.Command{
+		Use:   "network ID [flags]",
+		Short: "Show or change a running sandbox's network",
+		Long: `Show a sandbox's network, or change it while it runs: --allow and --deny
+replace the rule lists (mode rules), --mode outbound lifts them. New
+connections follow the new rules at once; open ones they deny are cut. A
+sandbox created with network none cannot be opened.`,
+		Example: `  evalbox sandbox network $id --allow pypi.org --allow '*.pythonhosted.org'
+  evalbox sandbox network $id --mode rules          # close it: allow nothing`,
+		Args: args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c := a.client()
+			var sb *client.Sandbox
+			var err error
+			if mode == "" && len(allow) == 0 && len(deny) == 0 {
+				sb, err = c.GetSandbox(cmd.Context(), argv[0])
+			} else {
+				sb, err = c.SetNetwork(cmd.Context(), argv[0], networkSpec(mode, allow, deny))
+			}
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(out(cmd), client.NetworkSpec{Mode: sb.Network, Allow: rulesOf(sb).Allow, Deny: rulesOf(sb).Deny})
+			}
+			w := out(cmd)
+			fmt.Fprintf(w, "mode:  %s\n", sb.Network)
+			if r := sb.NetworkRules; r != nil {
+				fmt.Fprintf(w, "allow: %s\n", strings.Join(r.Allow, " "))
+				_, err = fmt.Fprintf(w, "deny:  %s\n", strings.Join(r.Deny, " "))
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&mode, "mode", "", "outbound or rules (rules when --allow or --deny is given)")
+	f.StringArrayVar(&allow, "allow", nil, "a CIDR, domain or *.domain the sandbox may reach (repeatable; replaces the list)")
+	f.StringArrayVar(&deny, "deny", nil, "a CIDR, domain or *.domain refused even when allowed (repeatable; replaces the list)")
+	f.BoolVar(&asJSON, "json", false, "print the network as JSON")
+	return cmd
+}
+
+func rulesOf(sb *client.Sandbox) client.NetworkRuleLists {
+	if sb.NetworkRules == nil {
+		return client.NetworkRuleLists{}
+	}
+	return *sb.NetworkRules
 }

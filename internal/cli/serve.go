@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template/oci"
@@ -96,6 +97,9 @@ type ServeConfig struct {
 	// there, over TLS with NodeTLSCert/Key (mutual with NodeTLSCA),
 	// instead of on Listen.
 	NodeListen string
+	// SandboxDomain serves the host form of port URLs:
+	// {port}-{id}.{SandboxDomain} (wildcard DNS pointing at the server).
+	SandboxDomain string
 }
 
 // PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
@@ -206,6 +210,9 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			if _, err := oci.ParseAllowList(cfg.RegistryAllow); err != nil {
 				return usagef(cmd, "--registry-allow: %v", strings.TrimPrefix(err.Error(), "oci: "))
 			}
+			if d := cfg.SandboxDomain; d != "" && len(validation.IsDNS1123Subdomain(strings.TrimSuffix(d, "."))) > 0 {
+				return usagef(cmd, "--sandbox-domain %q: want a DNS name such as sandboxes.example.com", d)
+			}
 			if cfg.BuildNetwork != "outbound" && cfg.BuildNetwork != "none" {
 				return usagef(cmd, "--build-network %q: want outbound or none", cfg.BuildNetwork)
 			}
@@ -290,6 +297,7 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.StringVar(&cfg.NodeTLSCert, "node-tls-cert", "", "this replica's certificate toward the node agents: its client certificate for their mutual TLS, and --node-listen's (with --node-tls-key)")
 	f.StringVar(&cfg.NodeTLSKey, "node-tls-key", "", "the key of --node-tls-cert")
 	f.StringVar(&cfg.NodeTLSServerName, "node-tls-server-name", "", "the name every node's certificate is checked against (default: each node's address; with --node-tls-ca)")
+	f.StringVar(&cfg.SandboxDomain, "sandbox-domain", "", "serve port URLs of the host form {port}-{id}.DOMAIN too (point wildcard DNS *.DOMAIN at this server)")
 	f.StringVar(&cfg.NodeListen, "node-listen", "", "serve the node agents' template fetches on this address, over TLS with --node-tls-cert/--node-tls-key (mutual with --node-tls-ca), instead of on --listen")
 	f.Var(&defTimeout, "default-timeout", "sandbox TTL when a create request gives none (seconds or a duration)")
 	f.Var(&maxTimeout, "max-timeout", "longest sandbox TTL (seconds or a duration)")

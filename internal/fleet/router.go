@@ -436,6 +436,14 @@ func (r *Router) WaitProcess(ctx context.Context, id, procID string) (nodeapi.Ex
 	})
 }
 
+// SetEgress sets the egress rules of a sandbox on its node.
+func (r *Router) SetEgress(ctx context.Context, id string, e *nodeapi.Egress) error {
+	_, err := on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (struct{}, error) {
+		return struct{}{}, c.SetEgress(ctx, id, e)
+	})
+	return err
+}
+
 func (r *Router) SignalProcess(ctx context.Context, id, procID string, sig int) error {
 	_, err := on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (struct{}, error) {
 		return struct{}{}, c.SignalProcess(ctx, id, procID, sig)

@@ -151,6 +151,11 @@ func iptablesRules(ctx context.Context) []string {
 			continue
 		}
 		for _, l := range lines(b) {
+			if name, ok := strings.CutPrefix(l, ":"); ok && isSandboxChain(name) {
+				// A rules sandbox's chain, even empty.
+				out = append(out, table+": chain "+strings.Fields(name)[0])
+				continue
+			}
 			if !strings.HasPrefix(l, "-A ") {
 				continue
 			}
@@ -160,6 +165,19 @@ func iptablesRules(ctx context.Context) []string {
 		}
 	}
 	return out
+}
+
+// isSandboxChain reports whether an iptables-save chain line (without its
+// ':') declares a chain of one rules sandbox (EVALBOX-PX-<n> in nat,
+// EVALBOX-SB-<n> in filter).
+func isSandboxChain(line string) bool {
+	name, _, _ := strings.Cut(line, " ")
+	for _, p := range []string{"EVALBOX-PX-", "EVALBOX-SB-"} {
+		if n, ok := strings.CutPrefix(name, p); ok && n != "" && strings.Trim(n, "0123456789") == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // NamesSandboxLink reports whether an iptables rule names one sandbox's
@@ -296,7 +314,7 @@ func (s Snapshot) SandboxItems(dataDir string) []string {
 		for _, it := range s[kind] {
 			switch kind {
 			case KindIptables:
-				if !NamesSandboxLink(it) {
+				if !NamesSandboxLink(it) && !strings.Contains(it, ": chain ") {
 					continue
 				}
 			case KindMounts:

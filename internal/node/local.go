@@ -111,8 +111,27 @@ func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.
 		return nodeapi.SandboxInfo{}, err
 	}
 	sb.SetEnv(req.Env)
+	if req.Egress != nil {
+		// Before the sandbox is handed out: nothing of the caller's has run
+		// in it yet.
+		if err := sb.SetEgress(ctx, req.Egress); err != nil {
+			if derr := l.n.Destroy(context.WithoutCancel(ctx), sb.ID); derr != nil {
+				l.n.log.Error("destroying a sandbox whose egress rules failed", "sandbox", sb.ID, "err", derr)
+			}
+			return nodeapi.SandboxInfo{}, err
+		}
+	}
 	return nodeapi.SandboxInfo{ID: sb.ID, Runtime: sb.Runtime, RuntimeVersion: sb.RuntimeVersion,
 		StartedAt: sb.StartedAt, FromPool: sb.FromPool}, nil
+}
+
+// SetEgress replaces a sandbox's egress rules.
+func (l *Local) SetEgress(ctx context.Context, id string, e *nodeapi.Egress) error {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return err
+	}
+	return sb.SetEgress(ctx, e)
 }
 
 // Destroy destroys a sandbox.

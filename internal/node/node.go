@@ -23,9 +23,12 @@ import (
 	"time"
 
 	"github.com/evalbox/evalbox/internal/agentproto"
+	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/netrules"
 	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/template"
+	"github.com/evalbox/evalbox/pkg/client"
 )
 
 // ErrUnknownRuntime is returned for a runtime name the node does not run.
@@ -113,6 +116,31 @@ type Sandbox struct {
 	// given is set once Create handed the sandbox out (a pool's are not
 	// until claimed).
 	given atomic.Bool
+}
+
+// SetEgress limits the sandbox's egress to e (nil: no limit). It needs an
+// outbound sandbox (a conflict otherwise); rules that do not parse are a
+// bad request. On error the previous rules stay.
+func (s *Sandbox) SetEgress(ctx context.Context, e *nodeapi.Egress) error {
+	if s.Shape.Network != runtime.NetworkOutbound {
+		return &apierr.Error{Code: client.CodeConflict, Message: fmt.Sprintf("sandbox %s has no network to set egress rules on", s.ID)}
+	}
+	var rules *netrules.Rules
+	if e != nil {
+		r, err := netrules.Parse(e.Allow, e.Deny)
+		if err != nil {
+			return &apierr.Error{Code: client.CodeBadRequest, Message: err.Error()}
+		}
+		rules = r
+	}
+	f, ok := s.rt.(runtime.EgressFilter)
+	if !ok {
+		return fmt.Errorf("node: the %s runtime cannot filter a sandbox's egress", s.Runtime)
+	}
+	if err := f.SetEgress(ctx, rules); err != nil {
+		return fmt.Errorf("node: egress rules of %s: %w", s.ID, err)
+	}
+	return nil
 }
 
 // SetEnv sets the environment that every exec and process of the sandbox

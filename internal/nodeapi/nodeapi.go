@@ -101,6 +101,12 @@ type Node interface {
 	// is an *AgentError with CodeConnRefused. ctx governs the connection
 	// until it is closed, which must be done.
 	ConnectPort(ctx context.Context, id string, port int) (PortConn, error)
+	// SetEgress replaces the egress rules of an outbound sandbox (nil:
+	// none, every public destination). New connections follow them at
+	// once; open ones they deny are cut. Rules that do not parse are an
+	// *apierr.Error bad_request, a sandbox without network (none) one of
+	// conflict; either changes nothing.
+	SetEgress(ctx context.Context, id string, e *Egress) error
 }
 
 // PortConn is a connection to a port of a sandbox (Node.ConnectPort): its
@@ -171,6 +177,16 @@ type CreateRequest struct {
 	// template's. The node holds it (not the control plane) so that any
 	// API replica serves the sandbox alike. Never logged.
 	Env map[string]string
+	// Egress, when not nil, limits an outbound sandbox's traffic to these
+	// rules (mode rules): applied when it is claimed, as Env is.
+	Egress *Egress
+}
+
+// Egress is a sandbox's egress rules as the API received them: entries of
+// netrules (CIDRs, domains, *.domain wildcards), a deny winning over an
+// allow. The node parses them again: it trusts no caller's parse.
+type Egress struct {
+	Allow, Deny []string
 }
 
 // SandboxInfo describes a sandbox a node runs.

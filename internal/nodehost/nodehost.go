@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -51,7 +52,11 @@ type Config struct {
 	Build node.BuildConfig
 	// Capacity sizes the host budget (zero values: derived from the host).
 	Capacity node.CapacityConfig
-	Logger   *slog.Logger
+	// EgressDNS and AllowPrivate configure the outbound network
+	// (network.Config's Upstream and AllowPrivate).
+	EgressDNS    []netip.AddrPort
+	AllowPrivate []netip.Prefix
+	Logger       *slog.Logger
 }
 
 // Host is an open node and what it is made of.
@@ -66,6 +71,7 @@ type Host struct {
 
 	log     *slog.Logger
 	closers []io.Closer
+	netm    *network.Manager
 }
 
 // Open assembles the node of cfg and sweeps what a previous process of its
@@ -140,10 +146,11 @@ func Open(ctx context.Context, cfg Config) (_ *Host, err error) {
 	// so that two nodes on one host never sweep each other's sandboxes.
 	h.Instance = instance.ID(cfg.DataDir)
 	// One outbound network for all drivers: one address pool.
-	netm, err := network.New(network.Config{Scope: h.Instance, Logger: log})
+	netm, err := network.New(network.Config{Scope: h.Instance, Upstream: cfg.EgressDNS, AllowPrivate: cfg.AllowPrivate, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("nodehost: %w", err)
 	}
+	h.netm = netm // closed after the runtimes (closeRuntimes)
 	var runtimes []runtime.Runtime
 	for _, name := range cfg.Runtimes {
 		switch name {
@@ -199,4 +206,8 @@ func (h *Host) closeRuntimes() {
 		}
 	}
 	h.closers = nil
+	if h.netm != nil {
+		_ = h.netm.Close()
+		h.netm = nil
+	}
 }

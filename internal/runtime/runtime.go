@@ -8,6 +8,8 @@ package runtime
 import (
 	"context"
 	"io"
+
+	"github.com/evalbox/evalbox/internal/netrules"
 )
 
 // Network modes.
@@ -81,6 +83,16 @@ type UpperExporter interface {
 	// ExportUpper writes the archive to the file path (created or
 	// truncated).
 	ExportUpper(ctx context.Context, path string) error
+}
+
+// EgressFilter is implemented by sandboxes with outbound networking: their
+// egress can be limited to rules (network mode "rules"), and changed while
+// they run.
+type EgressFilter interface {
+	// SetEgress limits the sandbox's egress to r, or lifts the limit (nil).
+	// New connections follow the new rules at once; open ones r denies are
+	// cut. On error the previous rules stay.
+	SetEgress(ctx context.Context, r *netrules.Rules) error
 }
 
 // Resources is an amount of the host resources a sandbox can pin: the

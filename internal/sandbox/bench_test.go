@@ -16,15 +16,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/namespaces"
-	"github.com/evalbox/evalbox/internal/store"
+	"github.com/evalbox/evalbox/internal/sandbox/sandboxtest"
 	"github.com/evalbox/evalbox/internal/template"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -34,110 +31,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// memStore is the state store in memory.
-type memStore struct {
-	mu   sync.Mutex
-	rows map[string]client.Sandbox
-	// full makes TakeSlot answer that the team is at its limit (other
-	// replicas hold its slots); slots counts the slots held.
-	full  atomic.Bool
-	slots atomic.Int64
-	// listByState makes ListByState answer (else it lists nothing).
-	listByState bool
-}
-
-func (m *memStore) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sandbox, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.rows[sb.ID] = sb
-	return sb, nil
-}
-func (m *memStore) GetSandbox(ctx context.Context, teamID, id string) (client.Sandbox, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r, ok := m.rows[id]
-	if !ok || r.TeamID != teamID {
-		return client.Sandbox{}, store.ErrNotFound
-	}
-	return r, nil
-}
-func (m *memStore) ListSandboxes(ctx context.Context, teamID string, f store.SandboxFilter) ([]client.Sandbox, error) {
-	return nil, nil
-}
-func (m *memStore) SetExpiry(ctx context.Context, teamID, id string, t time.Time) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if r, ok := m.rows[id]; ok && r.TeamID == teamID && r.State == client.StateRunning {
-		r.ExpiresAt = t
-		m.rows[id] = r
-	}
-	return nil
-}
-func (m *memStore) MarkEnded(ctx context.Context, id, state, reason string, at time.Time) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r, ok := m.rows[id]
-	if !ok || r.State != client.StateRunning {
-		return false, nil
-	}
-	r.State, r.EndReason = state, reason
-	m.rows[id] = r
-	return true, nil
-}
-func (m *memStore) ListByState(ctx context.Context, state string) ([]client.Sandbox, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []client.Sandbox
-	for _, r := range m.rows {
-		if m.listByState && r.State == state {
-			out = append(out, r)
-		}
-	}
-	return out, nil
-}
-func (m *memStore) ListRunningOn(ctx context.Context, nodeID string) ([]client.Sandbox, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []client.Sandbox
-	for _, r := range m.rows {
-		if r.NodeID == nodeID && r.State == client.StateRunning {
-			out = append(out, r)
-		}
-	}
-	return out, nil
-}
-func (m *memStore) ListExpired(ctx context.Context, now time.Time) ([]client.Sandbox, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []client.Sandbox
-	for _, r := range m.rows {
-		if r.State == client.StateRunning && !r.ExpiresAt.After(now) {
-			out = append(out, r)
-		}
-	}
-	return out, nil
-}
-func (m *memStore) MarkExpired(ctx context.Context, id string, now time.Time) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r, ok := m.rows[id]
-	if !ok || r.State != client.StateRunning || r.ExpiresAt.After(now) {
-		return false, nil
-	}
-	r.State, r.EndReason = client.StateExpired, "timeout"
-	m.rows[id] = r
-	return true, nil
-}
-func (m *memStore) GetTeam(ctx context.Context, id string) (client.Team, error) {
-	return client.Team{ID: id, Name: id, Limits: client.Limits{MaxSandboxes: 100, MaxConcurrentExec: 100}}, nil
-}
-
 // row returns the stored row of id.
-func (m *memStore) row(id string) client.Sandbox {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.rows[id]
-}
 
 type regTemplates struct{ reg *template.Registry }
 
@@ -183,7 +77,7 @@ func benchService(b *testing.B) *Service {
 	if err != nil {
 		b.Fatal(err)
 	}
-	svc := New(Config{DefaultRuntime: client.RuntimeNamespaces}, &memStore{rows: map[string]client.Sandbox{}}, node.NewLocal(n), regTemplates{reg}, log)
+	svc := New(Config{DefaultRuntime: client.RuntimeNamespaces}, sandboxtest.NewMemStore(), node.NewLocal(n), regTemplates{reg}, log)
 	b.Cleanup(func() {
 		svc.Close(context.Background())
 		n.Close(context.Background())
@@ -225,33 +119,4 @@ func BenchmarkServiceCreateExecDestroy(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-}
-
-func (m *memStore) TakeSlot(ctx context.Context, teamID, replica string, ttl time.Duration) (string, error) {
-	if m.full.Load() {
-		return "", fmt.Errorf("store: %w", &store.LimitError{Running: 1, Limit: 1})
-	}
-	m.slots.Add(1)
-	return store.NewID("slot"), nil
-}
-func (m *memStore) ReleaseSlot(ctx context.Context, id string) error { m.slots.Add(-1); return nil }
-func (m *memStore) RenewSlots(ctx context.Context, replica string, ttl time.Duration) error {
-	return nil
-}
-func (m *memStore) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, slotID string) (client.Sandbox, error) {
-	if slotID != "" {
-		m.slots.Add(-1)
-	}
-	return m.InsertSandbox(ctx, sb)
-}
-func (m *memStore) ListRunningOnNode(ctx context.Context, nodeID string) ([]client.Sandbox, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []client.Sandbox
-	for _, r := range m.rows {
-		if (r.NodeID == nodeID || r.NodeID == "") && r.State == client.StateRunning {
-			out = append(out, r)
-		}
-	}
-	return out, nil
 }

@@ -47,6 +47,12 @@ type Store interface {
 	RenewSlots(ctx context.Context, replica string, ttl time.Duration) error
 	InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, slotID string) (client.Sandbox, error)
 	ListRunningOnNode(ctx context.Context, nodeID string) ([]client.Sandbox, error)
+
+	// Access (access.go).
+	GetSandboxAnyTeam(ctx context.Context, id string) (client.Sandbox, error)
+	SetNetwork(ctx context.Context, teamID, id, mode string, rules *client.NetworkRuleLists) error
+	SetPorts(ctx context.Context, teamID, id string, ports []client.PortSpec) error
+	SetTrafficTokenHash(ctx context.Context, teamID, id, hash string) error
 }
 
 // Templates resolves the template a team names for a new sandbox.
@@ -562,7 +568,8 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 		hostWait = max(0, time.Until(deadline))
 	}
 	// The node keeps the env with the sandbox, for any replica's execs.
-	creq := nodeapi.CreateRequest{Spec: key, Wait: hostWait, Env: req.Env}
+	nw, _ := parseNetwork(req.Network) // checked by validateCreate
+	creq := nodeapi.CreateRequest{Spec: key, Wait: hostWait, Env: req.Env, Egress: nw.egress}
 	if s.cfg.ContentDigest != nil {
 		d, err := s.cfg.ContentDigest(ctx, key.Template)
 		if err != nil {
@@ -596,12 +603,13 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 	}
 	now := time.Now().UTC()
 	envKeys := slices.Sorted(maps.Keys(req.Env))
+	token, tokenHash := newTrafficToken()
 	row := client.Sandbox{
 		ID: sb.ID, TeamID: teamID, Template: req.Template, TemplateDigest: tpl.Digest,
 		Runtime: sb.Runtime, RuntimeVersion: sb.RuntimeVersion, State: client.StateRunning,
-		CPU: key.Shape.CPU, MemoryMB: key.Shape.MemoryMB, DiskMB: key.Shape.DiskMB, Network: key.Shape.Network,
-		Metadata: req.Metadata, EnvKeys: envKeys, CreatedAt: now, ExpiresAt: now.Add(ttl), FromPool: sb.FromPool,
-		NodeID: cmp.Or(sb.Node, s.cfg.NodeID),
+		CPU: key.Shape.CPU, MemoryMB: key.Shape.MemoryMB, DiskMB: key.Shape.DiskMB, Network: nw.mode, NetworkRules: nw.lists,
+		Ports: req.Ports, Metadata: req.Metadata, EnvKeys: envKeys, CreatedAt: now, ExpiresAt: now.Add(ttl), FromPool: sb.FromPool,
+		NodeID: cmp.Or(sb.Node, s.cfg.NodeID), TrafficTokenHash: tokenHash,
 	}
 	if row.Metadata == nil {
 		row.Metadata = map[string]string{}
@@ -640,7 +648,9 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 		return client.Sandbox{}, ctx.Err()
 	}
 	s.log.Info("sandbox created", "sandbox", sb.ID, "team", teamID, "template", req.Template,
-		"runtime", sb.Runtime, "from_pool", sb.FromPool, "env_keys", len(envKeys))
+		"runtime", sb.Runtime, "from_pool", sb.FromPool, "env_keys", len(envKeys), "network", nw.mode)
+	// The token is in this answer only (the row keeps its hash).
+	row.TrafficToken = token
 	return row, nil
 }
 
@@ -708,12 +718,13 @@ func (s *Service) validateCreate(ctx context.Context, req client.CreateSandboxRe
 		}
 		shape.DiskMB = req.DiskMB
 	}
-	switch req.Network {
-	case "", client.NetworkNone:
-	case client.NetworkOutbound:
-		shape.Network = client.NetworkOutbound
-	default:
-		return key, 0, errorf(client.CodeBadRequest, "network must be %q or %q, got %q", client.NetworkNone, client.NetworkOutbound, req.Network)
+	nw, err := parseNetwork(req.Network)
+	if err != nil {
+		return key, 0, err
+	}
+	shape.Network = nw.shape
+	if err := validatePorts(req.Ports); err != nil {
+		return key, 0, err
 	}
 	if req.WaitSeconds < 0 || time.Duration(req.WaitSeconds)*time.Second > s.cfg.MaxWait {
 		return key, 0, errorf(client.CodeBadRequest, "wait_seconds must be between 0 and %d", int(s.cfg.MaxWait.Seconds()))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/nodeapi"
+	"github.com/evalbox/evalbox/internal/sandbox/sandboxtest"
 	"github.com/evalbox/evalbox/internal/template"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -119,9 +120,9 @@ func (fakeTemplates) Acquire(ctx context.Context, teamID, name string) (*templat
 	return fakeTemplate, func() {}, nil
 }
 
-func newTestService(t *testing.T, n nodeapi.Node) (*Service, *memStore) {
+func newTestService(t *testing.T, n nodeapi.Node) (*Service, *sandboxtest.MemStore) {
 	t.Helper()
-	st := &memStore{rows: map[string]client.Sandbox{}}
+	st := sandboxtest.NewMemStore()
 	svc := New(Config{DefaultRuntime: "fake", ReapInterval: time.Hour}, st, n, fakeTemplates{}, slog.New(slog.DiscardHandler))
 	t.Cleanup(func() { svc.Close(context.Background()) })
 	return svc, st
@@ -175,8 +176,8 @@ func TestDeathIsObserved(t *testing.T) {
 			t.Fatal(err)
 		}
 		f.die(sb.ID, tc.r)
-		waitFor(t, "the sandbox lost", func() bool { return st.row(sb.ID).State == client.StateLost })
-		if r := st.row(sb.ID); !strings.Contains(r.EndReason, tc.reason) {
+		waitFor(t, "the sandbox lost", func() bool { return st.Row(sb.ID).State == client.StateLost })
+		if r := st.Row(sb.ID); !strings.Contains(r.EndReason, tc.reason) {
 			t.Errorf("%+v: reason %q, want %q", tc.r, r.EndReason, tc.reason)
 		}
 		waitFor(t, "the sandbox destroyed", func() bool { return f.isDestroyed(sb.ID) })
@@ -198,13 +199,13 @@ func TestWatchRetriesAnUnreachableNode(t *testing.T) {
 	}
 	waitFor(t, "the retries", func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.waitErrs == 0 })
 	time.Sleep(50 * time.Millisecond)
-	if r := st.row(sb.ID); r.State != client.StateRunning {
+	if r := st.Row(sb.ID); r.State != client.StateRunning {
 		t.Fatalf("an unreachable node ended the sandbox: %+v", r)
 	}
 	if err := svc.Delete(t.Context(), "team", sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if r := st.row(sb.ID); r.State != client.StateDeleted || !f.isDestroyed(sb.ID) {
+	if r := st.Row(sb.ID); r.State != client.StateDeleted || !f.isDestroyed(sb.ID) {
 		t.Errorf("after delete: %+v", r)
 	}
 }
@@ -231,17 +232,17 @@ func TestCallErrors(t *testing.T) {
 		t.Errorf("agent not found: %v", err)
 	}
 	f.execErr = fmt.Errorf("grpcnode exec: %w: reset", nodeapi.ErrNodeUnreachable)
-	if err := exec(id); apierr.Code(err) != client.CodeUnavailable || st.row(id).State != client.StateRunning {
-		t.Errorf("unreachable node: %v, %s", err, st.row(id).State)
+	if err := exec(id); apierr.Code(err) != client.CodeUnavailable || st.Row(id).State != client.StateRunning {
+		t.Errorf("unreachable node: %v, %s", err, st.Row(id).State)
 	}
 	f.execErr = &nodeapi.StoppedError{ID: id}
-	if err := exec(id); apierr.Code(err) != client.CodeSandboxNotRunning || !errors.Is(err, apierr.ErrStoppedDuringCall) || st.row(id).State != client.StateLost {
-		t.Errorf("stopped during the call: %v, %s", err, st.row(id).State)
+	if err := exec(id); apierr.Code(err) != client.CodeSandboxNotRunning || !errors.Is(err, apierr.ErrStoppedDuringCall) || st.Row(id).State != client.StateLost {
+		t.Errorf("stopped during the call: %v, %s", err, st.Row(id).State)
 	}
 	id = create()
 	f.execErr = &nodeapi.StoppedError{ID: id, OOMKills: 1}
-	if err := exec(id); !errors.Is(err, apierr.ErrOutOfMemory) || !strings.Contains(st.row(id).EndReason, "out of memory") {
-		t.Errorf("out of memory during the call: %v, %q", err, st.row(id).EndReason)
+	if err := exec(id); !errors.Is(err, apierr.ErrOutOfMemory) || !strings.Contains(st.Row(id).EndReason, "out of memory") {
+		t.Errorf("out of memory during the call: %v, %q", err, st.Row(id).EndReason)
 	}
 
 	f.createErr = &nodeapi.CapacityError{Resource: "pids", Need: 10, Reserved: 5, Budget: 10}
@@ -299,7 +300,7 @@ func TestBackgroundSlotThroughAnUnreachableNode(t *testing.T) {
 func TestCreateWaitsForTheDatabaseSlot(t *testing.T) {
 	f := newFakeNode()
 	svc, st := newTestService(t, f)
-	st.full.Store(true)
+	st.Full.Store(true)
 	_, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"})
 	if apierr.Code(err) != client.CodeTooManySandboxes {
 		t.Fatalf("database full, no wait: %v", err)
@@ -312,13 +313,13 @@ func TestCreateWaitsForTheDatabaseSlot(t *testing.T) {
 	if n := svc.sandboxSlots.InUse("team"); n != 0 {
 		t.Fatalf("%d local slots held after refusals", n)
 	}
-	time.AfterFunc(300*time.Millisecond, func() { st.full.Store(false) })
+	time.AfterFunc(300*time.Millisecond, func() { st.Full.Store(false) })
 	start = time.Now()
 	sb, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base", WaitSeconds: 10})
 	if err != nil || time.Since(start) < 300*time.Millisecond {
 		t.Fatalf("admitted once the database had room: %v after %v", err, time.Since(start))
 	}
-	if n := st.slots.Load(); n != 0 {
+	if n := st.Slots.Load(); n != 0 {
 		t.Errorf("%d database slots held once the row exists", n)
 	}
 	if err := svc.Delete(t.Context(), "team", sb.ID); err != nil {
@@ -332,7 +333,7 @@ func TestCreateWaitsForTheDatabaseSlot(t *testing.T) {
 // rows no one here runs.
 func TestNodeLost(t *testing.T) {
 	f := newFakeNode()
-	st := &memStore{rows: map[string]client.Sandbox{}}
+	st := sandboxtest.NewMemStore()
 	svc := New(Config{DefaultRuntime: "fake", ReapInterval: time.Hour, NodeID: "n1"}, st, f, fakeTemplates{}, slog.New(slog.DiscardHandler))
 	t.Cleanup(func() { svc.Close(context.Background()) })
 	svc.teamCache["team"] = cachedTeam{team: client.Team{ID: "team", Limits: client.Limits{MaxSandboxes: 1, MaxConcurrentExec: 4}}, at: time.Now().Add(time.Hour)}
@@ -351,8 +352,8 @@ func TestNodeLost(t *testing.T) {
 	// Through the watch: Wait returns the node's end.
 	id := create()
 	f.die(id, waitResult{end: nodeapi.End{Reason: lost.Error()}, err: lost})
-	waitFor(t, "the sandbox lost", func() bool { return st.row(id).State == client.StateLost })
-	if r := st.row(id); r.EndReason != "node n1 lost (its lease expired)" {
+	waitFor(t, "the sandbox lost", func() bool { return st.Row(id).State == client.StateLost })
+	if r := st.Row(id); r.EndReason != "node n1 lost (its lease expired)" {
 		t.Errorf("reason %q", r.EndReason)
 	}
 	// Its slot is free: the team's one sandbox can be created again.
@@ -364,7 +365,7 @@ func TestNodeLost(t *testing.T) {
 	if !errors.Is(err, apierr.ErrNodeLost) || errors.Is(err, apierr.ErrStoppedDuringCall) || apierr.Code(err) != client.CodeSandboxNotRunning {
 		t.Errorf("call on a lost node: %v", err)
 	}
-	if r := st.row(id); r.State != client.StateLost || r.EndReason != lost.Error() {
+	if r := st.Row(id); r.State != client.StateLost || r.EndReason != lost.Error() {
 		t.Errorf("after the call: %+v", r)
 	}
 	f.execErr = nil
@@ -378,11 +379,11 @@ func TestNodeLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range []string{id, other.ID} {
-		if row := st.row(r); row.State != client.StateLost || row.EndReason != lost.Error() {
+		if row := st.Row(r); row.State != client.StateLost || row.EndReason != lost.Error() {
 			t.Errorf("%s after the drain: %+v", r, row)
 		}
 	}
-	if row := st.row(elsewhere.ID); row.State != client.StateRunning {
+	if row := st.Row(elsewhere.ID); row.State != client.StateRunning {
 		t.Errorf("another node's row after the drain: %+v", row)
 	}
 	create()
@@ -393,13 +394,15 @@ func TestNodeLost(t *testing.T) {
 // while no replica watched ends lost); an embedded server's rows on a
 // shared database are left alone.
 func TestRecoverInAFleet(t *testing.T) {
-	st := &memStore{rows: map[string]client.Sandbox{}}
+	st := sandboxtest.NewMemStore()
 	local := LocalNodeID("host", "inst")
 	for _, r := range []client.Sandbox{{ID: "a", NodeID: "live"}, {ID: "b", NodeID: "dead"}, {ID: "c", NodeID: local}, {ID: "d", NodeID: "live"}} {
 		r.TeamID, r.State = "team", client.StateRunning
-		st.rows[r.ID] = r
+		if _, err := st.InsertSandbox(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
 	}
-	st.listByState = true
+	st.ListByStateToo = true
 	f := newFakeNode()
 	f.ends["a"], f.ends["d"] = make(chan waitResult, 1), make(chan waitResult, 1)
 	svc := New(Config{DefaultRuntime: "fake", ReapInterval: time.Hour, NodeLive: func(id string) bool { return id == "live" }},
@@ -408,20 +411,20 @@ func TestRecoverInAFleet(t *testing.T) {
 	if err := svc.Recover(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if r := st.row("a"); r.State != client.StateRunning {
+	if r := st.Row("a"); r.State != client.StateRunning {
 		t.Errorf("a live node's row: %+v", r)
 	}
-	if r := st.row("b"); r.State != client.StateLost || r.EndReason != "node dead lost (it is not live)" {
+	if r := st.Row("b"); r.State != client.StateLost || r.EndReason != "node dead lost (it is not live)" {
 		t.Errorf("a dead node's row: %+v", r)
 	}
-	if r := st.row("c"); r.State != client.StateRunning {
+	if r := st.Row("c"); r.State != client.StateRunning {
 		t.Errorf("an embedded server's row: %+v", r)
 	}
 	// d's sandbox is gone from its node (it restarted while no replica
 	// ran): the watch Recover started notices.
 	f.die("d", waitResult{err: nodeapi.ErrSandboxNotFound})
-	waitFor(t, "d lost", func() bool { return st.row("d").State == client.StateLost })
-	if r := st.row("a"); r.State != client.StateRunning {
+	waitFor(t, "d lost", func() bool { return st.Row("d").State == client.StateLost })
+	if r := st.Row("a"); r.State != client.StateRunning {
 		t.Errorf("a live node's row after another's death: %+v", r)
 	}
 }
@@ -431,7 +434,7 @@ func TestRecoverInAFleet(t *testing.T) {
 // wait for those to end.
 func TestFleetCloseLeavesProcesses(t *testing.T) {
 	p := &blockingProcNode{fakeNode: newFakeNode()}
-	st := &memStore{rows: map[string]client.Sandbox{}}
+	st := sandboxtest.NewMemStore()
 	svc := New(Config{DefaultRuntime: "fake", ReapInterval: time.Hour, NodeID: "n1", NodeLive: func(string) bool { return true }},
 		st, p, fakeTemplates{}, slog.New(slog.DiscardHandler))
 	sb, err := svc.Create(t.Context(), "team", client.CreateSandboxRequest{Template: "base"})
@@ -451,7 +454,7 @@ func TestFleetCloseLeavesProcesses(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Close waits for a background process of a sandbox it leaves running")
 	}
-	if r := st.row(sb.ID); r.State != client.StateRunning || p.isDestroyed(sb.ID) {
+	if r := st.Row(sb.ID); r.State != client.StateRunning || p.isDestroyed(sb.ID) {
 		t.Errorf("after Close: %+v, destroyed %v", r, p.isDestroyed(sb.ID))
 	}
 }
@@ -474,7 +477,7 @@ func (p *blockingProcNode) WaitProcess(ctx context.Context, id, procID string) (
 // by its own code; the row keeps the other replica's end.
 func TestEndedElsewhere(t *testing.T) {
 	f := newFakeNode()
-	st := &memStore{rows: map[string]client.Sandbox{}}
+	st := sandboxtest.NewMemStore()
 	svc := New(Config{DefaultRuntime: "fake", ReapInterval: time.Hour, NodeID: "n1", NodeLive: func(string) bool { return true }},
 		st, f, fakeTemplates{}, slog.New(slog.DiscardHandler))
 	t.Cleanup(func() { svc.Close(context.Background()) })
@@ -490,7 +493,7 @@ func TestEndedElsewhere(t *testing.T) {
 	if errors.Is(err, apierr.ErrStoppedDuringCall) || apierr.Code(err) != client.CodeSandboxNotRunning || !strings.Contains(err.Error(), "was ended while the call ran") {
 		t.Errorf("a call on a sandbox ended elsewhere: %v", err)
 	}
-	if r := st.row(sb.ID); r.State != client.StateDeleted || r.EndReason != "deleted" {
+	if r := st.Row(sb.ID); r.State != client.StateDeleted || r.EndReason != "deleted" {
 		t.Errorf("row after: %+v", r)
 	}
 }
@@ -504,7 +507,7 @@ func TestEndedElsewhere(t *testing.T) {
 // reach a fleet node's sandbox, and says so.
 func TestReplicasShareFleetSandboxes(t *testing.T) {
 	f := newFakeNode()
-	st := &memStore{rows: map[string]client.Sandbox{}}
+	st := sandboxtest.NewMemStore()
 	team := client.Team{ID: "team", Limits: client.Limits{MaxSandboxes: 8, MaxConcurrentExec: 8}}
 	replica := func(reap time.Duration) *Service {
 		svc := New(Config{DefaultRuntime: "fake", ReapInterval: reap, NodeID: "n1", NodeLive: func(id string) bool { return id == "n1" }},
@@ -543,7 +546,7 @@ func TestReplicasShareFleetSandboxes(t *testing.T) {
 	if _, err := b.SetTimeout(t.Context(), "team", sb.ID, 1); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the sandbox expired", func() bool { return st.row(sb.ID).State == client.StateExpired })
+	waitFor(t, "the sandbox expired", func() bool { return st.Row(sb.ID).State == client.StateExpired })
 	waitFor(t, "the sandbox destroyed", func() bool { return f.isDestroyed(sb.ID) })
 
 	// A delete through b of a's sandbox.
@@ -551,7 +554,7 @@ func TestReplicasShareFleetSandboxes(t *testing.T) {
 	if err := b.Delete(t.Context(), "team", sb2.ID); err != nil {
 		t.Fatal(err)
 	}
-	if r := st.row(sb2.ID); r.State != client.StateDeleted || !f.isDestroyed(sb2.ID) {
+	if r := st.Row(sb2.ID); r.State != client.StateDeleted || !f.isDestroyed(sb2.ID) {
 		t.Errorf("deleted through the other replica: %+v, destroyed %v", r, f.isDestroyed(sb2.ID))
 	}
 
@@ -560,7 +563,7 @@ func TestReplicasShareFleetSandboxes(t *testing.T) {
 	if err := a.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if r := st.row(sb3.ID); r.State != client.StateRunning || f.isDestroyed(sb3.ID) {
+	if r := st.Row(sb3.ID); r.State != client.StateRunning || f.isDestroyed(sb3.ID) {
 		t.Errorf("a fleet sandbox after its replica shut down: %+v, destroyed %v", r, f.isDestroyed(sb3.ID))
 	}
 	if _, err := b.Exec(t.Context(), "team", sb3.ID, client.ExecRequest{Argv: []string{"true"}}, nil, nil); err != nil {
@@ -579,7 +582,7 @@ func TestReplicasShareFleetSandboxes(t *testing.T) {
 	if err := emb.Delete(t.Context(), "team", sb3.ID); apierr.Code(err) != client.CodeUnavailable {
 		t.Errorf("delete from an embedded server: %v", err)
 	}
-	if r := st.row(sb3.ID); r.State != client.StateRunning {
+	if r := st.Row(sb3.ID); r.State != client.StateRunning {
 		t.Errorf("after the embedded server's delete: %+v", r)
 	}
 	if err := b.Delete(t.Context(), "team", sb3.ID); err != nil {

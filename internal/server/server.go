@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -73,6 +74,12 @@ type Config struct {
 	// Capacity sizes the host budget every sandbox is admitted against
 	// (zero values: derived from the host).
 	Capacity node.CapacityConfig
+	// EgressDNS and AllowPrivate configure the embedded node's outbound
+	// network (nodehost.Config); SandboxDomain, the host form of port URLs
+	// (api.Config).
+	EgressDNS     []netip.AddrPort
+	AllowPrivate  []netip.Prefix
+	SandboxDomain string
 	// OutputMemory bounds, in bytes, the command output the server holds
 	// for buffered answers and eval runs at any one time (0: 1 GiB).
 	OutputMemory int64
@@ -181,7 +188,7 @@ func Run(ctx context.Context, cfg Config) error {
 		// also holds the SQLite database, the admin key and build logs.
 		host, err := nodehost.Open(ctx, nodehost.Config{DataDir: cfg.DataDir, Runsc: cfg.Runsc, Agent: cfg.Agent,
 			TemplatesDir: cfg.TemplatesDir, Mirror: cfg.Mirror, Builtins: cfg.Builtins, Runtimes: cfg.Runtimes,
-			Build: cfg.Build, Capacity: cfg.Capacity, Logger: log})
+			Build: cfg.Build, Capacity: cfg.Capacity, EgressDNS: cfg.EgressDNS, AllowPrivate: cfg.AllowPrivate, Logger: log})
 		if err != nil {
 			return fmt.Errorf("server: %w", err)
 		}
@@ -320,7 +327,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	apiCfg := api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
-		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: runtimesOf(ctx, nodes), Pools: nodes, Capacity: nodes, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log}
+		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: runtimesOf(ctx, nodes), Pools: nodes, Capacity: nodes, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log,
+		SandboxDomain: cfg.SandboxDomain}
 	if fleetMode {
 		apiCfg.RuntimesNow = func() []string { return runtimesOf(context.Background(), nodes) }
 		apiCfg.NoTemplateBuilds = noBuildsOnFleet

@@ -155,6 +155,12 @@ var migrations = []string{
 	// the team's lock at every create: a partial index, whose size is
 	// the running rows', however long the team's history of ended ones.
 	`CREATE INDEX sandboxes_running ON sandboxes(team_id) WHERE state = 'running';`,
+	// 10: network rules (issue 11): the lists of a sandbox in mode rules
+	// (JSON, '' otherwise), its port settings (JSON) and the hash of its
+	// traffic token.
+	`ALTER TABLE sandboxes ADD COLUMN network_rules TEXT NOT NULL DEFAULT '';
+	ALTER TABLE sandboxes ADD COLUMN ports TEXT NOT NULL DEFAULT '[]';
+	ALTER TABLE sandboxes ADD COLUMN traffic_token_hash TEXT NOT NULL DEFAULT '';`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

@@ -13,13 +13,14 @@ import (
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
-// Sandbox rows are client.Sandbox values: the table has exactly its fields.
-// Metadata and EnvKeys are stored as JSON; EnvKeys holds names only, never
-// values. Metadata reads back as a non-nil map, EnvKeys sorted.
+// Sandbox rows are client.Sandbox values: the table has exactly its fields
+// (but TrafficToken, of which it keeps the hash). Metadata, EnvKeys,
+// NetworkRules and Ports are stored as JSON; EnvKeys holds names only,
+// never values. Metadata reads back as a non-nil map, EnvKeys sorted.
 
 const sandboxCols = `id, team_id, template, template_digest, runtime, runtime_version, state,
 	cpu, memory_mb, disk_mb, network, metadata, env_keys, from_pool,
-	created_at, expires_at, ended_at, end_reason, node_id`
+	created_at, expires_at, ended_at, end_reason, node_id, network_rules, ports, traffic_token_hash`
 
 // SandboxFilter selects sandboxes in ListSandboxes.
 type SandboxFilter struct {
@@ -47,7 +48,7 @@ func (s *Store) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sa
 
 // insertSandboxSQL inserts a row of sandboxArgs.
 const insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxCols + `)
-	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 // sandboxArgs fills sb's defaults (InsertSandbox's) and returns it with the
 // values of sandboxCols.
@@ -86,9 +87,46 @@ func sandboxArgs(sb client.Sandbox) (client.Sandbox, []any, error) {
 			return client.Sandbox{}, nil, fmt.Errorf("store: insert sandbox: %w", err)
 		}
 	}
+	rules, err := rulesJSON(sb.NetworkRules)
+	if err != nil {
+		return client.Sandbox{}, nil, fmt.Errorf("store: insert sandbox: %w", err)
+	}
+	sb.Ports = normPorts(sb.Ports)
+	ports, err := json.Marshal(sb.Ports)
+	if err != nil {
+		return client.Sandbox{}, nil, fmt.Errorf("store: insert sandbox: %w", err)
+	}
+	sb.TrafficToken = ""
 	return sb, []any{sb.ID, sb.TeamID, sb.Template, sb.TemplateDigest, sb.Runtime, sb.RuntimeVersion, sb.State,
 		sb.CPU, sb.MemoryMB, sb.DiskMB, sb.Network, string(meta), string(envKeys), boolInt(sb.FromPool),
-		toDB(sb.CreatedAt), toDB(sb.ExpiresAt), nullTime(sb.EndedAt), sb.EndReason, sb.NodeID}, nil
+		toDB(sb.CreatedAt), toDB(sb.ExpiresAt), nullTime(sb.EndedAt), sb.EndReason, sb.NodeID,
+		rules, string(ports), sb.TrafficTokenHash}, nil
+}
+
+// rulesJSON is the stored form of a sandbox's rule lists: ” for none.
+func rulesJSON(r *client.NetworkRuleLists) (string, error) {
+	if r == nil {
+		return "", nil
+	}
+	c := client.NetworkRuleLists{Allow: r.Allow, Deny: r.Deny}
+	if c.Allow == nil {
+		c.Allow = []string{}
+	}
+	if c.Deny == nil {
+		c.Deny = []string{}
+	}
+	b, err := json.Marshal(c)
+	return string(b), err
+}
+
+// normPorts sorts port settings by port; an empty list is nil.
+func normPorts(ps []client.PortSpec) []client.PortSpec {
+	if len(ps) == 0 {
+		return nil
+	}
+	ps = slices.Clone(ps)
+	slices.SortFunc(ps, func(a, b client.PortSpec) int { return a.Port - b.Port })
+	return ps
 }
 
 // GetSandbox returns the team's sandbox with this id; another team's is
@@ -100,6 +138,62 @@ func (s *Store) GetSandbox(ctx context.Context, teamID, id string) (client.Sandb
 		return client.Sandbox{}, fmt.Errorf("store: get sandbox %s: %w", id, err)
 	}
 	return sb, nil
+}
+
+// GetSandboxAnyTeam returns the sandbox with this id, whichever team's (for
+// the port URLs that a traffic token or a public port opens, whose caller
+// names no team).
+func (s *Store) GetSandboxAnyTeam(ctx context.Context, id string) (client.Sandbox, error) {
+	sb, err := scanSandbox(s.queryRow(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id))
+	if err != nil {
+		return client.Sandbox{}, fmt.Errorf("store: get sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// SetNetwork sets the network mode and rule lists (nil unless the mode is
+// rules) of the team's running sandbox. An ended sandbox is ErrNotRunning;
+// another team's is ErrNotFound.
+func (s *Store) SetNetwork(ctx context.Context, teamID, id, mode string, rules *client.NetworkRuleLists) error {
+	js, err := rulesJSON(rules)
+	if err != nil {
+		return fmt.Errorf("store: set network of %s: %w", id, err)
+	}
+	return s.updateRunning(ctx, "set network of", teamID, id, `network = ?, network_rules = ?`, mode, js)
+}
+
+// SetPorts replaces the port settings of the team's running sandbox.
+func (s *Store) SetPorts(ctx context.Context, teamID, id string, ports []client.PortSpec) error {
+	js, err := json.Marshal(normPorts(ports))
+	if err != nil {
+		return fmt.Errorf("store: set ports of %s: %w", id, err)
+	}
+	if string(js) == "null" {
+		js = []byte("[]")
+	}
+	return s.updateRunning(ctx, "set ports of", teamID, id, `ports = ?`, string(js))
+}
+
+// SetTrafficTokenHash replaces the hash of the team's running sandbox's
+// traffic token.
+func (s *Store) SetTrafficTokenHash(ctx context.Context, teamID, id, hash string) error {
+	return s.updateRunning(ctx, "set traffic token of", teamID, id, `traffic_token_hash = ?`, hash)
+}
+
+// updateRunning sets columns of the team's running sandbox (as SetExpiry).
+func (s *Store) updateRunning(ctx context.Context, what, teamID, id, set string, args ...any) error {
+	args = append(args, id, teamID, client.StateRunning)
+	res, err := s.exec(ctx, `UPDATE sandboxes SET `+set+` WHERE id = ? AND team_id = ? AND state = ?`, args...)
+	if err == nil {
+		var n int64
+		if n, err = res.RowsAffected(); err == nil && n == 0 {
+			err = s.whyNotRunning(ctx, teamID, id)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("store: %s %s: %w", what, id, err)
+	}
+	return nil
 }
 
 // ListSandboxes returns the team's sandboxes that match f, newest first.
@@ -277,12 +371,12 @@ func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) (
 
 func scanSandbox(sc scanner) (client.Sandbox, error) {
 	var sb client.Sandbox
-	var meta, envKeys string
+	var meta, envKeys, rules, ports string
 	var created, expires, fromPool int64
 	var ended sql.NullInt64
 	err := sc.Scan(&sb.ID, &sb.TeamID, &sb.Template, &sb.TemplateDigest, &sb.Runtime, &sb.RuntimeVersion, &sb.State,
 		&sb.CPU, &sb.MemoryMB, &sb.DiskMB, &sb.Network, &meta, &envKeys, &fromPool,
-		&created, &expires, &ended, &sb.EndReason, &sb.NodeID)
+		&created, &expires, &ended, &sb.EndReason, &sb.NodeID, &rules, &ports, &sb.TrafficTokenHash)
 	if errors.Is(err, sql.ErrNoRows) {
 		return client.Sandbox{}, ErrNotFound
 	}
@@ -300,6 +394,18 @@ func scanSandbox(sc scanner) (client.Sandbox, error) {
 	}
 	if len(sb.EnvKeys) == 0 {
 		sb.EnvKeys = nil
+	}
+	if rules != "" {
+		sb.NetworkRules = &client.NetworkRuleLists{}
+		if err := json.Unmarshal([]byte(rules), sb.NetworkRules); err != nil {
+			return client.Sandbox{}, fmt.Errorf("sandbox %s network rules: %w", sb.ID, err)
+		}
+	}
+	if err := json.Unmarshal([]byte(ports), &sb.Ports); err != nil {
+		return client.Sandbox{}, fmt.Errorf("sandbox %s ports: %w", sb.ID, err)
+	}
+	if len(sb.Ports) == 0 {
+		sb.Ports = nil
 	}
 	sb.FromPool = fromPool != 0
 	sb.CreatedAt, sb.ExpiresAt, sb.EndedAt = fromDB(created), fromDB(expires), timePtr(ended)

@@ -13,6 +13,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -54,6 +55,21 @@ func NewCA(t testing.TB) *CA {
 // server's for DNS name name (serverAuth), or a client's (clientAuth).
 func (ca *CA) Issue(t testing.TB, name string, server bool) (certFile, keyFile string) {
 	t.Helper()
+	if server {
+		return ca.issue(t, name, []string{name}, true)
+	}
+	return ca.issue(t, name, nil, false)
+}
+
+// IssueServer makes a server's certificate for several DNS names (the
+// first names its files; "*.example.test" wildcards allowed).
+func (ca *CA) IssueServer(t testing.TB, names ...string) (certFile, keyFile string) {
+	t.Helper()
+	return ca.issue(t, strings.ReplaceAll(names[0], "*", "_"), names, true)
+}
+
+func (ca *CA) issue(t testing.TB, name string, dnsNames []string, server bool) (certFile, keyFile string) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +78,7 @@ func (ca *CA) Issue(t testing.TB, name string, server bool) (certFile, keyFile s
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 	if server {
-		tpl.DNSNames, tpl.ExtKeyUsage = []string{name}, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tpl.DNSNames, tpl.ExtKeyUsage = dnsNames, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {

@@ -150,6 +150,12 @@ func TestClientCoversSpec(t *testing.T) {
 		func() error { _, err := c.StreamProcess(ctx, "sb-1", "p-1", nil, nil); return err },
 		func() error { return c.SignalProcess(ctx, "sb-1", "p-1", "TERM") },
 		func() error { return c.KillProcess(ctx, "sb-1", "p-1") },
+		func() error {
+			_, err := c.SetNetwork(ctx, "sb-1", NetworkSpec{Mode: NetworkRules, Allow: []string{"pypi.org"}})
+			return err
+		},
+		func() error { _, err := c.SetPorts(ctx, "sb-1", []PortSpec{{Port: 8000, Public: true}}); return err },
+		func() error { _, err := c.RotateTrafficToken(ctx, "sb-1"); return err },
 		func() error { _, err := c.WriteFile(ctx, "sb-1", "/a", strings.NewReader("x"), 1, 0o755); return err },
 		func() error {
 			rc, _, err := c.ReadFile(ctx, "sb-1", "/a")

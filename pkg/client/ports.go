@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -15,6 +17,25 @@ import (
 // "/".
 func (c *Client) PortURL(id string, port int) string {
 	return c.base + "/v1/sandboxes/" + seg(id) + "/ports/" + strconv.Itoa(port) + "/"
+}
+
+// HostPortURL is the host form of a port's URL, on a server with a sandbox
+// domain (serve --sandbox-domain; Sandbox.Domain, Health.SandboxDomain):
+// {port}-{id}.{domain}, with the scheme and port of the client's base URL.
+// It ends with "/". An empty domain gives "" (the server has none).
+func (c *Client) HostPortURL(id string, port int, domain string) string {
+	if domain == "" {
+		return ""
+	}
+	u, err := url.Parse(c.base)
+	if err != nil {
+		return ""
+	}
+	host := strconv.Itoa(port) + "-" + id + "." + domain
+	if p := u.Port(); p != "" {
+		host = net.JoinHostPort(host, p)
+	}
+	return u.Scheme + "://" + host + "/"
 }
 
 // Port sends an HTTP request to the server listening on port in sandbox

@@ -107,3 +107,61 @@ func metadataQuery(md map[string]string) url.Values {
 	}
 	return q
 }
+
+// SetNetwork changes a running sandbox's network: between outbound and
+// rules, and the lists of rules, live (new connections follow within a
+// second; open ones the rules now deny are cut). A sandbox created with
+// network none cannot be opened (conflict).
+func (c *Client) SetNetwork(ctx context.Context, id string, n NetworkSpec) (*Sandbox, error) {
+	if err := checkIDs(id); err != nil {
+		return nil, err
+	}
+	body := n
+	if body.Mode == NetworkRules || body.Allow != nil || body.Deny != nil {
+		// Always the object form here: it says the lists are replaced.
+		body.Allow, body.Deny = nonNil(body.Allow), nonNil(body.Deny)
+	}
+	var sb Sandbox
+	err := c.do(ctx, &request{method: http.MethodPut, path: "/sandboxes/" + seg(id) + "/network", in: &body, retry: true}, &sb)
+	if err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// SetPorts replaces the port settings of a running sandbox (a port not
+// listed is private: the API key or the traffic token opens it).
+func (c *Client) SetPorts(ctx context.Context, id string, ports []PortSpec) (*Sandbox, error) {
+	if err := checkIDs(id); err != nil {
+		return nil, err
+	}
+	if ports == nil {
+		ports = []PortSpec{}
+	}
+	var sb Sandbox
+	err := c.do(ctx, &request{method: http.MethodPut, path: "/sandboxes/" + seg(id) + "/ports", in: &SetPortsRequest{Ports: ports}, retry: true}, &sb)
+	if err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
+// RotateTrafficToken gives a running sandbox a new traffic token and
+// returns it; the previous one stops working at once.
+func (c *Client) RotateTrafficToken(ctx context.Context, id string) (string, error) {
+	if err := checkIDs(id); err != nil {
+		return "", err
+	}
+	var t TrafficToken
+	if err := c.do(ctx, &request{method: http.MethodPost, path: "/sandboxes/" + seg(id) + "/traffic-token"}, &t); err != nil {
+		return "", err
+	}
+	return t.TrafficToken, nil
+}

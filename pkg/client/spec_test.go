@@ -75,10 +75,16 @@ var wireTypes = map[string]reflect.Type{
 	"EvalRunList":          reflect.TypeFor[EvalRunList](),
 	"EvalResult":           reflect.TypeFor[EvalResult](),
 	"EvalEvent":            reflect.TypeFor[EvalEvent](),
+	"NetworkSpec":          reflect.TypeFor[NetworkSpec](),
+	"NetworkRuleLists":     reflect.TypeFor[NetworkRuleLists](),
+	"PortSpec":             reflect.TypeFor[PortSpec](),
+	"SetPortsRequest":      reflect.TypeFor[SetPortsRequest](),
+	"TrafficToken":         reflect.TypeFor[TrafficToken](),
 }
 
 // enumConsts maps "Schema.property" to the prefix of the constants in
-// types.go that list its values.
+// types.go that list its values, or, after "=", the names of the constants
+// of a field that takes some of them only.
 var enumConsts = map[string]string{
 	"ErrorDetail.code":             "Code",
 	"CreateSandboxRequest.runtime": "Runtime",
@@ -90,7 +96,7 @@ var enumConsts = map[string]string{
 	"ExecEvent.type":               "Event",
 	"FileInfo.type":                "FileType",
 	"Template.source":              "TemplateSource",
-	"TemplateSpec.network":         "Network",
+	"TemplateSpec.network":         "=NetworkNone,NetworkOutbound",
 	"TemplateBuild.kind":           "BuildKind",
 	"TemplateBuild.state":          "BuildState",
 	"BuildEvent.type":              "BuildEvent",
@@ -100,7 +106,8 @@ var enumConsts = map[string]string{
 	"CreateEvalRequest.mode":       "EvalMode",
 	"EvalEvent.type":               "EvalEvent",
 	"Pool.runtime":                 "Runtime",
-	"Pool.network":                 "Network",
+	"Pool.network":                 "=NetworkNone,NetworkOutbound",
+	"NetworkSpec.mode":             "Network",
 }
 
 type yamlMap = map[string]any
@@ -202,25 +209,48 @@ func checkStruct(t *testing.T, name string, schema yamlMap, typ reflect.Type, co
 			t.Errorf("%s: Go field %s has no property in the spec", where, f.Name)
 			continue
 		}
-		if !slices.Contains(strings.Split(opts, ","), "omitempty") {
+		if o := strings.Split(opts, ","); !slices.Contains(o, "omitempty") && !slices.Contains(o, "omitzero") {
 			wantRequired = append(wantRequired, jname)
 		}
-		checkType(t, where, asMap(p), f.Type)
+		ps := asMap(p)
+		if alts, ok := ps["oneOf"].([]any); ok {
+			// A struct that is also written as a string (its mode): the
+			// string's enum is the field's, the object its schema.
+			ps = nil
+			for _, a := range alts {
+				if am := asMap(a); am["$ref"] != nil {
+					checkType(t, where, am, f.Type)
+				} else if am["type"] == "string" {
+					ps = am
+				}
+			}
+			if ps == nil {
+				t.Errorf("%s: oneOf without a string form", where)
+				continue
+			}
+		} else {
+			checkType(t, where, ps, f.Type)
+		}
 		if prefix, ok := enumConsts[where]; ok {
 			var want []string
+			if names, ok := strings.CutPrefix(prefix, "="); ok {
+				for _, n := range strings.Split(names, ",") {
+					want = append(want, consts[n])
+				}
+			}
 			for cname, v := range consts {
-				if strings.HasPrefix(cname, prefix) && len(cname) > len(prefix) &&
+				if !strings.HasPrefix(prefix, "=") && strings.HasPrefix(cname, prefix) && len(cname) > len(prefix) &&
 					cname[len(prefix)] >= 'A' && cname[len(prefix)] <= 'Z' {
 					want = append(want, v)
 				}
 			}
-			got := stringList(asMap(p)["enum"])
+			got := stringList(ps["enum"])
 			sort.Strings(want)
 			sort.Strings(got)
 			if !slices.Equal(got, want) {
 				t.Errorf("%s: enum %v, but types.go's %s* constants are %v", where, got, prefix, want)
 			}
-		} else if _, ok := asMap(p)["enum"]; ok {
+		} else if _, ok := ps["enum"]; ok {
 			t.Errorf("%s: enum in the spec without constants in types.go (add them and to enumConsts)", where)
 		}
 	}

@@ -1,7 +1,9 @@
 package client
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -14,6 +16,89 @@ const (
 	RuntimeNamespaces = "namespaces"
 	NetworkNone       = "none"
 	NetworkOutbound   = "outbound"
+	// NetworkRules is outbound traffic limited to NetworkSpec's Allow
+	// list, minus its Deny list (docs/network.md).
+	NetworkRules = "rules"
+)
+
+// NetworkSpec is a sandbox's network: the mode and, in mode "rules", the
+// destinations it may reach. Each entry is a CIDR (IPv4 or IPv6), an exact
+// domain or a wildcard ("*.example.com": its subdomains); a deny wins over
+// an allow. On the wire it is an object, or just the mode as a string
+// ("none", "outbound"), which is how it is written when it has no lists.
+type NetworkSpec struct {
+	Mode  string   `json:"mode"`
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
+}
+
+// Network returns the spec of a mode without lists.
+func Network(mode string) NetworkSpec { return NetworkSpec{Mode: mode} }
+
+// IsZero reports whether n is unset (the server's default: none).
+func (n NetworkSpec) IsZero() bool { return n.Mode == "" && n.Allow == nil && n.Deny == nil }
+
+// MarshalJSON writes a spec without lists as its mode alone, as servers
+// before rules expect.
+func (n NetworkSpec) MarshalJSON() ([]byte, error) {
+	if n.Allow == nil && n.Deny == nil && n.Mode != NetworkRules {
+		return json.Marshal(n.Mode)
+	}
+	type plain NetworkSpec
+	return json.Marshal(plain(n))
+}
+
+// UnmarshalJSON reads the object or the mode alone.
+func (n *NetworkSpec) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		*n = NetworkSpec{}
+		return json.Unmarshal(b, &n.Mode)
+	}
+	type plain NetworkSpec
+	var p plain
+	// Strict, as the API reads every body: an unknown field (a typo of
+	// "allow") is an error, not rules that silently allow nothing.
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	*n = NetworkSpec(p)
+	return nil
+}
+
+// NetworkRuleLists are the lists of a sandbox in mode "rules".
+type NetworkRuleLists struct {
+	Allow []string `json:"allow"`
+	Deny  []string `json:"deny"`
+}
+
+// PortSpec is how a sandbox's port may be reached through its URLs.
+type PortSpec struct {
+	Port int `json:"port"`
+	// Public opens the port's URLs to anyone who has them, with no key
+	// or traffic token.
+	Public bool `json:"public"`
+}
+
+// SetPortsRequest is the body of PUT /v1/sandboxes/{id}/ports: the ports
+// whose settings differ from the default (private), replacing the list.
+type SetPortsRequest struct {
+	Ports []PortSpec `json:"ports"`
+}
+
+// TrafficToken is the body of POST /v1/sandboxes/{id}/traffic-token.
+type TrafficToken struct {
+	TrafficToken string `json:"traffic_token"`
+}
+
+// Headers and query parameter of port URLs.
+const (
+	// HeaderTrafficToken carries a sandbox's traffic token to its port
+	// URLs (instead of the team's API key).
+	HeaderTrafficToken = "X-Evalbox-Traffic-Token"
+	// QueryTrafficToken is the query parameter form, for browsers.
+	QueryTrafficToken = "evalbox_token"
 )
 
 // Sandbox states.
@@ -96,7 +181,10 @@ type CreateSandboxRequest struct {
 	// values are never returned by the API nor logged.
 	Env      map[string]string `json:"env,omitempty"`
 	Metadata map[string]string `json:"metadata,omitempty"`
-	Network  string            `json:"network,omitempty"`
+	Network  NetworkSpec       `json:"network,omitzero"`
+	// Ports sets how ports may be reached (by default: with the team's
+	// API key or the sandbox's traffic token).
+	Ports []PortSpec `json:"ports,omitempty"`
 	// WaitSeconds > 0 queues the request (FIFO) up to that long when the
 	// team is at its active-sandbox limit, instead of failing with 429.
 	WaitSeconds int `json:"wait_seconds,omitempty"`
@@ -108,15 +196,20 @@ type Sandbox struct {
 	TeamID   string `json:"team_id"`
 	Template string `json:"template"`
 	// TemplateDigest identifies the exact root filesystem.
-	TemplateDigest string            `json:"template_digest,omitempty"`
-	Runtime        string            `json:"runtime"`
-	RuntimeVersion string            `json:"runtime_version,omitempty"`
-	State          string            `json:"state"`
-	CPU            float64           `json:"cpu"`
-	MemoryMB       int               `json:"memory_mb"`
-	DiskMB         int               `json:"disk_mb"`
-	Network        string            `json:"network"`
-	Metadata       map[string]string `json:"metadata"`
+	TemplateDigest string  `json:"template_digest,omitempty"`
+	Runtime        string  `json:"runtime"`
+	RuntimeVersion string  `json:"runtime_version,omitempty"`
+	State          string  `json:"state"`
+	CPU            float64 `json:"cpu"`
+	MemoryMB       int     `json:"memory_mb"`
+	DiskMB         int     `json:"disk_mb"`
+	// Network is the mode (none, outbound, rules); NetworkRules its lists
+	// in mode rules.
+	Network      string            `json:"network"`
+	NetworkRules *NetworkRuleLists `json:"network_rules,omitempty"`
+	// Ports lists the ports whose settings differ from the default.
+	Ports    []PortSpec        `json:"ports,omitempty"`
+	Metadata map[string]string `json:"metadata"`
 	// EnvKeys lists the names (never the values) of the sandbox's env.
 	EnvKeys   []string   `json:"env_keys,omitempty"`
 	CreatedAt time.Time  `json:"created_at"`
@@ -128,6 +221,15 @@ type Sandbox struct {
 	FromPool bool `json:"from_pool"`
 	// NodeID is the node that runs (or ran) the sandbox.
 	NodeID string `json:"node_id,omitempty"`
+	// TrafficToken opens the sandbox's port URLs (HeaderTrafficToken). It
+	// is in the answer of the create only: the server keeps its hash.
+	TrafficToken string `json:"traffic_token,omitempty"`
+	// Domain, when the server has one (serve --sandbox-domain), gives the
+	// host form of port URLs: {port}-{id}.{domain}.
+	Domain string `json:"domain,omitempty"`
+	// TrafficTokenHash is the server's record of the traffic token; it is
+	// never sent.
+	TrafficTokenHash string `json:"-"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
@@ -492,6 +594,9 @@ type Health struct {
 	Status   string   `json:"status"`
 	Version  string   `json:"version"`
 	Runtimes []string `json:"runtimes"`
+	// SandboxDomain is serve --sandbox-domain: port URLs of the host form
+	// are {port}-{id}.{domain}.
+	SandboxDomain string `json:"sandbox_domain,omitempty"`
 }
 
 // ExecEvent types.

@@ -135,8 +135,9 @@ func TestCrashDuringCreates(t *testing.T) {
 		ctx := ctxT(t, 3*time.Minute)
 		var running []string
 		for _, rt := range runtimes {
-			for _, nw := range []string{client.NetworkNone, client.NetworkOutbound} {
-				sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Runtime: rt, Network: nw})
+			for _, nw := range []string{client.NetworkNone, client.NetworkOutbound, client.NetworkRules} {
+				// A rules sandbox leaves per-sandbox chains too.
+				sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Runtime: rt, Network: client.Network(nw)})
 				if err != nil {
 					_ = s1.kill()
 					t.Fatal(err)
@@ -155,7 +156,7 @@ func TestCrashDuringCreates(t *testing.T) {
 				if i%4 >= 2 {
 					nw = client.NetworkOutbound
 				}
-				sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Runtime: runtimes[i%2], Network: nw})
+				sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Runtime: runtimes[i%2], Network: client.Network(nw)})
 				if err == nil {
 					mu.Lock()
 					answered = append(answered, sb.ID)
@@ -221,7 +222,7 @@ func TestCrashDuringCreates(t *testing.T) {
 		// The restarted server works as before.
 		for _, rt := range runtimes {
 			for _, nw := range []string{client.NetworkNone, client.NetworkOutbound} {
-				sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Runtime: rt, Network: nw})
+				sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Runtime: rt, Network: client.Network(nw)})
 				if err != nil {
 					t.Fatalf("round %d: create %s/%s after the restart: %v", round, rt, nw, err)
 				}

@@ -55,7 +55,7 @@ func TestMain(m *testing.M) {
 	// were not there at its start.
 	chainsExisted := exec.Command("iptables", "--wait", "-t", "filter", "-S", network.ChainFwd).Run() == nil
 	var err error
-	srv, err = startServer(serverOptions{})
+	srv, err = startServer(serverOptions{args: []string{"--sandbox-domain", sandboxDomain}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		os.Exit(1)
@@ -80,6 +80,10 @@ func removeChains() {
 		_ = exec.Command("iptables", "--wait", "-t", c[0], "-X", c[2]).Run()
 	}
 }
+
+// sandboxDomain is the suite server's --sandbox-domain (host-form port
+// URLs are reached by setting the Host header: nothing resolves it).
+const sandboxDomain = "sandboxes.evalbox.test"
 
 type serverOptions struct {
 	dataDir string   // reuse a data dir (restart tests); "" = new temp dir

@@ -75,20 +75,37 @@ func TestPortURL(t *testing.T) {
 				t.Fatal(err)
 			}
 			base := fmt.Sprintf("%s/v1/sandboxes/%s/ports/8000", srv.url, sb.ID)
-			get := func(url, key string) *http.Response {
+			// do sends a request with a header (an API key when it is a
+			// bare key) and, when host is set, that Host (the host form).
+			do := func(url, host string, header ...string) *http.Response {
 				t.Helper()
 				req, err := http.NewRequestWithContext(ctxT(t, 2*time.Minute), "GET", url, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if key != "" {
-					req.Header.Set("Authorization", "Bearer "+key)
+				switch len(header) {
+				case 1:
+					if header[0] != "" {
+						req.Header.Set("Authorization", "Bearer "+header[0])
+					}
+				case 2:
+					req.Header.Set(header[0], header[1])
+				}
+				if host != "" {
+					req.Host = host
 				}
 				resp, err := http.DefaultTransport.RoundTrip(req)
 				if err != nil {
 					t.Fatal(err)
 				}
 				return resp
+			}
+			get := func(url, key string) *http.Response { t.Helper(); return do(url, "", key) }
+			body := func(resp *http.Response) string {
+				t.Helper()
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return fmt.Sprintf("%d %s", resp.StatusCode, b)
 			}
 			// Until the server listens: 502 port_closed.
 			deadline := time.Now().Add(time.Minute)
@@ -186,6 +203,109 @@ func TestPortURL(t *testing.T) {
 					t.Errorf("GET %s (key %v): %d %+v, want %d %s", c.url, c.key != "", resp.StatusCode, eb.Error, c.status, c.code)
 				}
 			}
+			// The traffic token, in place of the key: header, query (which
+			// sets a cookie), cookie; never passed on; rotated.
+			if !strings.HasPrefix(sb.TrafficToken, "evt_") {
+				t.Fatalf("traffic token %q", sb.TrafficToken)
+			}
+			if got, err := c.GetSandbox(ctxT(t, time.Minute), sb.ID); err != nil || got.TrafficToken != "" {
+				t.Errorf("GET shows the traffic token: %q, %v", got.TrafficToken, err)
+			}
+			token := sb.TrafficToken
+			if got := body(do(base+"/index.html", "", client.HeaderTrafficToken, token)); got != "200 hello\n" {
+				t.Errorf("with the traffic token: %s", got)
+			}
+			resp = get(base+"/index.html?x=1&"+client.QueryTrafficToken+"="+token, "")
+			cookie := resp.Header.Get("Set-Cookie")
+			if got := body(resp); got != "200 hello\n" || !strings.Contains(cookie, client.QueryTrafficToken+"="+token) ||
+				!strings.Contains(cookie, "HttpOnly") || !strings.Contains(cookie, "Path=/v1/sandboxes/"+sb.ID+"/ports/8000/") {
+				t.Errorf("with the token in the query: %s, Set-Cookie %q", got, cookie)
+			}
+			if got := body(do(base+"/index.html", "", "Cookie", "a=b; "+client.QueryTrafficToken+"="+token)); got != "200 hello\n" {
+				t.Errorf("with the token's cookie: %s", got)
+			}
+			resp = do(base+"/headers?"+client.QueryTrafficToken+"="+token, "", "Cookie", "a=b; "+client.QueryTrafficToken+"="+token)
+			seen, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(seen), token) || !strings.Contains(string(seen), "a=b") {
+				t.Errorf("the sandbox's view of a token request: %s", seen)
+			}
+			for _, bad := range []string{"evt_wrong", token + "x", ""} {
+				if got := body(do(base+"/index.html", "", client.HeaderTrafficToken, bad)); !strings.HasPrefix(got, "401 ") {
+					t.Errorf("with token %q: %s", bad, got)
+				}
+			}
+			// Another sandbox's token opens only that sandbox.
+			if got := body(do(fmt.Sprintf("%s/v1/sandboxes/sb-nope/ports/8000/", srv.url), "", client.HeaderTrafficToken, token)); !strings.HasPrefix(got, "401 ") {
+				t.Errorf("a token on an unknown sandbox: %s", got)
+			}
+			newToken, err := c.RotateTrafficToken(ctxT(t, time.Minute), sb.ID)
+			if err != nil || newToken == token {
+				t.Fatalf("rotate: %q, %v", newToken, err)
+			}
+			if got := body(do(base+"/index.html", "", client.HeaderTrafficToken, token)); !strings.HasPrefix(got, "401 ") {
+				t.Errorf("the old token after a rotation: %s", got)
+			}
+			if got := body(do(base+"/index.html", "", client.HeaderTrafficToken, newToken)); got != "200 hello\n" {
+				t.Errorf("the new token: %s", got)
+			}
+
+			// A public port: open without credentials, other ports not.
+			if _, err := c.SetPorts(ctxT(t, time.Minute), sb.ID, []client.PortSpec{{Port: 8000, Public: true}}); err != nil {
+				t.Fatal(err)
+			}
+			if got := body(get(base+"/index.html", "")); got != "200 hello\n" {
+				t.Errorf("a public port without credentials: %s", got)
+			}
+			if got := body(get(fmt.Sprintf("%s/v1/sandboxes/%s/ports/8001/", srv.url, sb.ID), "")); !strings.HasPrefix(got, "401 ") {
+				t.Errorf("a private port beside a public one: %s", got)
+			}
+			if _, err := c.SetPorts(ctxT(t, time.Minute), sb.ID, []client.PortSpec{{Port: 0}}); client.ErrorCode(err) != client.CodeBadRequest {
+				t.Errorf("port 0: %v", err)
+			}
+			if _, err := c.SetPorts(ctxT(t, time.Minute), sb.ID, nil); err != nil {
+				t.Fatal(err)
+			}
+			if got := body(get(base+"/index.html", "")); !strings.HasPrefix(got, "401 ") {
+				t.Errorf("no longer public: %s", got)
+			}
+
+			// The host form: {port}-{id}.{domain}, the path as it is.
+			if sb.Domain != sandboxDomain {
+				t.Errorf("sandbox domain %q", sb.Domain)
+			}
+			hostURL := c.HostPortURL(sb.ID, 8000, sb.Domain)
+			if want := "http://8000-" + sb.ID + "." + sandboxDomain + ":" + strings.Split(srv.addr, ":")[1] + "/"; hostURL != want {
+				t.Errorf("host form URL %q, want %q", hostURL, want)
+			}
+			host := "8000-" + sb.ID + "." + sandboxDomain
+			if got := body(do(srv.url+"/index.html", host, key)); got != "200 hello\n" {
+				t.Errorf("host form: %s", got)
+			}
+			if got := body(do(srv.url+"/index.html", strings.ToUpper(host)+":80", client.HeaderTrafficToken, newToken)); got != "200 hello\n" {
+				t.Errorf("host form with the token: %s", got)
+			}
+			if got := body(do(srv.url+"/index.html", host, "")); !strings.HasPrefix(got, "401 ") {
+				t.Errorf("host form without credentials: %s", got)
+			}
+			if got := body(do(srv.url+"/index.html", host, otherKey)); !strings.HasPrefix(got, "404 ") {
+				t.Errorf("host form with another team's key: %s", got)
+			}
+			if got := body(do(srv.url+"/", "8001-"+sb.ID+"."+sandboxDomain, key)); !strings.HasPrefix(got, "502 ") {
+				t.Errorf("host form of a closed port: %s", got)
+			}
+			// The API itself is not a port's host.
+			if got := body(do(srv.url+"/v1/health", "api."+sandboxDomain, "")); !strings.HasPrefix(got, "200 ") {
+				t.Errorf("the API under the domain: %s", got)
+			}
+			resp = do(srv.url+"/headers", host, key)
+			headers = map[string]string{}
+			json.NewDecoder(resp.Body).Decode(&headers)
+			resp.Body.Close()
+			if headers["X-Forwarded-Prefix"] != "" || headers["X-Forwarded-Host"] != host {
+				t.Errorf("host form headers: %v", headers)
+			}
+
 			// The port's root is its directory.
 			resp = get(base, key)
 			resp.Body.Close()

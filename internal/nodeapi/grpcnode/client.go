@@ -120,11 +120,17 @@ func (c *Client) Pools(ctx context.Context) ([]nodeapi.PoolStatus, error) {
 }
 
 func (c *Client) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.SandboxInfo, error) {
-	resp, err := c.c.Create(ctx, &pb.CreateRequest{Spec: pbSpec(req.Spec), WaitNanos: int64(req.Wait), ContentDigest: req.ContentDigest, Env: req.Env})
+	resp, err := c.c.Create(ctx, &pb.CreateRequest{Spec: pbSpec(req.Spec), WaitNanos: int64(req.Wait), ContentDigest: req.ContentDigest, Env: req.Env,
+		Egress: pbEgress(req.Egress)})
 	if err != nil {
 		return nodeapi.SandboxInfo{}, fromStatus(ctx, "create", err)
 	}
 	return sandboxInfo(resp), nil
+}
+
+func (c *Client) SetEgress(ctx context.Context, id string, e *nodeapi.Egress) error {
+	_, err := c.c.SetEgress(ctx, &pb.SetEgressRequest{SandboxId: id, Egress: pbEgress(e)})
+	return fromStatus(ctx, "set egress", err)
 }
 
 func (c *Client) Destroy(ctx context.Context, id string) error {

@@ -126,3 +126,18 @@ func file(f *pb.FileInfo) nodeapi.FileInfo {
 	return nodeapi.FileInfo{Name: f.GetName(), Path: f.GetPath(), Type: f.GetType(), Size: f.GetSize(), Mode: f.GetMode(),
 		ModTime: fromUnixNano(f.GetModTimeUnixNano()), Target: f.GetTarget()}
 }
+
+// egress and pbEgress convert egress rules (nil: none).
+func egress(e *pb.Egress) *nodeapi.Egress {
+	if e == nil {
+		return nil
+	}
+	return &nodeapi.Egress{Allow: e.GetAllow(), Deny: e.GetDeny()}
+}
+
+func pbEgress(e *nodeapi.Egress) *pb.Egress {
+	if e == nil {
+		return nil
+	}
+	return &pb.Egress{Allow: e.Allow, Deny: e.Deny}
+}

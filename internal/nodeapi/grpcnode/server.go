@@ -144,11 +144,18 @@ func (s *server) Pools(ctx context.Context, _ *pb.PoolsRequest) (*pb.PoolsRespon
 
 func (s *server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.SandboxInfo, error) {
 	info, err := s.n.Create(ctx, nodeapi.CreateRequest{Spec: spec(req.GetSpec()), Wait: time.Duration(req.GetWaitNanos()),
-		ContentDigest: req.GetContentDigest(), Env: req.GetEnv()})
+		ContentDigest: req.GetContentDigest(), Env: req.GetEnv(), Egress: egress(req.GetEgress())})
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	return pbSandboxInfo(info), nil
+}
+
+func (s *server) SetEgress(ctx context.Context, req *pb.SetEgressRequest) (*pb.SetEgressResponse, error) {
+	if err := s.n.SetEgress(ctx, req.GetSandboxId(), egress(req.GetEgress())); err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.SetEgressResponse{}, nil
 }
 
 func (s *server) Destroy(ctx context.Context, req *pb.DestroyRequest) (*pb.DestroyResponse, error) {

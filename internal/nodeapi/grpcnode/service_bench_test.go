@@ -3,14 +3,13 @@ package grpcnode
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/sandbox"
-	"github.com/evalbox/evalbox/internal/store"
+	"github.com/evalbox/evalbox/internal/sandbox/sandboxtest"
 	"github.com/evalbox/evalbox/internal/template"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -68,7 +67,7 @@ func benchServices(b *testing.B) map[string]*sandbox.Service {
 	local := node.NewLocal(n)
 	out := map[string]*sandbox.Service{}
 	for name, impl := range map[string]nodeapi.Node{"inprocess": local, "grpc": dial(b, serve(b, local, ServerConfig{}), ClientConfig{})} {
-		svc := sandbox.New(sandbox.Config{DefaultRuntime: "namespaces", ReapInterval: time.Hour}, &memStore{rows: map[string]client.Sandbox{}},
+		svc := sandbox.New(sandbox.Config{DefaultRuntime: "namespaces", ReapInterval: time.Hour}, sandboxtest.NewMemStore(),
 			impl, benchTemplates{n}, slog.New(slog.DiscardHandler))
 		b.Cleanup(func() { svc.Close(context.Background()) })
 		out[name] = svc
@@ -84,59 +83,4 @@ func (benchTemplates) Acquire(ctx context.Context, teamID, name string) (*templa
 		Defaults: template.Defaults{CPU: 1, MemoryMB: 512, DiskMB: 256}}, func() {}, nil
 }
 
-// memStore is the service's state store in memory.
-type memStore struct {
-	mu   sync.Mutex
-	rows map[string]client.Sandbox
-}
-
-func (m *memStore) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sandbox, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.rows[sb.ID] = sb
-	return sb, nil
-}
-
-func (m *memStore) GetSandbox(ctx context.Context, teamID, id string) (client.Sandbox, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if r, ok := m.rows[id]; ok {
-		return r, nil
-	}
-	return client.Sandbox{}, store.ErrNotFound
-}
-
-func (m *memStore) ListSandboxes(context.Context, string, store.SandboxFilter) ([]client.Sandbox, error) {
-	return nil, nil
-}
-func (m *memStore) SetExpiry(context.Context, string, string, time.Time) error { return nil }
-func (m *memStore) MarkEnded(ctx context.Context, id, state, reason string, at time.Time) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.rows, id)
-	return true, nil
-}
-func (m *memStore) ListByState(context.Context, string) ([]client.Sandbox, error) { return nil, nil }
-func (m *memStore) GetTeam(ctx context.Context, id string) (client.Team, error) {
-	return client.Team{ID: id, Name: id, Limits: client.Limits{MaxSandboxes: 100, MaxConcurrentExec: 100}}, nil
-}
-
 // The team's slots: this benchmark's team is never full.
-func (m *memStore) TakeSlot(ctx context.Context, teamID, replica string, ttl time.Duration) (string, error) {
-	return store.NewID("slot"), nil
-}
-func (m *memStore) ReleaseSlot(context.Context, string) error               { return nil }
-func (m *memStore) RenewSlots(context.Context, string, time.Duration) error { return nil }
-func (m *memStore) ListRunningOnNode(context.Context, string) ([]client.Sandbox, error) {
-	return nil, nil
-}
-func (m *memStore) ListExpired(context.Context, time.Time) ([]client.Sandbox, error) {
-	return nil, nil
-}
-func (m *memStore) MarkExpired(context.Context, string, time.Time) (bool, error) { return false, nil }
-func (m *memStore) ListRunningOn(context.Context, string) ([]client.Sandbox, error) {
-	return nil, nil
-}
-func (m *memStore) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, slotID string) (client.Sandbox, error) {
-	return m.InsertSandbox(ctx, sb)
-}

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/runtime"
@@ -32,6 +33,7 @@ import (
 	"github.com/evalbox/evalbox/internal/runtime/network"
 	"github.com/evalbox/evalbox/internal/runtime/network/networktest"
 	"github.com/evalbox/evalbox/internal/template"
+	"github.com/evalbox/evalbox/pkg/client"
 )
 
 func TestMain(m *testing.M) {
@@ -397,6 +399,31 @@ func suite(t *testing.T, n nodeapi.Node, runtimes []string) {
 			}
 		case <-time.After(30 * time.Second):
 			t.Fatal("a read on a port connection hangs after its sandbox was destroyed")
+		}
+	})
+
+	t.Run("set egress", func(t *testing.T) {
+		// These sandboxes have no network: rules are a conflict, as is a
+		// create that asks for them, which leaves nothing; the codes cross
+		// the wire. (Rules themselves: internal/runtime/network and the
+		// e2e suite.)
+		rules := &nodeapi.Egress{Allow: []string{"pypi.org"}, Deny: []string{}}
+		if err := n.SetEgress(t.Context(), id, rules); apierr.Code(err) != client.CodeConflict {
+			t.Errorf("rules on a sandbox without network: %v, want conflict", err)
+		}
+		if err := n.SetEgress(t.Context(), "sb-nope", nil); !errors.Is(err, nodeapi.ErrSandboxNotFound) {
+			t.Errorf("unknown sandbox: %v", err)
+		}
+		before, err := n.Capacity(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = n.Create(t.Context(), nodeapi.CreateRequest{Spec: testSpec("namespaces"), Egress: rules})
+		if apierr.Code(err) != client.CodeConflict {
+			t.Errorf("a create with rules and no network: %v, want conflict", err)
+		}
+		if after, err := n.Capacity(t.Context()); err != nil || after.Sandboxes != before.Sandboxes {
+			t.Errorf("sandboxes after the failed create: %d, before %d (%v)", after.Sandboxes, before.Sandboxes, err)
 		}
 	})
 

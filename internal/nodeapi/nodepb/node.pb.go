@@ -98,7 +98,7 @@ func (x ErrorDetail_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ErrorDetail_Kind.Descriptor instead.
 func (ErrorDetail_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{44, 0}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{47, 0}
 }
 
 type RuntimesRequest struct {
@@ -835,7 +835,10 @@ type CreateRequest struct {
 	ContentDigest string `protobuf:"bytes,4,opt,name=content_digest,json=contentDigest,proto3" json:"content_digest,omitempty"`
 	// The sandbox's environment: under every exec's own env, over the
 	// template's. Values are secrets of the caller: never logged.
-	Env           map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Env map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// When set, the sandbox's egress is limited to these rules (mode rules),
+	// applied before it is handed out.
+	Egress        *Egress `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -905,6 +908,156 @@ func (x *CreateRequest) GetEnv() map[string]string {
 	return nil
 }
 
+func (x *CreateRequest) GetEgress() *Egress {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+// Egress rules as the API received them (netrules entries); the node
+// parses them itself.
+type Egress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Allow         []string               `protobuf:"bytes,1,rep,name=allow,proto3" json:"allow,omitempty"`
+	Deny          []string               `protobuf:"bytes,2,rep,name=deny,proto3" json:"deny,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Egress) Reset() {
+	*x = Egress{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Egress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Egress) ProtoMessage() {}
+
+func (x *Egress) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Egress.ProtoReflect.Descriptor instead.
+func (*Egress) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Egress) GetAllow() []string {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *Egress) GetDeny() []string {
+	if x != nil {
+		return x.Deny
+	}
+	return nil
+}
+
+type SetEgressRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Unset: no rules.
+	Egress        *Egress `protobuf:"bytes,2,opt,name=egress,proto3" json:"egress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEgressRequest) Reset() {
+	*x = SetEgressRequest{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEgressRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEgressRequest) ProtoMessage() {}
+
+func (x *SetEgressRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEgressRequest.ProtoReflect.Descriptor instead.
+func (*SetEgressRequest) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SetEgressRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SetEgressRequest) GetEgress() *Egress {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+type SetEgressResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEgressResponse) Reset() {
+	*x = SetEgressResponse{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEgressResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEgressResponse) ProtoMessage() {}
+
+func (x *SetEgressResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEgressResponse.ProtoReflect.Descriptor instead.
+func (*SetEgressResponse) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{17}
+}
+
 type SandboxInfo struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	Id                string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -918,7 +1071,7 @@ type SandboxInfo struct {
 
 func (x *SandboxInfo) Reset() {
 	*x = SandboxInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[15]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1083,7 @@ func (x *SandboxInfo) String() string {
 func (*SandboxInfo) ProtoMessage() {}
 
 func (x *SandboxInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[15]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1096,7 @@ func (x *SandboxInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxInfo.ProtoReflect.Descriptor instead.
 func (*SandboxInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SandboxInfo) GetId() string {
@@ -990,7 +1143,7 @@ type DestroyRequest struct {
 
 func (x *DestroyRequest) Reset() {
 	*x = DestroyRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[16]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1155,7 @@ func (x *DestroyRequest) String() string {
 func (*DestroyRequest) ProtoMessage() {}
 
 func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[16]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1168,7 @@ func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyRequest.ProtoReflect.Descriptor instead.
 func (*DestroyRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DestroyRequest) GetSandboxId() string {
@@ -1033,7 +1186,7 @@ type DestroyResponse struct {
 
 func (x *DestroyResponse) Reset() {
 	*x = DestroyResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[17]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1198,7 @@ func (x *DestroyResponse) String() string {
 func (*DestroyResponse) ProtoMessage() {}
 
 func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[17]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1211,7 @@ func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyResponse.ProtoReflect.Descriptor instead.
 func (*DestroyResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 type WaitRequest struct {
@@ -1070,7 +1223,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[18]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1235,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[18]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1248,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WaitRequest) GetSandboxId() string {
@@ -1115,7 +1268,7 @@ type SandboxEnd struct {
 
 func (x *SandboxEnd) Reset() {
 	*x = SandboxEnd{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[19]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1280,7 @@ func (x *SandboxEnd) String() string {
 func (*SandboxEnd) ProtoMessage() {}
 
 func (x *SandboxEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[19]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1293,7 @@ func (x *SandboxEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxEnd.ProtoReflect.Descriptor instead.
 func (*SandboxEnd) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SandboxEnd) GetReason() string {
@@ -1175,7 +1328,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[20]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1340,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[20]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1353,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExecRequest) GetArgv() []string {
@@ -1276,7 +1429,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[21]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1288,7 +1441,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[21]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1301,7 +1454,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -1331,7 +1484,7 @@ type ExecClientMessage struct {
 
 func (x *ExecClientMessage) Reset() {
 	*x = ExecClientMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[22]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1496,7 @@ func (x *ExecClientMessage) String() string {
 func (*ExecClientMessage) ProtoMessage() {}
 
 func (x *ExecClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[22]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1509,7 @@ func (x *ExecClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecClientMessage.ProtoReflect.Descriptor instead.
 func (*ExecClientMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ExecClientMessage) GetMessage() isExecClientMessage_Message {
@@ -1414,7 +1567,7 @@ type OutputMessage struct {
 
 func (x *OutputMessage) Reset() {
 	*x = OutputMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[23]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1426,7 +1579,7 @@ func (x *OutputMessage) String() string {
 func (*OutputMessage) ProtoMessage() {}
 
 func (x *OutputMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[23]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1439,7 +1592,7 @@ func (x *OutputMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputMessage.ProtoReflect.Descriptor instead.
 func (*OutputMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *OutputMessage) GetMessage() isOutputMessage_Message {
@@ -1514,7 +1667,7 @@ type ExitInfo struct {
 
 func (x *ExitInfo) Reset() {
 	*x = ExitInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[24]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1679,7 @@ func (x *ExitInfo) String() string {
 func (*ExitInfo) ProtoMessage() {}
 
 func (x *ExitInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[24]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1692,7 @@ func (x *ExitInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitInfo.ProtoReflect.Descriptor instead.
 func (*ExitInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{24}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExitInfo) GetStatus() string {
@@ -1614,7 +1767,7 @@ type ProcInfo struct {
 
 func (x *ProcInfo) Reset() {
 	*x = ProcInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[25]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1779,7 @@ func (x *ProcInfo) String() string {
 func (*ProcInfo) ProtoMessage() {}
 
 func (x *ProcInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[25]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1792,7 @@ func (x *ProcInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcInfo.ProtoReflect.Descriptor instead.
 func (*ProcInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{25}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ProcInfo) GetId() string {
@@ -1701,7 +1854,7 @@ type StartProcessRequest struct {
 
 func (x *StartProcessRequest) Reset() {
 	*x = StartProcessRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[26]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +1866,7 @@ func (x *StartProcessRequest) String() string {
 func (*StartProcessRequest) ProtoMessage() {}
 
 func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[26]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +1879,7 @@ func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
 func (*StartProcessRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StartProcessRequest) GetSandboxId() string {
@@ -1752,7 +1905,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[27]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +1917,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[27]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +1930,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1796,7 +1949,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[28]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1808,7 +1961,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[28]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1821,7 +1974,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcInfo {
@@ -1841,7 +1994,7 @@ type AttachProcessRequest struct {
 
 func (x *AttachProcessRequest) Reset() {
 	*x = AttachProcessRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[29]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +2006,7 @@ func (x *AttachProcessRequest) String() string {
 func (*AttachProcessRequest) ProtoMessage() {}
 
 func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[29]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +2019,7 @@ func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProcessRequest.ProtoReflect.Descriptor instead.
 func (*AttachProcessRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AttachProcessRequest) GetSandboxId() string {
@@ -1893,7 +2046,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[30]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1905,7 +2058,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[30]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1918,7 +2071,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WaitProcessRequest) GetSandboxId() string {
@@ -1946,7 +2099,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[31]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2111,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[31]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2124,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -2003,7 +2156,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[32]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2168,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[32]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2181,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 type FileInfo struct {
@@ -2047,7 +2200,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[33]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2212,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[33]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2225,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2138,7 +2291,7 @@ type WriteFileStart struct {
 
 func (x *WriteFileStart) Reset() {
 	*x = WriteFileStart{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[34]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2150,7 +2303,7 @@ func (x *WriteFileStart) String() string {
 func (*WriteFileStart) ProtoMessage() {}
 
 func (x *WriteFileStart) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[34]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2163,7 +2316,7 @@ func (x *WriteFileStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileStart.ProtoReflect.Descriptor instead.
 func (*WriteFileStart) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WriteFileStart) GetSandboxId() string {
@@ -2221,7 +2374,7 @@ type WriteFileMessage struct {
 
 func (x *WriteFileMessage) Reset() {
 	*x = WriteFileMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[35]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2386,7 @@ func (x *WriteFileMessage) String() string {
 func (*WriteFileMessage) ProtoMessage() {}
 
 func (x *WriteFileMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[35]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2399,7 @@ func (x *WriteFileMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileMessage.ProtoReflect.Descriptor instead.
 func (*WriteFileMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WriteFileMessage) GetMessage() isWriteFileMessage_Message {
@@ -2300,7 +2453,7 @@ type OpenFileRequest struct {
 
 func (x *OpenFileRequest) Reset() {
 	*x = OpenFileRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2312,7 +2465,7 @@ func (x *OpenFileRequest) String() string {
 func (*OpenFileRequest) ProtoMessage() {}
 
 func (x *OpenFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2325,7 +2478,7 @@ func (x *OpenFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenFileRequest.ProtoReflect.Descriptor instead.
 func (*OpenFileRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *OpenFileRequest) GetSandboxId() string {
@@ -2355,7 +2508,7 @@ type OpenFileMessage struct {
 
 func (x *OpenFileMessage) Reset() {
 	*x = OpenFileMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2367,7 +2520,7 @@ func (x *OpenFileMessage) String() string {
 func (*OpenFileMessage) ProtoMessage() {}
 
 func (x *OpenFileMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2380,7 +2533,7 @@ func (x *OpenFileMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenFileMessage.ProtoReflect.Descriptor instead.
 func (*OpenFileMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *OpenFileMessage) GetMessage() isOpenFileMessage_Message {
@@ -2434,7 +2587,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2446,7 +2599,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2459,7 +2612,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -2486,7 +2639,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +2651,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +2664,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -2537,7 +2690,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2549,7 +2702,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2562,7 +2715,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListDirResponse) GetFiles() []*FileInfo {
@@ -2585,7 +2738,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2597,7 +2750,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2610,7 +2763,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *MkdirRequest) GetSandboxId() string {
@@ -2659,7 +2812,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2671,7 +2824,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2684,7 +2837,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -2716,7 +2869,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2728,7 +2881,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2741,7 +2894,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 // ErrorDetail is the detail of every error status a node returns for an
@@ -2763,7 +2916,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2775,7 +2928,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2788,7 +2941,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ErrorDetail) GetKind() ErrorDetail_Kind {
@@ -2862,7 +3015,7 @@ type CapacityError struct {
 
 func (x *CapacityError) Reset() {
 	*x = CapacityError{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2874,7 +3027,7 @@ func (x *CapacityError) String() string {
 func (*CapacityError) ProtoMessage() {}
 
 func (x *CapacityError) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2887,7 +3040,7 @@ func (x *CapacityError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityError.ProtoReflect.Descriptor instead.
 func (*CapacityError) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CapacityError) GetResource() string {
@@ -2949,7 +3102,7 @@ type PortOpen struct {
 
 func (x *PortOpen) Reset() {
 	*x = PortOpen{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2961,7 +3114,7 @@ func (x *PortOpen) String() string {
 func (*PortOpen) ProtoMessage() {}
 
 func (x *PortOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2974,7 +3127,7 @@ func (x *PortOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortOpen.ProtoReflect.Descriptor instead.
 func (*PortOpen) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *PortOpen) GetSandboxId() string {
@@ -3005,7 +3158,7 @@ type PortClientMessage struct {
 
 func (x *PortClientMessage) Reset() {
 	*x = PortClientMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3017,7 +3170,7 @@ func (x *PortClientMessage) String() string {
 func (*PortClientMessage) ProtoMessage() {}
 
 func (x *PortClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3030,7 +3183,7 @@ func (x *PortClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortClientMessage.ProtoReflect.Descriptor instead.
 func (*PortClientMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PortClientMessage) GetMessage() isPortClientMessage_Message {
@@ -3103,7 +3256,7 @@ type PortServerMessage struct {
 
 func (x *PortServerMessage) Reset() {
 	*x = PortServerMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3115,7 +3268,7 @@ func (x *PortServerMessage) String() string {
 func (*PortServerMessage) ProtoMessage() {}
 
 func (x *PortServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3128,7 +3281,7 @@ func (x *PortServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortServerMessage.ProtoReflect.Descriptor instead.
 func (*PortServerMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *PortServerMessage) GetMessage() isPortServerMessage_Message {
@@ -3233,17 +3386,26 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x06target\x18\x03 \x01(\x03R\x06target\x12\x14\n" +
 	"\x05ready\x18\x04 \x01(\x03R\x05ready\"B\n" +
 	"\rPoolsResponse\x121\n" +
-	"\x05pools\x18\x01 \x03(\v2\x1b.evalbox.node.v1.PoolStatusR\x05pools\"\x98\x02\n" +
+	"\x05pools\x18\x01 \x03(\v2\x1b.evalbox.node.v1.PoolStatusR\x05pools\"\xc9\x02\n" +
 	"\rCreateRequest\x12)\n" +
 	"\x04spec\x18\x01 \x01(\v2\x15.evalbox.node.v1.SpecR\x04spec\x12#\n" +
 	"\rtemplate_name\x18\x02 \x01(\tR\ftemplateName\x12\x1d\n" +
 	"\n" +
 	"wait_nanos\x18\x03 \x01(\x03R\twaitNanos\x12%\n" +
 	"\x0econtent_digest\x18\x04 \x01(\tR\rcontentDigest\x129\n" +
-	"\x03env\x18\x05 \x03(\v2'.evalbox.node.v1.CreateRequest.EnvEntryR\x03env\x1a6\n" +
+	"\x03env\x18\x05 \x03(\v2'.evalbox.node.v1.CreateRequest.EnvEntryR\x03env\x12/\n" +
+	"\x06egress\x18\x06 \x01(\v2\x17.evalbox.node.v1.EgressR\x06egress\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"2\n" +
+	"\x06Egress\x12\x14\n" +
+	"\x05allow\x18\x01 \x03(\tR\x05allow\x12\x12\n" +
+	"\x04deny\x18\x02 \x03(\tR\x04deny\"b\n" +
+	"\x10SetEgressRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12/\n" +
+	"\x06egress\x18\x02 \x01(\v2\x17.evalbox.node.v1.EgressR\x06egress\"\x13\n" +
+	"\x11SetEgressResponse\"\xae\x01\n" +
 	"\vSandboxInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aruntime\x18\x02 \x01(\tR\aruntime\x12'\n" +
@@ -3427,7 +3589,7 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
 	"\vclose_write\x18\x03 \x01(\bH\x00R\n" +
 	"closeWriteB\t\n" +
-	"\amessage2\xa1\r\n" +
+	"\amessage2\xf5\r\n" +
 	"\x04Node\x12O\n" +
 	"\bRuntimes\x12 .evalbox.node.v1.RuntimesRequest\x1a!.evalbox.node.v1.RuntimesResponse\x12M\n" +
 	"\bCapacity\x12 .evalbox.node.v1.CapacityRequest\x1a\x1f.evalbox.node.v1.CapacityStatus\x12g\n" +
@@ -3449,7 +3611,8 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\aListDir\x12\x1f.evalbox.node.v1.ListDirRequest\x1a .evalbox.node.v1.ListDirResponse\x12A\n" +
 	"\x05Mkdir\x12\x1d.evalbox.node.v1.MkdirRequest\x1a\x19.evalbox.node.v1.FileInfo\x12I\n" +
 	"\x06Remove\x12\x1e.evalbox.node.v1.RemoveRequest\x1a\x1f.evalbox.node.v1.RemoveResponse\x12Y\n" +
-	"\vConnectPort\x12\".evalbox.node.v1.PortClientMessage\x1a\".evalbox.node.v1.PortServerMessage(\x010\x01B;Z9github.com/evalbox/evalbox/internal/nodeapi/nodepb;nodepbb\x06proto3"
+	"\vConnectPort\x12\".evalbox.node.v1.PortClientMessage\x1a\".evalbox.node.v1.PortServerMessage(\x010\x01\x12R\n" +
+	"\tSetEgress\x12!.evalbox.node.v1.SetEgressRequest\x1a\".evalbox.node.v1.SetEgressResponseB;Z9github.com/evalbox/evalbox/internal/nodeapi/nodepb;nodepbb\x06proto3"
 
 var (
 	file_evalbox_node_v1_node_proto_rawDescOnce sync.Once
@@ -3464,7 +3627,7 @@ func file_evalbox_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_evalbox_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(ErrorDetail_Kind)(0),            // 0: evalbox.node.v1.ErrorDetail.Kind
 	(*RuntimesRequest)(nil),          // 1: evalbox.node.v1.RuntimesRequest
@@ -3482,42 +3645,45 @@ var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(*PoolStatus)(nil),               // 13: evalbox.node.v1.PoolStatus
 	(*PoolsResponse)(nil),            // 14: evalbox.node.v1.PoolsResponse
 	(*CreateRequest)(nil),            // 15: evalbox.node.v1.CreateRequest
-	(*SandboxInfo)(nil),              // 16: evalbox.node.v1.SandboxInfo
-	(*DestroyRequest)(nil),           // 17: evalbox.node.v1.DestroyRequest
-	(*DestroyResponse)(nil),          // 18: evalbox.node.v1.DestroyResponse
-	(*WaitRequest)(nil),              // 19: evalbox.node.v1.WaitRequest
-	(*SandboxEnd)(nil),               // 20: evalbox.node.v1.SandboxEnd
-	(*ExecRequest)(nil),              // 21: evalbox.node.v1.ExecRequest
-	(*ExecStart)(nil),                // 22: evalbox.node.v1.ExecStart
-	(*ExecClientMessage)(nil),        // 23: evalbox.node.v1.ExecClientMessage
-	(*OutputMessage)(nil),            // 24: evalbox.node.v1.OutputMessage
-	(*ExitInfo)(nil),                 // 25: evalbox.node.v1.ExitInfo
-	(*ProcInfo)(nil),                 // 26: evalbox.node.v1.ProcInfo
-	(*StartProcessRequest)(nil),      // 27: evalbox.node.v1.StartProcessRequest
-	(*ListProcessesRequest)(nil),     // 28: evalbox.node.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),    // 29: evalbox.node.v1.ListProcessesResponse
-	(*AttachProcessRequest)(nil),     // 30: evalbox.node.v1.AttachProcessRequest
-	(*WaitProcessRequest)(nil),       // 31: evalbox.node.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),     // 32: evalbox.node.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),    // 33: evalbox.node.v1.SignalProcessResponse
-	(*FileInfo)(nil),                 // 34: evalbox.node.v1.FileInfo
-	(*WriteFileStart)(nil),           // 35: evalbox.node.v1.WriteFileStart
-	(*WriteFileMessage)(nil),         // 36: evalbox.node.v1.WriteFileMessage
-	(*OpenFileRequest)(nil),          // 37: evalbox.node.v1.OpenFileRequest
-	(*OpenFileMessage)(nil),          // 38: evalbox.node.v1.OpenFileMessage
-	(*StatRequest)(nil),              // 39: evalbox.node.v1.StatRequest
-	(*ListDirRequest)(nil),           // 40: evalbox.node.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 41: evalbox.node.v1.ListDirResponse
-	(*MkdirRequest)(nil),             // 42: evalbox.node.v1.MkdirRequest
-	(*RemoveRequest)(nil),            // 43: evalbox.node.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 44: evalbox.node.v1.RemoveResponse
-	(*ErrorDetail)(nil),              // 45: evalbox.node.v1.ErrorDetail
-	(*CapacityError)(nil),            // 46: evalbox.node.v1.CapacityError
-	(*PortOpen)(nil),                 // 47: evalbox.node.v1.PortOpen
-	(*PortClientMessage)(nil),        // 48: evalbox.node.v1.PortClientMessage
-	(*PortServerMessage)(nil),        // 49: evalbox.node.v1.PortServerMessage
-	nil,                              // 50: evalbox.node.v1.CreateRequest.EnvEntry
-	nil,                              // 51: evalbox.node.v1.ExecRequest.EnvEntry
+	(*Egress)(nil),                   // 16: evalbox.node.v1.Egress
+	(*SetEgressRequest)(nil),         // 17: evalbox.node.v1.SetEgressRequest
+	(*SetEgressResponse)(nil),        // 18: evalbox.node.v1.SetEgressResponse
+	(*SandboxInfo)(nil),              // 19: evalbox.node.v1.SandboxInfo
+	(*DestroyRequest)(nil),           // 20: evalbox.node.v1.DestroyRequest
+	(*DestroyResponse)(nil),          // 21: evalbox.node.v1.DestroyResponse
+	(*WaitRequest)(nil),              // 22: evalbox.node.v1.WaitRequest
+	(*SandboxEnd)(nil),               // 23: evalbox.node.v1.SandboxEnd
+	(*ExecRequest)(nil),              // 24: evalbox.node.v1.ExecRequest
+	(*ExecStart)(nil),                // 25: evalbox.node.v1.ExecStart
+	(*ExecClientMessage)(nil),        // 26: evalbox.node.v1.ExecClientMessage
+	(*OutputMessage)(nil),            // 27: evalbox.node.v1.OutputMessage
+	(*ExitInfo)(nil),                 // 28: evalbox.node.v1.ExitInfo
+	(*ProcInfo)(nil),                 // 29: evalbox.node.v1.ProcInfo
+	(*StartProcessRequest)(nil),      // 30: evalbox.node.v1.StartProcessRequest
+	(*ListProcessesRequest)(nil),     // 31: evalbox.node.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),    // 32: evalbox.node.v1.ListProcessesResponse
+	(*AttachProcessRequest)(nil),     // 33: evalbox.node.v1.AttachProcessRequest
+	(*WaitProcessRequest)(nil),       // 34: evalbox.node.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),     // 35: evalbox.node.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),    // 36: evalbox.node.v1.SignalProcessResponse
+	(*FileInfo)(nil),                 // 37: evalbox.node.v1.FileInfo
+	(*WriteFileStart)(nil),           // 38: evalbox.node.v1.WriteFileStart
+	(*WriteFileMessage)(nil),         // 39: evalbox.node.v1.WriteFileMessage
+	(*OpenFileRequest)(nil),          // 40: evalbox.node.v1.OpenFileRequest
+	(*OpenFileMessage)(nil),          // 41: evalbox.node.v1.OpenFileMessage
+	(*StatRequest)(nil),              // 42: evalbox.node.v1.StatRequest
+	(*ListDirRequest)(nil),           // 43: evalbox.node.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 44: evalbox.node.v1.ListDirResponse
+	(*MkdirRequest)(nil),             // 45: evalbox.node.v1.MkdirRequest
+	(*RemoveRequest)(nil),            // 46: evalbox.node.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 47: evalbox.node.v1.RemoveResponse
+	(*ErrorDetail)(nil),              // 48: evalbox.node.v1.ErrorDetail
+	(*CapacityError)(nil),            // 49: evalbox.node.v1.CapacityError
+	(*PortOpen)(nil),                 // 50: evalbox.node.v1.PortOpen
+	(*PortClientMessage)(nil),        // 51: evalbox.node.v1.PortClientMessage
+	(*PortServerMessage)(nil),        // 52: evalbox.node.v1.PortServerMessage
+	nil,                              // 53: evalbox.node.v1.CreateRequest.EnvEntry
+	nil,                              // 54: evalbox.node.v1.ExecRequest.EnvEntry
 }
 var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	4,  // 0: evalbox.node.v1.CapacityStatus.budget:type_name -> evalbox.node.v1.Resources
@@ -3527,67 +3693,71 @@ var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	9,  // 4: evalbox.node.v1.PoolStatus.spec:type_name -> evalbox.node.v1.Spec
 	13, // 5: evalbox.node.v1.PoolsResponse.pools:type_name -> evalbox.node.v1.PoolStatus
 	9,  // 6: evalbox.node.v1.CreateRequest.spec:type_name -> evalbox.node.v1.Spec
-	50, // 7: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
-	51, // 8: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
-	21, // 9: evalbox.node.v1.ExecStart.request:type_name -> evalbox.node.v1.ExecRequest
-	22, // 10: evalbox.node.v1.ExecClientMessage.start:type_name -> evalbox.node.v1.ExecStart
-	25, // 11: evalbox.node.v1.OutputMessage.exit:type_name -> evalbox.node.v1.ExitInfo
-	25, // 12: evalbox.node.v1.ProcInfo.exit:type_name -> evalbox.node.v1.ExitInfo
-	21, // 13: evalbox.node.v1.StartProcessRequest.request:type_name -> evalbox.node.v1.ExecRequest
-	26, // 14: evalbox.node.v1.ListProcessesResponse.processes:type_name -> evalbox.node.v1.ProcInfo
-	35, // 15: evalbox.node.v1.WriteFileMessage.start:type_name -> evalbox.node.v1.WriteFileStart
-	34, // 16: evalbox.node.v1.OpenFileMessage.info:type_name -> evalbox.node.v1.FileInfo
-	34, // 17: evalbox.node.v1.ListDirResponse.files:type_name -> evalbox.node.v1.FileInfo
-	0,  // 18: evalbox.node.v1.ErrorDetail.kind:type_name -> evalbox.node.v1.ErrorDetail.Kind
-	46, // 19: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
-	47, // 20: evalbox.node.v1.PortClientMessage.open:type_name -> evalbox.node.v1.PortOpen
-	1,  // 21: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
-	3,  // 22: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
-	6,  // 23: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
-	10, // 24: evalbox.node.v1.Node.SetPool:input_type -> evalbox.node.v1.SetPoolRequest
-	12, // 25: evalbox.node.v1.Node.Pools:input_type -> evalbox.node.v1.PoolsRequest
-	15, // 26: evalbox.node.v1.Node.Create:input_type -> evalbox.node.v1.CreateRequest
-	17, // 27: evalbox.node.v1.Node.Destroy:input_type -> evalbox.node.v1.DestroyRequest
-	19, // 28: evalbox.node.v1.Node.Wait:input_type -> evalbox.node.v1.WaitRequest
-	23, // 29: evalbox.node.v1.Node.Exec:input_type -> evalbox.node.v1.ExecClientMessage
-	27, // 30: evalbox.node.v1.Node.StartProcess:input_type -> evalbox.node.v1.StartProcessRequest
-	28, // 31: evalbox.node.v1.Node.ListProcesses:input_type -> evalbox.node.v1.ListProcessesRequest
-	30, // 32: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
-	31, // 33: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
-	32, // 34: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
-	36, // 35: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
-	37, // 36: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
-	39, // 37: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
-	40, // 38: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
-	42, // 39: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
-	43, // 40: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
-	48, // 41: evalbox.node.v1.Node.ConnectPort:input_type -> evalbox.node.v1.PortClientMessage
-	2,  // 42: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
-	5,  // 43: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
-	7,  // 44: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
-	11, // 45: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
-	14, // 46: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
-	16, // 47: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
-	18, // 48: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
-	20, // 49: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
-	24, // 50: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
-	26, // 51: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
-	29, // 52: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
-	24, // 53: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
-	25, // 54: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
-	33, // 55: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
-	34, // 56: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
-	38, // 57: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
-	34, // 58: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
-	41, // 59: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
-	34, // 60: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
-	44, // 61: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
-	49, // 62: evalbox.node.v1.Node.ConnectPort:output_type -> evalbox.node.v1.PortServerMessage
-	42, // [42:63] is the sub-list for method output_type
-	21, // [21:42] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	53, // 7: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
+	16, // 8: evalbox.node.v1.CreateRequest.egress:type_name -> evalbox.node.v1.Egress
+	16, // 9: evalbox.node.v1.SetEgressRequest.egress:type_name -> evalbox.node.v1.Egress
+	54, // 10: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
+	24, // 11: evalbox.node.v1.ExecStart.request:type_name -> evalbox.node.v1.ExecRequest
+	25, // 12: evalbox.node.v1.ExecClientMessage.start:type_name -> evalbox.node.v1.ExecStart
+	28, // 13: evalbox.node.v1.OutputMessage.exit:type_name -> evalbox.node.v1.ExitInfo
+	28, // 14: evalbox.node.v1.ProcInfo.exit:type_name -> evalbox.node.v1.ExitInfo
+	24, // 15: evalbox.node.v1.StartProcessRequest.request:type_name -> evalbox.node.v1.ExecRequest
+	29, // 16: evalbox.node.v1.ListProcessesResponse.processes:type_name -> evalbox.node.v1.ProcInfo
+	38, // 17: evalbox.node.v1.WriteFileMessage.start:type_name -> evalbox.node.v1.WriteFileStart
+	37, // 18: evalbox.node.v1.OpenFileMessage.info:type_name -> evalbox.node.v1.FileInfo
+	37, // 19: evalbox.node.v1.ListDirResponse.files:type_name -> evalbox.node.v1.FileInfo
+	0,  // 20: evalbox.node.v1.ErrorDetail.kind:type_name -> evalbox.node.v1.ErrorDetail.Kind
+	49, // 21: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
+	50, // 22: evalbox.node.v1.PortClientMessage.open:type_name -> evalbox.node.v1.PortOpen
+	1,  // 23: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
+	3,  // 24: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
+	6,  // 25: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
+	10, // 26: evalbox.node.v1.Node.SetPool:input_type -> evalbox.node.v1.SetPoolRequest
+	12, // 27: evalbox.node.v1.Node.Pools:input_type -> evalbox.node.v1.PoolsRequest
+	15, // 28: evalbox.node.v1.Node.Create:input_type -> evalbox.node.v1.CreateRequest
+	20, // 29: evalbox.node.v1.Node.Destroy:input_type -> evalbox.node.v1.DestroyRequest
+	22, // 30: evalbox.node.v1.Node.Wait:input_type -> evalbox.node.v1.WaitRequest
+	26, // 31: evalbox.node.v1.Node.Exec:input_type -> evalbox.node.v1.ExecClientMessage
+	30, // 32: evalbox.node.v1.Node.StartProcess:input_type -> evalbox.node.v1.StartProcessRequest
+	31, // 33: evalbox.node.v1.Node.ListProcesses:input_type -> evalbox.node.v1.ListProcessesRequest
+	33, // 34: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
+	34, // 35: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
+	35, // 36: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
+	39, // 37: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
+	40, // 38: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
+	42, // 39: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
+	43, // 40: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
+	45, // 41: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
+	46, // 42: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
+	51, // 43: evalbox.node.v1.Node.ConnectPort:input_type -> evalbox.node.v1.PortClientMessage
+	17, // 44: evalbox.node.v1.Node.SetEgress:input_type -> evalbox.node.v1.SetEgressRequest
+	2,  // 45: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
+	5,  // 46: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
+	7,  // 47: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
+	11, // 48: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
+	14, // 49: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
+	19, // 50: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
+	21, // 51: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
+	23, // 52: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
+	27, // 53: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
+	29, // 54: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
+	32, // 55: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
+	27, // 56: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
+	28, // 57: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
+	36, // 58: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
+	37, // 59: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
+	41, // 60: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
+	37, // 61: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
+	44, // 62: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
+	37, // 63: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
+	47, // 64: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
+	52, // 65: evalbox.node.v1.Node.ConnectPort:output_type -> evalbox.node.v1.PortServerMessage
+	18, // 66: evalbox.node.v1.Node.SetEgress:output_type -> evalbox.node.v1.SetEgressResponse
+	45, // [45:67] is the sub-list for method output_type
+	23, // [23:45] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_evalbox_node_v1_node_proto_init() }
@@ -3595,29 +3765,29 @@ func file_evalbox_node_v1_node_proto_init() {
 	if File_evalbox_node_v1_node_proto != nil {
 		return
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[22].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[25].OneofWrappers = []any{
 		(*ExecClientMessage_Start)(nil),
 		(*ExecClientMessage_Stdin)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[23].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[26].OneofWrappers = []any{
 		(*OutputMessage_Stdout)(nil),
 		(*OutputMessage_Stderr)(nil),
 		(*OutputMessage_Exit)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[35].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[38].OneofWrappers = []any{
 		(*WriteFileMessage_Start)(nil),
 		(*WriteFileMessage_Data)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[37].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[40].OneofWrappers = []any{
 		(*OpenFileMessage_Info)(nil),
 		(*OpenFileMessage_Data)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[47].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[50].OneofWrappers = []any{
 		(*PortClientMessage_Open)(nil),
 		(*PortClientMessage_Data)(nil),
 		(*PortClientMessage_CloseWrite)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[48].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[51].OneofWrappers = []any{
 		(*PortServerMessage_Opened)(nil),
 		(*PortServerMessage_Data)(nil),
 		(*PortServerMessage_CloseWrite)(nil),
@@ -3628,7 +3798,7 @@ func file_evalbox_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_evalbox_node_v1_node_proto_rawDesc), len(file_evalbox_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   51,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

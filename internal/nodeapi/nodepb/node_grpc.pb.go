@@ -48,6 +48,7 @@ const (
 	Node_Mkdir_FullMethodName            = "/evalbox.node.v1.Node/Mkdir"
 	Node_Remove_FullMethodName           = "/evalbox.node.v1.Node/Remove"
 	Node_ConnectPort_FullMethodName      = "/evalbox.node.v1.Node/ConnectPort"
+	Node_SetEgress_FullMethodName        = "/evalbox.node.v1.Node/SetEgress"
 )
 
 // NodeClient is the client API for Node service.
@@ -96,6 +97,9 @@ type NodeClient interface {
 	// (the end of the client's sending is one too). Cancelling the call
 	// aborts the connection.
 	ConnectPort(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortClientMessage, PortServerMessage], error)
+	// SetEgress replaces an outbound sandbox's egress rules (no egress:
+	// none, every public destination); open connections they deny are cut.
+	SetEgress(ctx context.Context, in *SetEgressRequest, opts ...grpc.CallOption) (*SetEgressResponse, error)
 }
 
 type nodeClient struct {
@@ -352,6 +356,16 @@ func (c *nodeClient) ConnectPort(ctx context.Context, opts ...grpc.CallOption) (
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Node_ConnectPortClient = grpc.BidiStreamingClient[PortClientMessage, PortServerMessage]
 
+func (c *nodeClient) SetEgress(ctx context.Context, in *SetEgressRequest, opts ...grpc.CallOption) (*SetEgressResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetEgressResponse)
+	err := c.cc.Invoke(ctx, Node_SetEgress_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServer is the server API for Node service.
 // All implementations must embed UnimplementedNodeServer
 // for forward compatibility.
@@ -398,6 +412,9 @@ type NodeServer interface {
 	// (the end of the client's sending is one too). Cancelling the call
 	// aborts the connection.
 	ConnectPort(grpc.BidiStreamingServer[PortClientMessage, PortServerMessage]) error
+	// SetEgress replaces an outbound sandbox's egress rules (no egress:
+	// none, every public destination); open connections they deny are cut.
+	SetEgress(context.Context, *SetEgressRequest) (*SetEgressResponse, error)
 	mustEmbedUnimplementedNodeServer()
 }
 
@@ -470,6 +487,9 @@ func (UnimplementedNodeServer) Remove(context.Context, *RemoveRequest) (*RemoveR
 }
 func (UnimplementedNodeServer) ConnectPort(grpc.BidiStreamingServer[PortClientMessage, PortServerMessage]) error {
 	return status.Error(codes.Unimplemented, "method ConnectPort not implemented")
+}
+func (UnimplementedNodeServer) SetEgress(context.Context, *SetEgressRequest) (*SetEgressResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetEgress not implemented")
 }
 func (UnimplementedNodeServer) mustEmbedUnimplementedNodeServer() {}
 func (UnimplementedNodeServer) testEmbeddedByValue()              {}
@@ -816,6 +836,24 @@ func _Node_ConnectPort_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Node_ConnectPortServer = grpc.BidiStreamingServer[PortClientMessage, PortServerMessage]
 
+func _Node_SetEgress_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetEgressRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).SetEgress(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_SetEgress_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).SetEgress(ctx, req.(*SetEgressRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Node_ServiceDesc is the grpc.ServiceDesc for Node service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -882,6 +920,10 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Remove",
 			Handler:    _Node_Remove_Handler,
+		},
+		{
+			MethodName: "SetEgress",
+			Handler:    _Node_SetEgress_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -50,6 +50,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/evalbox/evalbox/internal/netrules"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/cgroups"
 	"github.com/evalbox/evalbox/internal/runtime/network"
@@ -324,12 +325,15 @@ func (r *Runtime) startNetwork(ctx context.Context, spec runtime.Spec) (*sandbox
 // removeNetwork removes an outbound sandbox's network namespace file and
 // link, by lease (which also frees its addresses) or, with none, by id.
 func (r *Runtime) removeNetwork(id string, lease *network.Lease) error {
-	err := removeNetns(r.netnsPath(id))
+	// The link first: it goes with the namespace, and RemoveID finds the
+	// link's chains (a rules sandbox's) by it.
+	var err error
 	if lease != nil {
 		r.net.Detach(lease)
 	} else if lerr := r.net.RemoveID(id); lerr != nil {
-		err = errors.Join(err, lerr)
+		err = lerr
 	}
+	err = errors.Join(err, removeNetns(r.netnsPath(id)))
 	if err != nil {
 		return fmt.Errorf("gvisor: network of %s: %w", id, err)
 	}
@@ -649,6 +653,7 @@ func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]strin
 		}
 		removed = append(removed, id)
 	}
+	r.net.SweepChains(ctx)
 	return removed, errors.Join(errs...)
 }
 
@@ -789,4 +794,12 @@ func (r *Runtime) Close() error {
 		err = errors.Join(err, fmt.Errorf("gvisor: %w", rerr))
 	}
 	return err
+}
+
+// SetEgress limits an outbound sandbox's egress (runtime.EgressFilter).
+func (s *sandbox) SetEgress(ctx context.Context, r *netrules.Rules) error {
+	if s.net == nil {
+		return fmt.Errorf("gvisor: sandbox %s has no network", s.id)
+	}
+	return s.r.net.SetEgress(ctx, s.net.lease, r)
 }

@@ -636,6 +636,8 @@ func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]strin
 		r.log.Info("namespaces: swept sandbox", "id", id)
 		removed = append(removed, id)
 	}
+	// The chains of rules sandboxes whose link went with their namespace.
+	r.net.SweepChains(ctx)
 	return removed, errors.Join(errs...)
 }
 

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/evalbox/evalbox/internal/netrules"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/cgroups"
 	"github.com/evalbox/evalbox/internal/runtime/network"
@@ -176,4 +177,14 @@ func (c *conn) Write(p []byte) (int, error) { return c.w.Write(p) }
 func (c *conn) Close() error {
 	c.once.Do(func() { c.err = errors.Join(c.r.Close(), c.w.Close()) })
 	return c.err
+}
+
+// SetEgress limits an outbound sandbox's egress (runtime.EgressFilter).
+func (s *Sandbox) SetEgress(ctx context.Context, r *netrules.Rules) error {
+	s.destroyMu.Lock()
+	defer s.destroyMu.Unlock()
+	if s.destroyed || s.lease == nil {
+		return fmt.Errorf("namespaces: sandbox %s has no network (or was destroyed)", s.id)
+	}
+	return s.rt.net.SetEgress(ctx, s.lease, r)
 }

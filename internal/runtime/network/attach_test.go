@@ -301,7 +301,7 @@ func evalboxRules(t *testing.T) []string {
 // replacing every running server's rules with their pool's.)
 func TestOwnNamesLeaveServersRules(t *testing.T) {
 	networktest.Exclusive(t)
-	if got := mustNew(t, network.Config{Scope: "s"}).Chains(); fmt.Sprint(got) != "[[filter FORWARD EVALBOX-FWD] [filter INPUT EVALBOX-IN] [nat POSTROUTING EVALBOX-NAT]]" {
+	if got := mustNew(t, network.Config{Scope: "s"}).Chains(); fmt.Sprint(got) != "[[filter FORWARD EVALBOX-FWD] [filter INPUT EVALBOX-IN] [nat POSTROUTING EVALBOX-NAT] [nat PREROUTING EVALBOX-PX] [filter EVALBOX-FWD EVALBOX-SB]]" {
 		t.Fatalf("default chains %v", got)
 	}
 	for _, bad := range []network.Config{{Scope: "s", LinkPrefix: "EVB"}, {Scope: "s", LinkPrefix: "toolongname"}, {Scope: "s", ChainPrefix: "x y"}} {

@@ -93,6 +93,14 @@ type Config struct {
 	// the shared names would replace those of every server on the host.
 	LinkPrefix  string
 	ChainPrefix string
+	// Upstream are the resolvers the egress resolver of rules sandboxes
+	// asks (nil: DNS, on port 53).
+	Upstream []netip.AddrPort
+	// AllowPrivate are ranges of the deny list that sandboxes may reach
+	// all the same (an operator's choice, serve --allow-private): for
+	// outbound sandboxes, and for rules sandboxes whose rules allow them.
+	// They never open the host itself or other sandboxes.
+	AllowPrivate []netip.Prefix
 	// Logger receives operational logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -110,9 +118,22 @@ type Manager struct {
 	// and chainNAT are its chains (Config.LinkPrefix, Config.ChainPrefix).
 	linkPrefix                  string
 	chainFwd, chainIn, chainNAT string
+	// chainProxy (nat, from PREROUTING) and chainRules (filter, from
+	// chainFwd) hold the jumps to the per-sandbox chains of rules
+	// sandboxes (egress.go), whose names they start.
+	chainProxy, chainRules string
+	upstream               []netip.AddrPort
+	allowPrivate           []netip.Prefix
 
 	rulesMu sync.Mutex
 	rulesOK bool
+	// denyInUse is the deny list installed (Config.EgressDeny or the
+	// default), once the rules are.
+	denyInUse []netip.Prefix
+
+	gwMu   sync.Mutex
+	gw     *gateway // the egress proxy and resolver, from the first rules sandbox
+	closed bool
 }
 
 // New returns a Manager. It changes nothing on the host: the rules are
@@ -139,15 +160,40 @@ func New(cfg Config) (*Manager, error) {
 	if !validLinkPrefix(linkPrefix) || !validChainPrefix(chainPrefix) {
 		return nil, fmt.Errorf("network: invalid link or chain prefix %q, %q", linkPrefix, chainPrefix)
 	}
+	for _, p := range cfg.AllowPrivate {
+		if !p.IsValid() || p.Masked() != p {
+			return nil, fmt.Errorf("network: allow-private %s: not a CIDR", p)
+		}
+	}
 	m := &Manager{scope: cfg.Scope, pool: pool.Masked(), alloc: alloc, dns: cfg.DNS, deny: cfg.EgressDeny, log: cfg.Logger,
-		linkPrefix: linkPrefix, chainFwd: chainPrefix + "-FWD", chainIn: chainPrefix + "-IN", chainNAT: chainPrefix + "-NAT"}
+		linkPrefix: linkPrefix, chainFwd: chainPrefix + "-FWD", chainIn: chainPrefix + "-IN", chainNAT: chainPrefix + "-NAT",
+		chainProxy: chainPrefix + "-PX", chainRules: chainPrefix + "-SB", upstream: cfg.Upstream, allowPrivate: cfg.AllowPrivate}
 	if m.log == nil {
 		m.log = slog.Default()
 	}
 	if m.dns == nil {
 		m.dns = hostResolvers()
 	}
+	if m.upstream == nil {
+		for _, a := range m.dns {
+			m.upstream = append(m.upstream, netip.AddrPortFrom(a, 53))
+		}
+	}
 	return m, nil
+}
+
+// Close stops the egress proxy and resolver (when rules sandboxes started
+// them), cutting their connections. Sandboxes keep their links; call it
+// after destroying them.
+func (m *Manager) Close() error {
+	m.gwMu.Lock()
+	g := m.gw
+	m.gw, m.closed = nil, true
+	m.gwMu.Unlock()
+	if g != nil {
+		g.close()
+	}
+	return nil
 }
 
 // validName reports whether s is a usable scope or driver name.
@@ -188,10 +234,18 @@ func validChainPrefix(s string) bool {
 	return true
 }
 
-// Chains returns the Manager's iptables chains as table and chain name,
-// and the built-in chain that jumps to each.
+// Chains returns the Manager's host-wide iptables chains as table and
+// chain name, and the chain that jumps to each (a built-in one, but for
+// the rules chain, jumped to from the FWD chain).
 func (m *Manager) Chains() [][3]string {
-	return [][3]string{{"filter", "FORWARD", m.chainFwd}, {"filter", "INPUT", m.chainIn}, {"nat", "POSTROUTING", m.chainNAT}}
+	return [][3]string{{"filter", "FORWARD", m.chainFwd}, {"filter", "INPUT", m.chainIn}, {"nat", "POSTROUTING", m.chainNAT},
+		{"nat", "PREROUTING", m.chainProxy}, {"filter", m.chainFwd, m.chainRules}}
+}
+
+// ChainPrefixes returns the prefixes of the per-sandbox chains of rules
+// sandboxes ("<prefix>-PX-" in nat, "<prefix>-SB-" in filter).
+func (m *Manager) ChainPrefixes() [][2]string {
+	return [][2]string{{"nat", m.chainProxy + "-"}, {"filter", m.chainRules + "-"}}
 }
 
 // hostResolvers returns the host's IPv4 nameservers that a sandbox can
@@ -258,6 +312,9 @@ type Lease struct {
 	idx    int
 	block  netip.Prefix
 	hostIf string
+
+	mu     sync.Mutex
+	egress bool // it has rules (SetEgress): chains and the gateway's state
 }
 
 // HostLink is the name of the host end of the sandbox's link.
@@ -313,6 +370,9 @@ func (l *Links) Attach(ctx context.Context, id string, ns netns.NsHandle) (_ *Le
 			l.Detach(lease)
 		}
 	}()
+	if err := m.dropStaleChains(ctx, lease.idx); err != nil {
+		return nil, err
+	}
 	host, err := netlink.LinkByName(lease.hostIf)
 	if err != nil {
 		return nil, err
@@ -362,6 +422,18 @@ func (l *Links) Attach(ctx context.Context, id string, ns netns.NsHandle) (_ *Le
 // (removed by RemoveID, then reused by another instance) is left alone.
 // Detaching twice is harmless.
 func (l *Links) Detach(lease *Lease) {
+	lease.mu.Lock()
+	had := lease.egress
+	lease.egress = false
+	lease.mu.Unlock()
+	if had {
+		if g := l.m.gatewayIfStarted(); g != nil {
+			g.remove(lease.GuestAddr(), true)
+		}
+		if err := l.m.removeSandboxChains(context.Background(), lease.idx); err != nil {
+			l.m.log.Error("network: remove a sandbox's egress chains", "link", lease.hostIf, "err", err)
+		}
+	}
 	if link, err := netlink.LinkByName(lease.hostIf); err == nil && link.Attrs().Alias == l.alias+lease.id {
 		if err := netlink.LinkDel(link); err != nil {
 			var nf netlink.LinkNotFoundError
@@ -411,11 +483,26 @@ func (l *Links) RemoveID(id string) error {
 		return err
 	}
 	for _, link := range m[id] {
+		if n, ok := l.linkIndex(link.Attrs().Name); ok {
+			if err := l.m.removeSandboxChains(context.Background(), n); err != nil {
+				return fmt.Errorf("remove the egress chains of %s: %w", link.Attrs().Name, err)
+			}
+		}
 		if err := netlink.LinkDel(link); err != nil && !errors.Is(err, unix.ENODEV) {
 			return fmt.Errorf("delete %s: %w", link.Attrs().Name, err)
 		}
 	}
 	return nil
+}
+
+// linkIndex is the n of a host link <linkPrefix><n>.
+func (l *Links) linkIndex(name string) (int, bool) {
+	s, ok := strings.CutPrefix(name, l.m.linkPrefix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil
 }
 
 // Leftovers lists the host links of sandbox id ("link evb<N>").
@@ -427,6 +514,9 @@ func (l *Links) Leftovers(id string) []string {
 	var out []string
 	for _, link := range m[id] {
 		out = append(out, "link "+link.Attrs().Name)
+		if n, ok := l.linkIndex(link.Attrs().Name); ok {
+			out = append(out, l.m.sandboxChainsOf(n)...)
+		}
 	}
 	return out
 }

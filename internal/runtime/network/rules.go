@@ -62,13 +62,21 @@ func (m *Manager) ensureRules(ctx context.Context) error {
 			return err
 		}
 	}
-	rules := m.ruleset(deny)
-	restore := exec.CommandContext(ctx, "iptables-restore", "--noflush", "--wait")
-	restore.Stdin = strings.NewReader(rules)
-	if out, err := restore.CombinedOutput(); err != nil {
-		return fmt.Errorf("iptables-restore: %w: %s", err, bytes.TrimSpace(out))
+	// The chains of rules sandboxes' jumps are shared with the other
+	// servers of the host and never flushed here.
+	if err := ensureChain(ctx, "nat", m.chainProxy); err != nil {
+		return err
+	}
+	if err := ensureChain(ctx, "filter", m.chainRules); err != nil {
+		return err
+	}
+	if err := iptablesRestore(ctx, m.ruleset(deny)); err != nil {
+		return err
 	}
 	for _, c := range m.Chains() {
+		if c[1] == m.chainFwd {
+			continue // the ruleset's own jump
+		}
 		j := []string{c[0], c[1], "-j", c[2]}
 		check := append([]string{"--wait", "-t", j[0], "-C", j[1]}, j[2:]...)
 		if exec.CommandContext(ctx, "iptables", check...).Run() == nil {
@@ -79,7 +87,9 @@ func (m *Manager) ensureRules(ctx context.Context) error {
 			return fmt.Errorf("iptables %s: %w: %s", strings.Join(ins, " "), err, bytes.TrimSpace(out))
 		}
 	}
+	m.denyInUse = deny
 	m.rulesOK = true
+	m.sweepChainsLocked(ctx) // under the host lock, taken above
 	return nil
 }
 
@@ -131,12 +141,25 @@ func (m *Manager) ruleset(deny []netip.Prefix) string {
 		w("-A %s -i %s -d %s/32 -p udp --dport 53 -j ACCEPT", m.chainFwd, ifs, d)
 		w("-A %s -i %s -d %s/32 -p tcp --dport 53 -j ACCEPT", m.chainFwd, ifs, d)
 	}
+	// The operator's private ranges: open to outbound sandboxes, and to
+	// rules sandboxes as their chain (in chainRules) says.
+	for _, p := range m.allowPrivate {
+		if p.Addr().Is4() {
+			w("-A %s -i %s -d %s -j %s", m.chainFwd, ifs, p, m.chainRules)
+			w("-A %s -i %s -d %s -j ACCEPT", m.chainFwd, ifs, p)
+		}
+	}
 	// Refused rather than dropped, so that a connect fails at once.
 	for _, p := range deny {
 		w("-A %s -i %s -d %s -j REJECT --reject-with icmp-admin-prohibited", m.chainFwd, ifs, p)
 	}
+	// Rules sandboxes: their own chain accepts or refuses (egress.go).
+	w("-A %s -i %s -j %s", m.chainFwd, ifs, m.chainRules)
 	w("-A %s -i %s -j ACCEPT", m.chainFwd, ifs)
-	// The host itself is off limits.
+	// The host itself is off limits, but for the connections of rules
+	// sandboxes redirected to their server's egress proxy and resolver:
+	// their own chain accepts those (and only those).
+	w("-A %s -i %s -j %s", m.chainIn, ifs, m.chainRules)
 	w("-A %s -i %s -j REJECT --reject-with icmp-admin-prohibited", m.chainIn, ifs)
 	w("COMMIT")
 	w("*nat")

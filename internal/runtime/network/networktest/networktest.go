@@ -8,6 +8,7 @@
 package networktest
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	goruntime "runtime"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/evalbox/evalbox/internal/runtime/network"
+	"github.com/evalbox/evalbox/internal/tlstest"
 )
 
 // lockName is an abstract unix socket: bound by the test that holds the
@@ -55,8 +58,48 @@ type FakeInternet struct {
 	// Private is an RFC 1918 address of the same server: reachable from
 	// the host, denied to sandboxes by the default rules.
 	Private netip.Addr
+	// Unnamed is another public-looking address of the server, which no
+	// DNS name points at.
+	Unnamed netip.Addr
 	// Port is the TCP port served on every address.
 	Port int
+
+	// Server6 is Server's IPv6 address (documentation range): the host
+	// reaches it over the link (Gateway6 is the host's end).
+	Server6, Gateway6 netip.Addr
+	// DNS is the fake internet's resolver (udp and tcp): Names' records.
+	DNS netip.AddrPort
+	// CAFile is the PEM file of the test CA that signed the certificate
+	// of the TLS servers (for every name of Names).
+	CAFile string
+}
+
+// The fake internet's services, on every address of the server (IPv4 and
+// IPv6).
+const (
+	// HTTPSPort answers every request with "tls <SNI> host <Host> at
+	// <the address it came to>".
+	HTTPSPort = 443
+	// HTTPPort answers every request with "http host <Host> at <address>".
+	HTTPPort = 80
+	// EchoPort echoes what it receives (TCP); UDPEchoPort too (UDP).
+	EchoPort    = 7
+	UDPEchoPort = 9
+)
+
+// Names are the fake internet's DNS records: names of Server (A), of
+// Server6 only (AAAA), and of addresses no sandbox may reach (for DNS
+// rebinding).
+var Names = map[string][]string{
+	"allowed.test": {"198.51.100.2"},
+	"denied.test":  {"198.51.100.2"},
+	"other.test":   {"198.51.100.2"},
+	"echo.test":    {"198.51.100.2"},
+	"a.wild.test":  {"198.51.100.2"},
+	"b.wild.test":  {"198.51.100.2"},
+	"wild.test":    {"198.51.100.2"},
+	"v6.test":      {"2001:db8:5::2"},
+	"rebind.test":  {"127.0.0.1", "169.254.169.254", "172.16.5.5", "10.200.0.1"},
 }
 
 // The names of the links and chains of test Managers (Manager).
@@ -125,8 +168,24 @@ func RemoveChains(t testing.TB, m *network.Manager) {
 		for exec.Command("iptables", "--wait", "-t", c[0], "-D", c[1], "-j", c[2]).Run() == nil {
 		}
 	}
+	// The per-sandbox chains of rules sandboxes (a failed test's).
+	var own [][2]string
+	for _, p := range m.ChainPrefixes() {
+		out, _ := exec.Command("iptables", "--wait", "-t", p[0], "-S").Output()
+		for _, line := range strings.Split(string(out), "\n") {
+			if name, ok := strings.CutPrefix(line, "-N "+p[1]); ok {
+				own = append(own, [2]string{p[0], p[1] + name})
+			}
+		}
+	}
 	for _, c := range chains {
 		_ = exec.Command("iptables", "--wait", "-t", c[0], "-F", c[2]).Run()
+	}
+	for _, c := range own {
+		_ = exec.Command("iptables", "--wait", "-t", c[0], "-F", c[1]).Run()
+		_ = exec.Command("iptables", "--wait", "-t", c[0], "-X", c[1]).Run()
+	}
+	for _, c := range chains {
 		_ = exec.Command("iptables", "--wait", "-t", c[0], "-X", c[2]).Run()
 	}
 	for _, table := range []string{"filter", "nat"} {
@@ -163,9 +222,25 @@ func lock(t testing.TB) {
 func newFakeInternet(t testing.TB) *FakeInternet {
 	t.Helper()
 	f := &FakeInternet{
-		Gateway: netip.MustParseAddr("203.0.113.1"),
-		Server:  netip.MustParseAddr("198.51.100.2"),
-		Private: netip.MustParseAddr("172.16.5.5"),
+		Gateway:  netip.MustParseAddr("203.0.113.1"),
+		Server:   netip.MustParseAddr("198.51.100.2"),
+		Private:  netip.MustParseAddr("172.16.5.5"),
+		Unnamed:  netip.MustParseAddr("198.51.100.3"),
+		Server6:  netip.MustParseAddr("2001:db8:5::2"),
+		Gateway6: netip.MustParseAddr("2001:db8:5::1"),
+	}
+	f.DNS = netip.AddrPortFrom(f.Server, 53)
+	ca := tlstest.NewCA(t)
+	f.CAFile = ca.File
+	names := make([]string, 0, len(Names)+1)
+	for n := range Names {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	certFile, keyFile := ca.IssueServer(t, append(names, "*.wild.test")...)
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if _, err := netlink.LinkByName(hostIf); err == nil {
 		t.Fatalf("link %s exists: a leftover of an earlier test run?", hostIf)
@@ -175,6 +250,7 @@ func newFakeInternet(t testing.TB) *FakeInternet {
 	type result struct {
 		ns  netns.NsHandle
 		ln  net.Listener
+		svc *services
 		err error
 	}
 	resc := make(chan result, 1)
@@ -192,10 +268,17 @@ func newFakeInternet(t testing.TB) *FakeInternet {
 			return
 		}
 		ln, lerr := net.Listen("tcp4", "0.0.0.0:0")
+		var svc *services
+		if lerr == nil {
+			if svc, lerr = listenServices(cert); lerr != nil {
+				ln.Close()
+			}
+		}
 		if err := netns.Set(orig); err != nil {
 			// The thread stays locked and dies with the goroutine.
-			if ln != nil {
+			if lerr == nil {
 				ln.Close()
+				svc.close()
 			}
 			ns.Close()
 			resc <- result{err: err}
@@ -205,14 +288,16 @@ func newFakeInternet(t testing.TB) *FakeInternet {
 		if lerr != nil {
 			ns.Close()
 		}
-		resc <- result{ns: ns, ln: ln, err: lerr}
+		resc <- result{ns: ns, ln: ln, svc: svc, err: lerr}
 	}()
 	res := <-resc
 	if res.err != nil {
 		t.Fatalf("fake internet: %v", res.err)
 	}
-	ns, ln := res.ns, res.ln
+	ns, ln, svc := res.ns, res.ln, res.svc
 	f.Port = ln.Addr().(*net.TCPAddr).Port
+	svc.serve()
+	t.Cleanup(svc.close)
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
@@ -247,10 +332,12 @@ func newFakeInternet(t testing.TB) *FakeInternet {
 	host, err := netlink.LinkByName(hostIf)
 	must(err)
 	must(netlink.AddrAdd(host, host32(f.Gateway)))
+	must(netlink.AddrAdd(host, host128(f.Gateway6)))
 	must(netlink.LinkSetUp(host))
-	for _, dst := range []netip.Addr{f.Server, f.Private} {
+	for _, dst := range []netip.Addr{f.Server, f.Private, f.Unnamed} {
 		must(netlink.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: ipNet32(dst), Scope: netlink.SCOPE_LINK}))
 	}
+	must(netlink.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: ipNet128(f.Server6), Scope: netlink.SCOPE_LINK}))
 	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	must(err)
 	defer h.Close()
@@ -258,12 +345,25 @@ func newFakeInternet(t testing.TB) *FakeInternet {
 	must(err)
 	must(h.AddrAdd(peer, host32(f.Server)))
 	must(h.AddrAdd(peer, host32(f.Private)))
+	must(h.AddrAdd(peer, host32(f.Unnamed)))
+	must(h.AddrAdd(peer, host128(f.Server6)))
 	must(h.LinkSetUp(peer))
 	lo, err := h.LinkByName("lo")
 	must(err)
 	must(h.LinkSetUp(lo))
 	must(h.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Dst: ipNet32(f.Gateway), Scope: netlink.SCOPE_LINK}))
+	must(h.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Dst: ipNet128(f.Gateway6), Scope: netlink.SCOPE_LINK}))
 	return f
+}
+
+// host128 is an IPv6 address without duplicate address detection (usable
+// at once).
+func host128(a netip.Addr) *netlink.Addr {
+	return &netlink.Addr{IPNet: ipNet128(a), Flags: unix.IFA_F_NODAD}
+}
+
+func ipNet128(a netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(128, 128)}
 }
 
 func ipNet32(a netip.Addr) *net.IPNet {

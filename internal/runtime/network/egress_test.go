@@ -1,0 +1,431 @@
+package network_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/evalbox/evalbox/internal/netrules"
+	"github.com/evalbox/evalbox/internal/runtime/network"
+	"github.com/evalbox/evalbox/internal/runtime/network/networktest"
+)
+
+// egressSandbox is a bare network namespace attached as a rules sandbox.
+type egressSandbox struct {
+	t     *testing.T
+	ns    netns.NsHandle
+	lease *network.Lease
+	links *network.Links
+	roots *x509.CertPool
+}
+
+func (s *egressSandbox) set(allow, deny []string) {
+	s.t.Helper()
+	r, err := netrules.Parse(allow, deny)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := s.links.SetEgress(context.Background(), s.lease, r); err != nil {
+		s.t.Fatalf("set egress %v %v: %v", allow, deny, err)
+	}
+}
+
+// lookup resolves name in the sandbox (A records, asked of a server that
+// does not exist: whatever server it names, the sandbox's questions reach
+// evalbox's resolver): its IPv4 addresses, or the error. (A dns.Client
+// dials on the calling goroutine, so on the sandbox's thread; net.Resolver
+// would not.)
+func (s *egressSandbox) lookup(name string) ([]netip.Addr, error) {
+	return inNetns(s.t, s.ns, func() ([]netip.Addr, error) {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		in, _, err := (&dns.Client{Timeout: 3 * time.Second}).Exchange(m, "192.0.2.53:53")
+		if err != nil {
+			return nil, err
+		}
+		if in.Rcode != dns.RcodeSuccess {
+			return nil, fmt.Errorf("%s: %s", name, dns.RcodeToString[in.Rcode])
+		}
+		var out []netip.Addr
+		for _, rr := range in.Answer {
+			if a, ok := rr.(*dns.A); ok {
+				ip, _ := netip.AddrFromSlice(a.A.To4())
+				out = append(out, ip)
+			}
+		}
+		return out, nil
+	})
+}
+
+// query asks the sandbox's resolver for a record of any type and returns
+// the answer's rcode and records.
+func (s *egressSandbox) query(name string, qtype uint16) (*dns.Msg, error) {
+	return inNetns(s.t, s.ns, func() (*dns.Msg, error) {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), qtype)
+		in, _, err := (&dns.Client{Timeout: 3 * time.Second}).Exchange(m, "192.0.2.53:53")
+		return in, err
+	})
+}
+
+// https connects to addr with TLS for name and returns the server's
+// answer ("tls <sni> host <host>") or "error: …".
+func (s *egressSandbox) https(addr, name string) string {
+	s.t.Helper()
+	out, err := inNetns(s.t, s.ns, func() (string, error) {
+		d := &net.Dialer{Timeout: 5 * time.Second}
+		c, err := tls.DialWithDialer(d, "tcp4", addr, &tls.Config{ServerName: name, RootCAs: s.roots})
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", name)
+		b, err := io.ReadAll(c)
+		return lastLine(string(b)), err
+	})
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return out
+}
+
+// http sends a plain HTTP request with Host host to addr.
+func (s *egressSandbox) http(addr, host string) string {
+	s.t.Helper()
+	out, err := inNetns(s.t, s.ns, func() (string, error) {
+		c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+		b, err := io.ReadAll(c)
+		if len(b) == 0 && err == nil {
+			err = io.ErrUnexpectedEOF
+		}
+		return lastLine(string(b)), err
+	})
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return out
+}
+
+// udp sends a datagram to addr and returns the echo, or "error: …".
+func (s *egressSandbox) udp(addr string) string {
+	s.t.Helper()
+	out, err := inNetns(s.t, s.ns, func() (string, error) {
+		c, err := net.Dial("udp4", addr)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Second))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return "", err
+		}
+		b := make([]byte, 64)
+		n, err := c.Read(b)
+		return string(b[:n]), err
+	})
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return out
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return strings.TrimSpace(s)
+}
+
+// TestEgressRules drives a rules sandbox against the fake internet: names
+// at SNI and Host (not only at DNS), IP literals, wildcards, CIDRs, UDP,
+// IPv6, live updates with the cut of an open connection, DNS of denied
+// names and DNS rebinding, and the destinations always refused.
+func TestEgressRules(t *testing.T) {
+	inet := networktest.Setup(t)
+	m := networktest.Manager(t, network.Config{Scope: "egress", Upstream: []netip.AddrPort{inet.DNS}})
+	t.Cleanup(func() { m.Close() })
+	links, err := m.Links("ns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := newNetns(t)
+	lease, err := links.Attach(context.Background(), "rules-1", ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pem, err := os.ReadFile(inet.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	sb := &egressSandbox{t: t, ns: ns, lease: lease, links: links, roots: roots}
+	srv := inet.Server.String()
+	https := net.JoinHostPort(srv, fmt.Sprint(networktest.HTTPSPort))
+	plain := net.JoinHostPort(srv, fmt.Sprint(networktest.HTTPPort))
+	ok := func(got, want string) {
+		t.Helper()
+		if got != want {
+			t.Errorf("got %q, want %q", got, want)
+		}
+	}
+	refused := func(got string) {
+		t.Helper()
+		if !strings.HasPrefix(got, "error") {
+			t.Errorf("got %q, want a refusal", got)
+		}
+	}
+
+	// Nothing allowed: no DNS, no TCP, no UDP.
+	sb.set(nil, nil)
+
+	if _, err := sb.lookup("allowed.test"); err == nil {
+		t.Error("DNS answered under empty rules")
+	}
+	refused(sb.https(https, "allowed.test"))
+	refused(sb.udp(net.JoinHostPort(srv, fmt.Sprint(networktest.UDPEchoPort))))
+
+	// Domain rules.
+	sb.set([]string{"allowed.test", "*.wild.test"}, []string{"denied.test"})
+	addrs, err := sb.lookup("allowed.test")
+	if err != nil || len(addrs) != 1 || addrs[0] != inet.Server {
+		t.Fatalf("lookup allowed.test = %v, %v", addrs, err)
+	}
+	ok(sb.https(https, "allowed.test"), "tls allowed.test host allowed.test at 198.51.100.2")
+	ok(sb.http(plain, "allowed.test"), "http host allowed.test at 198.51.100.2")
+	ok(sb.https(https, "a.wild.test"), "tls a.wild.test host a.wild.test at 198.51.100.2")
+	// The wildcard is for subdomains only.
+	refused(sb.https(https, "wild.test"))
+	// A denied name is refused at SNI and Host, though the sandbox has
+	// the right address (as from /etc/hosts).
+	refused(sb.https(https, "denied.test"))
+	refused(sb.http(plain, "denied.test"))
+	refused(sb.https(https, "other.test"))
+	if _, err := sb.lookup("denied.test"); err == nil {
+		t.Error("DNS resolved denied.test")
+	}
+	// No tunnel: a name the rules do not allow never reaches a resolver
+	// (the fake internet's answers TXT for any name), nor do other types.
+	for _, q := range []struct {
+		name  string
+		qtype uint16
+	}{{"made-up-tunnel-label.other.test", dns.TypeTXT}, {"allowed.test", dns.TypeTXT}, {"made-up.other.test", dns.TypeA}} {
+		in, err := sb.query(q.name, q.qtype)
+		if err != nil || len(in.Answer) > 0 {
+			t.Errorf("%s %s: %v, %v: want no answer", q.name, dns.TypeToString[q.qtype], in, err)
+		}
+	}
+	// An IP literal under domain rules: only because the resolver gave
+	// that address for an allowed name.
+	ok(sb.http(plain, srv), "http host "+srv+" at "+srv)
+	unnamed := net.JoinHostPort(inet.Unnamed.String(), fmt.Sprint(networktest.HTTPPort))
+	refused(sb.http(unnamed, inet.Unnamed.String()))
+	// A name asked of an address that is not the name's: the proxy dials
+	// the name's own addresses (as it resolves them), not the sandbox's.
+	ok(sb.http(unnamed, "allowed.test"), "http host allowed.test at 198.51.100.2")
+
+	// DNS rebinding: an allowed name whose records point at refused
+	// addresses resolves to nothing, and the proxy never dials them.
+	sb.set([]string{"rebind.test"}, nil)
+	if addrs, err := sb.lookup("rebind.test"); err == nil && len(addrs) > 0 {
+		t.Errorf("rebind.test resolved to %v", addrs)
+	}
+	refused(sb.http(plain, "rebind.test"))
+	// The fresh rules forget the old names' addresses? No: the records
+	// stay, but allowed.test is not allowed any more.
+	refused(sb.http(plain, srv))
+
+	// CIDR rules: allow and deny, IP literals, UDP.
+	sb.set([]string{inet.Server.String() + "/32"}, nil)
+	ok(sb.http(plain, srv), "http host "+srv+" at "+srv)
+	ok(sb.udp(net.JoinHostPort(srv, fmt.Sprint(networktest.UDPEchoPort))), "ping")
+	sb.set([]string{"198.51.100.0/24"}, []string{inet.Server.String() + "/32"})
+	refused(sb.http(plain, srv))
+	refused(sb.udp(net.JoinHostPort(srv, fmt.Sprint(networktest.UDPEchoPort))))
+	// A CIDR never opens what is always refused.
+	sb.set([]string{"0.0.0.0/0"}, nil)
+	ok(sb.http(plain, srv), "http host "+srv+" at "+srv)
+	refused(sb.http(net.JoinHostPort(inet.Private.String(), fmt.Sprint(inet.Port)), "x"))
+	refused(sb.http("169.254.169.254:80", "metadata"))
+	refused(sb.http(net.JoinHostPort(inet.Gateway.String(), "22"), "host"))
+	refused(sb.http(net.JoinHostPort(lease.HostAddr().String(), "22"), "host"))
+
+	// IPv6: a name with IPv6 addresses only is reached through the proxy
+	// (a synthetic IPv4 address in the sandbox); an IPv6 deny refuses it.
+	sb.set([]string{"v6.test"}, nil)
+	addrs, err = sb.lookup("v6.test")
+	if err != nil || len(addrs) != 1 {
+		t.Fatalf("lookup v6.test = %v, %v", addrs, err)
+	}
+	v6 := net.JoinHostPort(addrs[0].String(), fmt.Sprint(networktest.HTTPSPort))
+	ok(sb.https(v6, "v6.test"), "tls v6.test host v6.test at 2001:db8:5::2")
+	sb.set([]string{"v6.test"}, []string{"2001:db8::/32"})
+	refused(sb.https(v6, "v6.test"))
+
+	// Live update: an open connection that the new rules deny is cut.
+	sb.set([]string{"echo.test"}, nil)
+	if _, err := sb.lookup("echo.test"); err != nil {
+		t.Fatal(err)
+	}
+	cut := make(chan string, 1)
+	opened := make(chan struct{})
+	go func() {
+		out, err := inNetns(t, ns, func() (string, error) {
+			c, err := net.DialTimeout("tcp4", net.JoinHostPort(srv, fmt.Sprint(networktest.EchoPort)), 5*time.Second)
+			if err != nil {
+				return "", err
+			}
+			defer c.Close()
+			r := bufio.NewReader(c)
+			fmt.Fprintln(c, "one")
+			if l, err := r.ReadString('\n'); err != nil || l != "one\n" {
+				return "", fmt.Errorf("echo: %q, %v", l, err)
+			}
+			close(opened)
+			c.SetDeadline(time.Now().Add(20 * time.Second))
+			for {
+				if _, err := fmt.Fprintln(c, "more"); err != nil {
+					return "cut", nil
+				}
+				if _, err := r.ReadString('\n'); err != nil {
+					return "cut", nil
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+		if err != nil {
+			out = "error: " + err.Error()
+		}
+		cut <- out
+	}()
+	select {
+	case <-opened:
+	case got := <-cut:
+		t.Fatalf("echo connection: %s", got)
+	}
+	t0 := time.Now()
+	sb.set([]string{"allowed.test"}, nil)
+	select {
+	case got := <-cut:
+		if got != "cut" {
+			t.Fatalf("echo connection: %s", got)
+		}
+		t.Logf("open connection cut %v after the update", time.Since(t0).Round(time.Millisecond))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the open connection was not cut by the update")
+	}
+	// And back: new connections follow at once.
+	sb.set([]string{"echo.test"}, nil)
+	ok(sb.http(plain, "echo.test"), "http host echo.test at 198.51.100.2")
+
+	// Lifting the rules: outbound again.
+	if err := links.SetEgress(context.Background(), lease, nil); err != nil {
+		t.Fatal(err)
+	}
+	ok(sb.http(plain, "denied.test"), "http host denied.test at 198.51.100.2")
+
+	// Detach removes the sandbox's chains.
+	sb.set([]string{"allowed.test"}, nil)
+	if left := links.Leftovers("rules-1"); len(left) != 3 {
+		t.Errorf("leftovers of a rules sandbox = %v, want its link and two chains", left)
+	}
+	links.Detach(lease)
+	if left := links.Leftovers("rules-1"); len(left) != 0 {
+		t.Errorf("leftovers after detach: %v", left)
+	}
+
+	// A crash: a rules sandbox's link goes with its namespace (another
+	// server's, which died), its chains stay. A running server's next
+	// link of that index (an outbound sandbox) must not inherit them, and
+	// its sweep removes those of links gone.
+	for _, viaSweep := range []bool{false, true} {
+		next := networktest.Manager(t, network.Config{Scope: "egress", Upstream: []netip.AddrPort{inet.DNS}})
+		nl, err := next.Links("ns")
+		if err != nil {
+			t.Fatal(err)
+		}
+		warm, err := nl.Attach(context.Background(), "warm", newNetns(t)) // its rules installed
+		if err != nil {
+			t.Fatal(err)
+		}
+		nl.Detach(warm)
+		crashed := networktest.Manager(t, network.Config{Scope: "egress", Upstream: []netip.AddrPort{inet.DNS}})
+		cl, err := crashed.Links("ns")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The allocators go round: crashed's first link takes next's
+		// last index, its second the one next takes next.
+		first, err := cl.Attach(context.Background(), "first", newNetns(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Detach(first)
+		dead, err := cl.Attach(context.Background(), "rules-dead", newNetns(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		(&egressSandbox{t: t, ns: ns, lease: dead, links: cl}).set([]string{"allowed.test"}, nil)
+		chain := fmt.Sprintf("%s-PX-%s", networktest.ChainPrefix, strings.TrimPrefix(dead.HostLink(), networktest.LinkPrefix))
+		link, err := netlink.LinkByName(dead.HostLink())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkDel(link); err != nil {
+			t.Fatal(err)
+		}
+		crashed.Close()
+		if !chainExists(chain) {
+			t.Fatalf("%s gone with the link", chain)
+		}
+		if viaSweep {
+			nl.SweepChains(context.Background())
+			if chainExists(chain) {
+				t.Errorf("%s survived the sweep", chain)
+			}
+			next.Close()
+			continue
+		}
+		ns3 := newNetns(t)
+		l3, err := nl.Attach(context.Background(), "outbound-next", ns3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l3.HostLink() != dead.HostLink() {
+			t.Fatalf("the next sandbox got %s, not %s", l3.HostLink(), dead.HostLink())
+		}
+		if chainExists(chain) {
+			t.Errorf("%s still there for the link's next sandbox", chain)
+		}
+		unnamed := net.JoinHostPort(inet.Unnamed.String(), fmt.Sprint(networktest.HTTPPort))
+		ok((&egressSandbox{t: t, ns: ns3}).http(unnamed, "x"), "http host x at "+inet.Unnamed.String())
+		nl.Detach(l3)
+		next.Close()
+	}
+}
+
+func chainExists(name string) bool {
+	return exec.Command("iptables", "--wait", "-t", "nat", "-n", "-L", name).Run() == nil
+}
