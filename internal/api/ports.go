@@ -115,7 +115,7 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 			// The caller's credentials are evalbox's, not the sandbox's.
 			pr.Out.Header.Del("Authorization")
 			pr.Out.Header.Del(client.HeaderTrafficToken)
-			stripCookie(pr.Out.Header, client.QueryTrafficToken)
+			stripCookie(pr.Out.Header)
 		},
 		Transport:     tr,
 		FlushInterval: -1, // streams and events as they come
@@ -123,12 +123,18 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 		// answers off as evalbox's.
 		ModifyResponse: func(resp *http.Response) error {
 			resp.Header.Del(client.HeaderError)
-			if t := targetOf(resp.Request.Context()); t != nil && t.cookie != "" {
-				path := "/"
-				if t.prefix != "" {
-					path = t.prefix + "/"
+			// The token's cookie is evalbox's: a sandbox may not set it
+			// (for itself or, on the API's origin, for another sandbox).
+			if cs := resp.Header.Values("Set-Cookie"); len(cs) > 0 {
+				resp.Header.Del("Set-Cookie")
+				for _, c := range cs {
+					if n, _, _ := strings.Cut(c, "="); !isTokenCookie(strings.TrimSpace(n)) {
+						resp.Header.Add("Set-Cookie", c)
+					}
 				}
-				c := &http.Cookie{Name: client.QueryTrafficToken, Value: t.cookie, Path: path, HttpOnly: true,
+			}
+			if t := targetOf(resp.Request.Context()); t != nil && t.cookie != "" {
+				c := &http.Cookie{Name: tokenCookie(t.secure), Value: t.cookie, Path: "/", HttpOnly: true,
 					Secure: t.secure, SameSite: http.SameSiteLaxMode}
 				resp.Header.Add("Set-Cookie", c.String())
 			}
@@ -201,8 +207,8 @@ func (s *Server) portServe(w http.ResponseWriter, r *http.Request, id, portStr, 
 		if token == "" {
 			token = queryToken
 		}
-		if token == "" {
-			if c, err := r.Cookie(client.QueryTrafficToken); err == nil {
+		if token == "" && prefix == "" {
+			if c, err := r.Cookie(tokenCookie(r.TLS != nil)); err == nil {
 				token = c.Value
 			}
 		}
@@ -218,7 +224,11 @@ func (s *Server) portServe(w http.ResponseWriter, r *http.Request, id, portStr, 
 			return
 		}
 		t.team = a.TeamID
-		if queryToken != "" && queryToken == token {
+		if queryToken != "" && queryToken == token && prefix == "" {
+			// The host form's origin is the sandbox port's own: the
+			// browser keeps the token for it. (The path form shares the
+			// API's origin, where a cookie would reach every sandbox's
+			// pages: there the query carries the token each time.)
 			t.cookie = token
 		}
 	}
@@ -265,23 +275,38 @@ func writePortError(w http.ResponseWriter, port int, err error) {
 // stripQueryParam removes every name=… of a raw query, keeping the rest
 // as it was written.
 func stripQueryParam(raw, name string) string {
-	if !strings.Contains(raw, name) {
+	if raw == "" {
 		return raw
 	}
 	parts := strings.Split(raw, "&")
 	kept := parts[:0]
 	for _, p := range parts {
 		k, _, _ := strings.Cut(p, "=")
-		if uk, err := url.QueryUnescape(k); err == nil && uk == name {
-			continue
+		if uk, err := url.QueryUnescape(k); err != nil || uk == name {
+			continue // the token, or a key no one reads as it is written
 		}
 		kept = append(kept, p)
 	}
 	return strings.Join(kept, "&")
 }
 
-// stripCookie removes the cookie name from the request's Cookie headers.
-func stripCookie(h http.Header, name string) {
+// tokenCookie names the traffic token's cookie: over TLS with the
+// __Host- prefix, which browsers keep to its host alone (no Domain, no
+// sibling subdomain can set it).
+func tokenCookie(secure bool) string {
+	if secure {
+		return "__Host-" + client.QueryTrafficToken
+	}
+	return client.QueryTrafficToken
+}
+
+func isTokenCookie(name string) bool {
+	return name == client.QueryTrafficToken || name == "__Host-"+client.QueryTrafficToken
+}
+
+// stripCookie removes the token's cookies from the request's Cookie
+// headers.
+func stripCookie(h http.Header) {
 	lines := h.Values("Cookie")
 	if len(lines) == 0 {
 		return
@@ -290,7 +315,7 @@ func stripCookie(h http.Header, name string) {
 	for _, line := range lines {
 		for _, c := range strings.Split(line, ";") {
 			c = strings.TrimSpace(c)
-			if k, _, _ := strings.Cut(c, "="); c == "" || k == name {
+			if k, _, _ := strings.Cut(c, "="); c == "" || isTokenCookie(k) {
 				continue
 			}
 			kept = append(kept, c)

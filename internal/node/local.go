@@ -122,7 +122,7 @@ func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.
 		}
 	}
 	return nodeapi.SandboxInfo{ID: sb.ID, Runtime: sb.Runtime, RuntimeVersion: sb.RuntimeVersion,
-		StartedAt: sb.StartedAt, FromPool: sb.FromPool}, nil
+		StartedAt: sb.StartedAt, FromPool: sb.FromPool, EgressApplied: req.Egress != nil}, nil
 }
 
 // SetEgress replaces a sandbox's egress rules.

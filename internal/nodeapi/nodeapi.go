@@ -198,6 +198,9 @@ type SandboxInfo struct {
 	StartedAt time.Time
 	// FromPool is set when Create was served from the warm pool.
 	FromPool bool
+	// EgressApplied is set when the create's Egress rules are in force
+	// (a node that predates them leaves it unset).
+	EgressApplied bool
 	// Node is the id of the node that runs it, set by a fleet's router
 	// (a node leaves it empty: the control plane knows its own).
 	Node string

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/netrules"
 	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/store"
@@ -176,6 +177,8 @@ func (s *Service) SetNetwork(ctx context.Context, teamID, id string, spec client
 	if err != nil {
 		return client.Sandbox{}, err
 	}
+	e.netMu.Lock()
+	defer e.netMu.Unlock()
 	row, err := s.Get(ctx, teamID, id)
 	if err != nil {
 		return client.Sandbox{}, err
@@ -188,11 +191,10 @@ func (s *Service) SetNetwork(ctx context.Context, teamID, id string, spec client
 		return client.Sandbox{}, errorf(client.CodeConflict,
 			"sandbox %s cannot lose its interface; use mode rules with an empty allow list to close it", id)
 	}
-	if err := s.node.SetEgress(ctx, id, nw.egress); err != nil {
-		return client.Sandbox{}, s.callErr(e, err)
-	}
-	if err := s.store.SetNetwork(ctx, teamID, id, nw.mode, nw.lists); err != nil {
-		// Put the node back as the row says (the update failed whole).
+	// Put the node back as the row says, when the update failed whole
+	// (a node that answered with an error may have applied it all the
+	// same: its answer was lost).
+	restore := func() {
 		old := (*nodeapi.Egress)(nil)
 		if row.NetworkRules != nil {
 			old = &nodeapi.Egress{Allow: row.NetworkRules.Allow, Deny: row.NetworkRules.Deny}
@@ -200,6 +202,15 @@ func (s *Service) SetNetwork(ctx context.Context, teamID, id string, spec client
 		if rerr := s.node.SetEgress(context.WithoutCancel(ctx), id, old); rerr != nil {
 			s.log.Error("restoring a sandbox's egress rules after a failed update", "sandbox", id, "err", rerr)
 		}
+	}
+	if err := s.node.SetEgress(ctx, id, nw.egress); err != nil {
+		if apierr.Code(err) == "" {
+			restore()
+		}
+		return client.Sandbox{}, s.callErr(e, err)
+	}
+	if err := s.store.SetNetwork(ctx, teamID, id, nw.mode, nw.lists); err != nil {
+		restore()
 		return client.Sandbox{}, s.updateErr(id, err)
 	}
 	s.log.Info("sandbox network set", "sandbox", id, "team", teamID, "network", nw.mode,

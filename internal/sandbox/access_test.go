@@ -78,6 +78,25 @@ func TestCreateNetwork(t *testing.T) {
 	}
 }
 
+// TestCreateNetworkOnAnOldNode: a node that does not apply egress rules
+// (it predates them) gets its sandbox destroyed, and the create fails.
+func TestCreateNetworkOnAnOldNode(t *testing.T) {
+	f := newFakeNode()
+	f.ignoresEgress = true
+	svc, _ := newTestService(t, f)
+	_, err := svc.Create(context.Background(), "team", client.CreateSandboxRequest{Template: "base",
+		Network: client.NetworkSpec{Mode: client.NetworkRules, Allow: []string{"pypi.org"}}})
+	if apierr.Code(err) != client.CodeUnavailable || !strings.Contains(err.Error(), "does not apply network rules") {
+		t.Fatalf("create on an old node: %v", err)
+	}
+	if !f.isDestroyed("sb-1") {
+		t.Error("the sandbox of the old node was left running")
+	}
+	if _, err := svc.Create(context.Background(), "team", client.CreateSandboxRequest{Template: "base", Network: client.Network(client.NetworkOutbound)}); err != nil {
+		t.Errorf("outbound on an old node: %v", err)
+	}
+}
+
 // TestSetNetwork: updates go to the node, then the row; one that fails
 // changes neither (the node is put back when the row cannot be written).
 func TestSetNetwork(t *testing.T) {

@@ -205,6 +205,9 @@ type entry struct {
 	stopWatch context.CancelFunc
 	endOnce   sync.Once
 	oomSeen   atomic.Int64 // OOM kills already reported on an exec
+	// netMu serialises this replica's network updates of the sandbox, so
+	// that the node and the row end on the same one.
+	netMu sync.Mutex
 	// oomEnded is set, before endOnce is done, when the sandbox ended
 	// lost after the OOM killer acted in it; died when it ended because
 	// its agent went away (not ended by the server: a delete, its TTL, a
@@ -579,6 +582,13 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 		creq.ContentDigest = d
 	}
 	sb, err := s.node.Create(ctx, creq)
+	if err == nil && creq.Egress != nil && !sb.EgressApplied {
+		// A node that predates egress rules ignores them: refuse to
+		// hand out a sandbox that is open where it should be closed.
+		_ = s.node.Destroy(context.WithoutCancel(ctx), sb.ID)
+		err = &apierr.Error{Code: client.CodeUnavailable, RetryAfter: 1,
+			Message: "the node that started the sandbox does not apply network rules (an older evalbox node); upgrade it"}
+	}
 	if err != nil {
 		release()
 		if ctx.Err() != nil {
@@ -595,6 +605,9 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 			}
 			return client.Sandbox{}, &apierr.Error{Code: client.CodeInsufficientCapacity, RetryAfter: 1, Err: err,
 				Message: fmt.Sprintf("the host has no room for this %s sandbox: %v; %s", key.Runtime, cerr, hint)}
+		}
+		if ae := (*apierr.Error)(nil); errors.As(err, &ae) {
+			return client.Sandbox{}, err // the node's answer to the request itself
 		}
 		// The detail (host paths, runsc's log) is for the operator only.
 		s.log.Error("sandbox failed to start", "team", teamID, "template", req.Template, "runtime", key.Runtime, "err", err)

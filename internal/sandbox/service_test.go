@@ -33,6 +33,8 @@ type fakeNode struct {
 	execErr   error
 	execs     []nodeapi.ExecRequest
 	waitErrs  int // Waits that fail with ErrNodeUnreachable before one blocks
+	// ignoresEgress makes it a node that predates egress rules.
+	ignoresEgress bool
 }
 
 type waitResult struct {
@@ -56,7 +58,8 @@ func (f *fakeNode) Create(ctx context.Context, req nodeapi.CreateRequest) (nodea
 	f.n++
 	id := fmt.Sprintf("sb-%d", f.n)
 	f.ends[id] = make(chan waitResult, 1)
-	return nodeapi.SandboxInfo{ID: id, Runtime: req.Spec.Runtime, RuntimeVersion: "fake/1", StartedAt: time.Now()}, nil
+	return nodeapi.SandboxInfo{ID: id, Runtime: req.Spec.Runtime, RuntimeVersion: "fake/1", StartedAt: time.Now(),
+		EgressApplied: req.Egress != nil && !f.ignoresEgress}, nil
 }
 
 func (f *fakeNode) Destroy(ctx context.Context, id string) error {

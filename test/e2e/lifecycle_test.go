@@ -319,6 +319,40 @@ func TestCLI(t *testing.T) {
 	if code != 124 {
 		t.Fatalf("timed out exec exit code %d", code)
 	}
+	// Port URLs: the host form (the suite's server has a sandbox domain),
+	// or the path form.
+	if out, errs, code = run("", "sandbox", "port", id, "8000"); code != 0 || strings.TrimSpace(out) != client.New(srv.url, key).HostPortURL(id, 8000, sandboxDomain) {
+		t.Errorf("port: %d %q %q", code, out, errs)
+	}
+	if out, _, code = run("", "sandbox", "port", id, "8000", "--path"); code != 0 || strings.TrimSpace(out) != srv.url+"/v1/sandboxes/"+id+"/ports/8000/" {
+		t.Errorf("port --path: %d %q", code, out)
+	}
+	if _, errs, code = run("", "sandbox", "port", id, "0"); code != 2 || !strings.Contains(errs, "PORT") {
+		t.Errorf("port 0: %d %q", code, errs)
+	}
+	// Network: none cannot be opened (one line, exit 1); a rules sandbox
+	// changes live.
+	if _, errs, code = run("", "sandbox", "network", id, "--allow", "pypi.org"); code != 1 || !strings.Contains(errs, "conflict") || strings.Count(strings.TrimSpace(errs), "\n") != 0 {
+		t.Errorf("network of a none sandbox: %d %q", code, errs)
+	}
+	out, errs, code = run("", "sandbox", "create", "--allow", "pypi.org", "--deny", "10.0.0.0/8")
+	if code != 0 {
+		t.Fatalf("create with rules: %s", errs)
+	}
+	rid := strings.TrimSpace(out)
+	t.Cleanup(func() { run("", "sandbox", "rm", rid) })
+	if out, errs, code = run("", "sandbox", "network", rid); code != 0 || out != "mode:  rules\nallow: pypi.org\ndeny:  10.0.0.0/8\n" {
+		t.Errorf("network: %d %q %q", code, out, errs)
+	}
+	if out, errs, code = run("", "sandbox", "network", rid, "--allow", "*.pythonhosted.org", "--allow", "pypi.org"); code != 0 || !strings.Contains(out, "allow: *.pythonhosted.org pypi.org\n") {
+		t.Errorf("network update: %d %q %q", code, out, errs)
+	}
+	if _, errs, code = run("", "sandbox", "network", rid, "--allow", "10.0.0.0/33"); code != 1 || !strings.Contains(errs, `network.allow[0]: "10.0.0.0/33"`) {
+		t.Errorf("bad rule: %d %q", code, errs)
+	}
+	if out, _, code = run("", "sandbox", "network", rid, "--mode", "outbound"); code != 0 || out != "mode:  outbound\n" {
+		t.Errorf("to outbound: %d %q", code, out)
+	}
 	if _, errs, code = run("", "sandbox", "rm", id); code != 0 {
 		t.Fatalf("rm: %s", errs)
 	}

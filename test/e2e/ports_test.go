@@ -35,6 +35,15 @@ class H(http.server.SimpleHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+        elif self.path.startswith("/echo"):
+            body = self.path.encode()
+            self.send_response(200)
+            self.send_header("Set-Cookie", "evalbox_token=forged; Path=/")
+            self.send_header("Set-Cookie", "__Host-evalbox_token=forged; Path=/; Secure")
+            self.send_header("Set-Cookie", "mine=1; Path=/")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif self.path == "/forged":
             body = b'{"error":{"code":"not_found","message":"forged by the sandbox"}}'
             self.send_response(404)
@@ -215,19 +224,28 @@ func TestPortURL(t *testing.T) {
 			if got := body(do(base+"/index.html", "", client.HeaderTrafficToken, token)); got != "200 hello\n" {
 				t.Errorf("with the traffic token: %s", got)
 			}
-			resp = get(base+"/index.html?x=1&"+client.QueryTrafficToken+"="+token, "")
-			cookie := resp.Header.Get("Set-Cookie")
-			if got := body(resp); got != "200 hello\n" || !strings.Contains(cookie, client.QueryTrafficToken+"="+token) ||
-				!strings.Contains(cookie, "HttpOnly") || !strings.Contains(cookie, "Path=/v1/sandboxes/"+sb.ID+"/ports/8000/") {
-				t.Errorf("with the token in the query: %s, Set-Cookie %q", got, cookie)
+			// The query form: on the path form, each time (no cookie on the
+			// API's origin); the token never reaches the sandbox, however
+			// its key is written.
+			resp = get(base+"/echo?x=1&"+client.QueryTrafficToken+"="+token+"&evalbox%5Ftoken="+token+"&y=2", "")
+			if got := body(resp); got != "200 /echo?x=1&y=2" {
+				t.Errorf("with the token in the query: %s", got)
 			}
-			if got := body(do(base+"/index.html", "", "Cookie", "a=b; "+client.QueryTrafficToken+"="+token)); got != "200 hello\n" {
-				t.Errorf("with the token's cookie: %s", got)
+			for _, c := range resp.Header.Values("Set-Cookie") {
+				if strings.Contains(c, "evalbox_token") {
+					t.Errorf("a token cookie on the path form, or the sandbox's own: %q", c)
+				}
 			}
-			resp = do(base+"/headers?"+client.QueryTrafficToken+"="+token, "", "Cookie", "a=b; "+client.QueryTrafficToken+"="+token)
+			if cs := resp.Header.Values("Set-Cookie"); len(cs) != 1 || !strings.HasPrefix(cs[0], "mine=1") {
+				t.Errorf("the sandbox's other cookies: %q", cs)
+			}
+			if got := body(do(base+"/index.html", "", "Cookie", client.QueryTrafficToken+"="+token)); !strings.HasPrefix(got, "401 ") {
+				t.Errorf("a token cookie on the path form: %s", got)
+			}
+			resp = do(base+"/headers", "", client.HeaderTrafficToken, token)
 			seen, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			if strings.Contains(string(seen), token) || !strings.Contains(string(seen), "a=b") {
+			if strings.Contains(string(seen), token) {
 				t.Errorf("the sandbox's view of a token request: %s", seen)
 			}
 			for _, bad := range []string{"evt_wrong", token + "x", ""} {
@@ -284,6 +302,23 @@ func TestPortURL(t *testing.T) {
 			}
 			if got := body(do(srv.url+"/index.html", strings.ToUpper(host)+":80", client.HeaderTrafficToken, newToken)); got != "200 hello\n" {
 				t.Errorf("host form with the token: %s", got)
+			}
+			// In a browser: the query once, then the cookie, for this
+			// host only; neither reaches the sandbox.
+			resp = do(srv.url+"/index.html?"+client.QueryTrafficToken+"="+newToken, host)
+			cookie := resp.Header.Get("Set-Cookie")
+			if got := body(resp); got != "200 hello\n" || !strings.HasPrefix(cookie, client.QueryTrafficToken+"="+newToken) ||
+				!strings.Contains(cookie, "HttpOnly") || !strings.Contains(cookie, "Path=/") || strings.Contains(cookie, "Domain") {
+				t.Errorf("host form with the token in the query: %s, Set-Cookie %q", got, cookie)
+			}
+			if got := body(do(srv.url+"/index.html", host, "Cookie", "a=b; "+client.QueryTrafficToken+"="+newToken)); got != "200 hello\n" {
+				t.Errorf("host form with the token's cookie: %s", got)
+			}
+			resp = do(srv.url+"/headers", host, "Cookie", "a=b; "+client.QueryTrafficToken+"="+newToken)
+			seen, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(seen), newToken) || !strings.Contains(string(seen), "a=b") {
+				t.Errorf("the sandbox's view of a cookie request: %s", seen)
 			}
 			if got := body(do(srv.url+"/index.html", host, "")); !strings.HasPrefix(got, "401 ") {
 				t.Errorf("host form without credentials: %s", got)

@@ -71,12 +71,12 @@ func poolStatus(p *pb.PoolStatus) nodeapi.PoolStatus {
 
 func pbSandboxInfo(s nodeapi.SandboxInfo) *pb.SandboxInfo {
 	return &pb.SandboxInfo{Id: s.ID, Runtime: s.Runtime, RuntimeVersion: s.RuntimeVersion,
-		StartedAtUnixNano: unixNano(s.StartedAt), FromPool: s.FromPool}
+		StartedAtUnixNano: unixNano(s.StartedAt), FromPool: s.FromPool, EgressApplied: s.EgressApplied}
 }
 
 func sandboxInfo(s *pb.SandboxInfo) nodeapi.SandboxInfo {
 	return nodeapi.SandboxInfo{ID: s.GetId(), Runtime: s.GetRuntime(), RuntimeVersion: s.GetRuntimeVersion(),
-		StartedAt: fromUnixNano(s.GetStartedAtUnixNano()), FromPool: s.GetFromPool()}
+		StartedAt: fromUnixNano(s.GetStartedAtUnixNano()), FromPool: s.GetFromPool(), EgressApplied: s.GetEgressApplied()}
 }
 
 func pbExecRequest(r nodeapi.ExecRequest) *pb.ExecRequest {

@@ -1065,8 +1065,11 @@ type SandboxInfo struct {
 	RuntimeVersion    string                 `protobuf:"bytes,3,opt,name=runtime_version,json=runtimeVersion,proto3" json:"runtime_version,omitempty"`
 	StartedAtUnixNano int64                  `protobuf:"varint,4,opt,name=started_at_unix_nano,json=startedAtUnixNano,proto3" json:"started_at_unix_nano,omitempty"`
 	FromPool          bool                   `protobuf:"varint,5,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The create's egress rules are in force (a node that predates them
+	// leaves it unset, and the control plane refuses the sandbox).
+	EgressApplied bool `protobuf:"varint,6,opt,name=egress_applied,json=egressApplied,proto3" json:"egress_applied,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SandboxInfo) Reset() {
@@ -1130,6 +1133,13 @@ func (x *SandboxInfo) GetStartedAtUnixNano() int64 {
 func (x *SandboxInfo) GetFromPool() bool {
 	if x != nil {
 		return x.FromPool
+	}
+	return false
+}
+
+func (x *SandboxInfo) GetEgressApplied() bool {
+	if x != nil {
+		return x.EgressApplied
 	}
 	return false
 }
@@ -3405,13 +3415,14 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12/\n" +
 	"\x06egress\x18\x02 \x01(\v2\x17.evalbox.node.v1.EgressR\x06egress\"\x13\n" +
-	"\x11SetEgressResponse\"\xae\x01\n" +
+	"\x11SetEgressResponse\"\xd5\x01\n" +
 	"\vSandboxInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aruntime\x18\x02 \x01(\tR\aruntime\x12'\n" +
 	"\x0fruntime_version\x18\x03 \x01(\tR\x0eruntimeVersion\x12/\n" +
 	"\x14started_at_unix_nano\x18\x04 \x01(\x03R\x11startedAtUnixNano\x12\x1b\n" +
-	"\tfrom_pool\x18\x05 \x01(\bR\bfromPool\"/\n" +
+	"\tfrom_pool\x18\x05 \x01(\bR\bfromPool\x12%\n" +
+	"\x0eegress_applied\x18\x06 \x01(\bR\regressApplied\"/\n" +
 	"\x0eDestroyRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x11\n" +

@@ -12,9 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/time/rate"
 
 	"github.com/evalbox/evalbox/internal/netrules"
 )
@@ -53,7 +55,21 @@ type egressState struct {
 	synth   map[string]netip.Addr
 	conns   map[*proxyConn]struct{}
 	closed  bool
+	// active counts the proxy's connections of the sandbox (open and
+	// being judged); dns bounds the rate of its DNS questions.
+	active atomic.Int64
+	dns    *rate.Limiter
 }
+
+// Bounds of one rules sandbox's use of the proxy and the resolver, and of
+// all sandboxes' of the proxy: a sandbox cannot take the node's file
+// descriptors or flood its resolvers.
+const (
+	maxConnsPerSandbox = 1024
+	maxConns           = 16384
+	dnsRate            = 200 // questions a second
+	dnsBurst           = 400
+)
 
 type answer struct {
 	name  string
@@ -147,9 +163,14 @@ type gateway struct {
 	mu       sync.Mutex
 	byAddr   map[netip.Addr]*egressState
 	wg       sync.WaitGroup
-	hostMu   sync.Mutex
-	hostAt   time.Time
-	hostIPs  map[netip.Addr]bool
+	active   atomic.Int64 // the proxy's connections, all sandboxes'
+	cacheMu  sync.Mutex
+	cache    map[string]cached // lookup's
+	// hostPrefixes are the host's addresses and subnets (hostNets).
+	hostMu       sync.Mutex
+	hostAt       time.Time
+	hostOK       bool
+	hostPrefixes []netip.Prefix
 }
 
 // gatewayStart starts m's gateway once.
@@ -162,7 +183,7 @@ func (m *Manager) gatewayStart() (*gateway, error) {
 	if m.gw != nil {
 		return m.gw, nil
 	}
-	g := &gateway{m: m, byAddr: map[netip.Addr]*egressState{}}
+	g := &gateway{m: m, byAddr: map[netip.Addr]*egressState{}, cache: map[string]cached{}}
 	// On every address (the redirect rewrites the destination to the
 	// sandbox link's host end); connections from elsewhere than a rules
 	// sandbox are closed at once.
@@ -217,7 +238,8 @@ func (g *gateway) set(addr netip.Addr, r *netrules.Rules) (prev *netrules.Rules)
 	g.mu.Lock()
 	st := g.byAddr[addr]
 	if st == nil {
-		st = &egressState{addr: addr, answers: map[netip.Addr]answer{}, synth: map[string]netip.Addr{}, conns: map[*proxyConn]struct{}{}}
+		st = &egressState{addr: addr, answers: map[netip.Addr]answer{}, synth: map[string]netip.Addr{}, conns: map[*proxyConn]struct{}{},
+			dns: rate.NewLimiter(dnsRate, dnsBurst)}
 		g.byAddr[addr] = st
 	}
 	g.mu.Unlock()
@@ -263,34 +285,43 @@ func (st *egressState) close() {
 
 // refused reports whether addr is a destination no sandbox may reach,
 // whatever its rules: the deny list (special and private ranges, the
-// host's subnets) but the operator's AllowPrivate ranges, the IPv6
-// special ranges, the sandbox pool, and every address of the host.
+// host's IPv4 subnets) but the operator's AllowPrivate ranges, the IPv6
+// special ranges, the sandbox pool, and every address and subnet of the
+// host, IPv4 and IPv6 (a host whose addresses cannot be read refuses
+// everything).
 func (g *gateway) refused(addr netip.Addr) bool {
 	addr = addr.Unmap()
 	if !addr.IsValid() || addr.Zone() != "" {
-		return true
-	}
-	if g.hostAddrs()[addr] {
 		return true
 	}
 	m := g.m
 	if m.pool.Contains(addr) {
 		return true
 	}
+	host, ok := g.hostNets()
+	if !ok {
+		return true
+	}
+	for _, p := range host {
+		if p.Bits() == addr.BitLen() && p.Addr() == addr {
+			return true // the host itself, whatever the operator opens
+		}
+	}
 	for _, p := range m.allowPrivate {
 		if p.Contains(addr) {
 			return false
 		}
 	}
-	if addr.Is4() {
-		for _, p := range m.denyList() {
-			if p.Contains(addr) {
-				return true
-			}
+	for _, p := range host {
+		if p.Contains(addr) {
+			return true
 		}
-		return false
 	}
-	for _, p := range specialRanges6 {
+	special := specialRanges6
+	if addr.Is4() {
+		special = m.denyList()
+	}
+	for _, p := range special {
 		if p.Contains(addr) {
 			return true
 		}
@@ -298,26 +329,36 @@ func (g *gateway) refused(addr netip.Addr) bool {
 	return false
 }
 
-// hostAddrs returns the host's addresses (IPv4 and IPv6), read again
-// every few seconds.
-func (g *gateway) hostAddrs() map[netip.Addr]bool {
+// hostNets returns the host's addresses (as /32 and /128 prefixes) and
+// subnets (IPv4 and IPv6), but the sandbox links', read again every few
+// seconds; false when they cannot be read.
+func (g *gateway) hostNets() ([]netip.Prefix, bool) {
 	g.hostMu.Lock()
 	defer g.hostMu.Unlock()
-	if g.hostIPs != nil && time.Since(g.hostAt) < 5*time.Second {
-		return g.hostIPs
+	if g.hostOK && time.Since(g.hostAt) < 5*time.Second {
+		return g.hostPrefixes, true
 	}
-	ips := map[netip.Addr]bool{}
-	if addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL); err == nil {
-		for _, a := range addrs {
-			if ip, ok := netip.AddrFromSlice(a.IP); ok {
-				ips[ip.Unmap()] = true
-			}
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		g.m.log.Warn("network: reading the host's addresses", "err", err)
+		return g.hostPrefixes, g.hostOK
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || a.IPNet == nil {
+			continue
 		}
-	} else if g.hostIPs != nil {
-		return g.hostIPs
+		ip = ip.Unmap()
+		out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+		ones, _ := a.Mask.Size()
+		if ip.IsLinkLocalUnicast() || g.m.pool.Contains(ip) {
+			continue // special ranges already; the pool is refused
+		}
+		out = append(out, netip.PrefixFrom(ip, ones).Masked())
 	}
-	g.hostIPs, g.hostAt = ips, time.Now()
-	return ips
+	g.hostPrefixes, g.hostAt, g.hostOK = out, time.Now(), true
+	return out, true
 }
 
 // specialRanges6 are the IPv6 destinations no sandbox reaches: the
@@ -359,50 +400,58 @@ func (m *Manager) proxyChain(n int) string { return m.chainProxy + "-" + strconv
 func (m *Manager) ruleChain(n int) string  { return m.chainRules + "-" + strconv.Itoa(n) }
 
 // SetEgress limits the sandbox of lease to r (nil: lifts the limit): see
-// runtime.EgressFilter. On error the previous rules stay.
+// runtime.EgressFilter. On error the previous rules stay. Calls for one
+// lease are serialised, and none succeeds once the lease is detached.
+//
+// Lifting the rules keeps the sandbox's state and chains in a lifted form
+// (nothing redirected, everything forwarded, the proxied connections
+// still carried and judged as allowed), so that connections made under
+// the rules survive the change and new rules later judge them again.
 func (l *Links) SetEgress(ctx context.Context, lease *Lease, r *netrules.Rules) error {
 	m := l.m
-	if r == nil {
-		lease.mu.Lock()
-		had := lease.egress
-		lease.egress = false
-		lease.mu.Unlock()
-		if !had {
-			return nil
-		}
-		if err := m.removeSandboxChains(ctx, lease.idx); err != nil {
-			lease.mu.Lock()
-			lease.egress = true
-			lease.mu.Unlock()
-			return err
-		}
-		if g := m.gatewayIfStarted(); g != nil {
-			g.remove(lease.GuestAddr(), false)
-		}
-		return nil
+	lease.mu.Lock()
+	defer lease.mu.Unlock()
+	if lease.detached {
+		return fmt.Errorf("network: sandbox %s is detached", lease.id)
+	}
+	if r == nil && !lease.egress {
+		return nil // never had rules
 	}
 	g, err := m.gatewayStart()
 	if err != nil {
 		return err
 	}
-	addr := lease.GuestAddr()
-	prev := g.set(addr, r)
-	lease.mu.Lock()
-	first := !lease.egress
-	lease.mu.Unlock()
+	eff := r
+	if r == nil {
+		eff = allowAll
+	}
+	addr, first := lease.GuestAddr(), !lease.egress
+	if first {
+		// Before the redirect exists: no connection to judge yet.
+		g.set(addr, eff)
+	}
 	if err := m.applySandboxChains(ctx, lease.hostIf, lease.idx, r, g, first); err != nil {
-		if prev == nil {
+		if first {
 			g.remove(addr, false)
-		} else {
-			g.set(addr, prev)
 		}
 		return err
 	}
-	lease.mu.Lock()
+	if !first {
+		g.set(addr, eff) // cuts the open connections eff denies
+	}
 	lease.egress = true
-	lease.mu.Unlock()
 	return nil
 }
+
+// allowAll judges the proxied connections of a sandbox whose rules were
+// lifted: every destination but those always refused.
+var allowAll = func() *netrules.Rules {
+	r, err := netrules.Parse([]string{"0.0.0.0/0", "::/0"}, nil)
+	if err != nil {
+		panic(err)
+	}
+	return r
+}()
 
 // gatewayIfStarted returns the gateway, or nil before the first rules
 // sandbox.
@@ -413,7 +462,9 @@ func (m *Manager) gatewayIfStarted() *gateway {
 }
 
 // applySandboxChains (re)writes the sandbox's two chains in one
-// iptables-restore and, the first time, adds the jumps to them.
+// iptables-restore and, the first time, adds the jumps to them. r nil
+// writes the lifted form (nothing redirected, everything returned to the
+// FWD chain, whose deny list still applies).
 func (m *Manager) applySandboxChains(ctx context.Context, hostIf string, n int, r *netrules.Rules, g *gateway, first bool) error {
 	px, sb := m.proxyChain(n), m.ruleChain(n)
 	proxyPort := g.proxyLn.Addr().(*net.TCPAddr).Port
@@ -421,33 +472,44 @@ func (m *Manager) applySandboxChains(ctx context.Context, hostIf string, n int, 
 	w := func(f string, a ...any) { fmt.Fprintf(&b, f+"\n", a...) }
 	w("*nat")
 	w(":%s - [0:0]", px)
-	w("-A %s -p udp --dport 53 -j REDIRECT --to-ports %d", px, g.dnsPort)
-	w("-A %s -p tcp --dport 53 -j REDIRECT --to-ports %d", px, g.dnsPort)
-	w("-A %s -p tcp -j REDIRECT --to-ports %d", px, proxyPort)
+	if r != nil {
+		w("-A %s -p udp --dport 53 -j REDIRECT --to-ports %d", px, g.dnsPort)
+		w("-A %s -p tcp --dport 53 -j REDIRECT --to-ports %d", px, g.dnsPort)
+		w("-A %s -p tcp -j REDIRECT --to-ports %d", px, proxyPort)
+	}
 	w("COMMIT")
 	w("*filter")
 	w(":%s - [0:0]", sb)
-	// Into the host (from chainIn): the redirected connections to this
+	// Into the host (from chainIn, redirected connections only): this
 	// server's proxy and resolver, nothing else.
 	for _, pp := range [][2]any{{"tcp", proxyPort}, {"udp", g.dnsPort}, {"tcp", g.dnsPort}} {
 		w("-A %s -m addrtype --dst-type LOCAL -p %s --dport %d -m conntrack --ctstate DNAT -j ACCEPT", sb, pp[0], pp[1])
 	}
+	w("-A %s -m addrtype ! --dst-type UNICAST -j REJECT --reject-with icmp-admin-prohibited", sb)
 	w("-A %s -m addrtype --dst-type LOCAL -j REJECT --reject-with icmp-admin-prohibited", sb)
-	// Out (from chainFwd, after the deny list).
-	allow, deny := r.Prefixes()
-	for _, p := range deny {
-		if p.Addr().Is4() {
-			w("-A %s -d %s -j REJECT --reject-with icmp-admin-prohibited", sb, p)
+	if r == nil {
+		w("-A %s -j RETURN", sb)
+	} else {
+		// Out (from chainFwd, before its DNS rule and its deny list, which
+		// apply after a RETURN). DNS that was not redirected is a flow
+		// older than the rules: cut.
+		w("-A %s -p udp --dport 53 -j REJECT --reject-with icmp-admin-prohibited", sb)
+		w("-A %s -p tcp --dport 53 -j REJECT --reject-with tcp-reset", sb)
+		allow, deny := r.Prefixes()
+		for _, p := range deny {
+			if p.Addr().Is4() {
+				w("-A %s -d %s -j REJECT --reject-with icmp-admin-prohibited", sb, p)
+			}
 		}
-	}
-	for _, p := range allow {
-		if p.Addr().Is4() {
-			w("-A %s -d %s -j ACCEPT", sb, p)
+		for _, p := range allow {
+			if p.Addr().Is4() {
+				w("-A %s -d %s -j RETURN", sb, p)
+			}
 		}
+		// TCP flows that began before the rules (the proxy carries the rest).
+		w("-A %s -p tcp -j REJECT --reject-with tcp-reset", sb)
+		w("-A %s -j REJECT --reject-with icmp-admin-prohibited", sb)
 	}
-	// TCP flows that began before the rules (the proxy carries the rest).
-	w("-A %s -p tcp -j REJECT --reject-with tcp-reset", sb)
-	w("-A %s -j REJECT --reject-with icmp-admin-prohibited", sb)
 	w("COMMIT")
 	unlock, err := lockHostRules()
 	if err != nil {

@@ -246,6 +246,69 @@ func TestEgressRules(t *testing.T) {
 	// the name's own addresses (as it resolves them), not the sandbox's.
 	ok(sb.http(unnamed, "allowed.test"), "http host allowed.test at 198.51.100.2")
 
+	// Names are judged wherever they show: a ClientHello sent after the
+	// proxy stopped waiting, the second request of a keep-alive
+	// connection, a request after blank lines.
+	late := func(name string) string {
+		out, err := inNetns(t, ns, func() (string, error) {
+			c, err := net.DialTimeout("tcp4", https, 5*time.Second)
+			if err != nil {
+				return "", err
+			}
+			defer c.Close()
+			time.Sleep(500 * time.Millisecond)
+			tc := tls.Client(c, &tls.Config{ServerName: name, RootCAs: roots})
+			tc.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(tc, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", name)
+			b, err := io.ReadAll(tc)
+			if len(b) == 0 && err == nil {
+				err = io.ErrUnexpectedEOF // cut
+			}
+			return lastLine(string(b)), err
+		})
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return out
+	}
+	ok(late("allowed.test"), "tls allowed.test host allowed.test at 198.51.100.2")
+	refused(late("other.test"))
+	raw := func(payload string) string {
+		out, err := inNetns(t, ns, func() (string, error) {
+			c, err := net.DialTimeout("tcp4", plain, 5*time.Second)
+			if err != nil {
+				return "", err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			io.WriteString(c, payload)
+			b, err := io.ReadAll(c)
+			return strings.Join(strings.Fields(strings.ReplaceAll(string(b), "\r\n", " ")), " "), err
+		})
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return out
+	}
+	keepAlive := raw("GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\nGET / HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n")
+	if strings.Contains(keepAlive, "other.test") {
+		t.Errorf("a keep-alive connection's second Host: %q", keepAlive)
+	}
+	if got := raw("\r\n\r\nGET / HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n"); strings.Contains(got, "other.test") {
+		t.Errorf("a request after blank lines: %q", got)
+	}
+	if got := raw("POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n"); strings.Contains(got, "other.test") {
+		t.Errorf("an ambiguous request: %q", got)
+	}
+	// A body, chunked, then another request of an allowed name.
+	if got := raw("POST / HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: a.wild.test\r\nConnection: close\r\n\r\n"); !strings.Contains(got, "http host allowed.test") || !strings.Contains(got, "http host a.wild.test") {
+		t.Errorf("a chunked body and a second request: %q", got)
+	}
+	// Another name allowed, of the address dialled: fine.
+	if got := raw("GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\nGET / HTTP/1.1\r\nHost: b.wild.test\r\nConnection: close\r\n\r\n"); !strings.Contains(got, "http host b.wild.test") {
+		t.Errorf("two allowed names of one address: %q", got)
+	}
+
 	// DNS rebinding: an allowed name whose records point at refused
 	// addresses resolves to nothing, and the proxy never dials them.
 	sb.set([]string{"rebind.test"}, nil)
@@ -340,11 +403,46 @@ func TestEgressRules(t *testing.T) {
 	sb.set([]string{"echo.test"}, nil)
 	ok(sb.http(plain, "echo.test"), "http host echo.test at 198.51.100.2")
 
-	// Lifting the rules: outbound again.
+	// Lifting the rules: outbound again; a connection made under the
+	// rules carries on, and rules set later judge it again.
+	held := holdEcho(t, ns, net.JoinHostPort(srv, fmt.Sprint(networktest.EchoPort)))
 	if err := links.SetEgress(context.Background(), lease, nil); err != nil {
 		t.Fatal(err)
 	}
 	ok(sb.http(plain, "denied.test"), "http host denied.test at 198.51.100.2")
+	if err := held.echo(); err != nil {
+		t.Errorf("a proxied connection after the rules were lifted: %v", err)
+	}
+	sb.set([]string{"allowed.test"}, nil)
+	if err := held.echo(); err == nil {
+		t.Error("a connection the new rules deny was not cut")
+	}
+	held.c.Close()
+
+	// Broadcast into the host stays refused, whatever the rules allow.
+	sb.set([]string{"0.0.0.0/0"}, nil)
+	hostUDP, err := net.ListenPacket("udp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostUDP.Close()
+	go func() {
+		b := make([]byte, 64)
+		for {
+			n, a, err := hostUDP.ReadFrom(b)
+			if err != nil {
+				return
+			}
+			hostUDP.WriteTo(b[:n], a)
+		}
+	}()
+	hostPort := hostUDP.LocalAddr().(*net.UDPAddr).Port
+	bcast := lease.Prefix().Addr().Next().Next().Next() // the /30's broadcast
+	for _, a := range []string{bcast.String(), lease.HostAddr().String()} {
+		if got := sb.udp(net.JoinHostPort(a, fmt.Sprint(hostPort))); !strings.HasPrefix(got, "error") {
+			t.Errorf("UDP to the host at %s: %q", a, got)
+		}
+	}
 
 	// Detach removes the sandbox's chains.
 	sb.set([]string{"allowed.test"}, nil)
@@ -424,6 +522,40 @@ func TestEgressRules(t *testing.T) {
 		nl.Detach(l3)
 		next.Close()
 	}
+}
+
+// heldConn is a connection held open from a sandbox to an echo server.
+type heldConn struct {
+	t  *testing.T
+	ns netns.NsHandle
+	c  net.Conn
+	r  *bufio.Reader
+}
+
+func holdEcho(t *testing.T, ns netns.NsHandle, addr string) *heldConn {
+	t.Helper()
+	c, err := inNetns(t, ns, func() (net.Conn, error) { return net.DialTimeout("tcp4", addr, 5*time.Second) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &heldConn{t: t, ns: ns, c: c, r: bufio.NewReader(c)}
+	if err := h.echo(); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// echo sends a line and reads it back.
+func (h *heldConn) echo() error {
+	h.c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := fmt.Fprintln(h.c, "ping"); err != nil {
+		return err
+	}
+	l, err := h.r.ReadString('\n')
+	if err == nil && l != "ping\n" {
+		err = fmt.Errorf("echo %q", l)
+	}
+	return err
 }
 
 func chainExists(name string) bool {

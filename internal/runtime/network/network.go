@@ -313,8 +313,12 @@ type Lease struct {
 	block  netip.Prefix
 	hostIf string
 
-	mu     sync.Mutex
-	egress bool // it has rules (SetEgress): chains and the gateway's state
+	// mu serialises SetEgress and Detach: egress is set once the
+	// sandbox has chains and the gateway's state (rules, maybe lifted),
+	// detached once Detach began (no SetEgress succeeds after).
+	mu       sync.Mutex
+	egress   bool
+	detached bool
 }
 
 // HostLink is the name of the host end of the sandbox's link.
@@ -424,7 +428,7 @@ func (l *Links) Attach(ctx context.Context, id string, ns netns.NsHandle) (_ *Le
 func (l *Links) Detach(lease *Lease) {
 	lease.mu.Lock()
 	had := lease.egress
-	lease.egress = false
+	lease.egress, lease.detached = false, true
 	lease.mu.Unlock()
 	if had {
 		if g := l.m.gatewayIfStarted(); g != nil {

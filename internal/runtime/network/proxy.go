@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +30,15 @@ import (
 // its destination address only: covered by a CIDR allow, or answered to
 // this sandbox by the resolver for a name the rules allow. Every address
 // dialled passes gateway.refused first.
+//
+// A name is judged wherever it shows: a client that speaks only after the
+// proxy stopped waiting is judged on its first bytes when they come, and
+// every request of a plain-HTTP connection on its own Host (http.go), so
+// that no later request or handshake carries another name to an address
+// the sandbox may reach for one name only. What stays possible is what a
+// proxy that does not decrypt cannot see: names inside TLS (HTTP/2
+// connection reuse, domain fronting, encrypted client hello) on an address
+// the rules allow.
 
 // Timeouts of a proxied connection's start.
 const (
@@ -47,11 +57,25 @@ const (
 type proxyConn struct {
 	origDst netip.Addr // where the sandbox connected
 	dialed  netip.Addr // where the proxy connected
-	name    string     // the name it asked for ("" if none)
 	byName  bool       // allowed by its name (else by its address)
 	once    sync.Once
 	client  net.Conn
 	server  net.Conn
+
+	mu   sync.Mutex
+	name string // the name it asked for last ("" if none)
+}
+
+func (c *proxyConn) setName(n string) {
+	c.mu.Lock()
+	c.name = n
+	c.mu.Unlock()
+}
+
+func (c *proxyConn) getName() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.name
 }
 
 // cut ends the connection both ways.
@@ -78,9 +102,16 @@ func (g *gateway) serveProxy() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		if g.active.Add(1) > maxConns {
+			g.active.Add(-1)
+			_ = c.SetLinger(0)
+			c.Close()
+			continue
+		}
 		g.wg.Add(1)
 		go func() {
 			defer g.wg.Done()
+			defer g.active.Add(-1)
 			g.handle(c)
 		}()
 	}
@@ -99,6 +130,12 @@ func (g *gateway) handle(c *net.TCPConn) {
 		refuse("not a rules sandbox", "src", src)
 		return
 	}
+	if st.active.Add(1) > maxConnsPerSandbox {
+		st.active.Add(-1)
+		refuse("too many connections", "src", src)
+		return
+	}
+	defer st.active.Add(-1)
 	dst, err := originalDst(c)
 	if err != nil {
 		refuse("no original destination", "src", src, "err", err)
@@ -110,11 +147,14 @@ func (g *gateway) handle(c *net.TCPConn) {
 	if ipOK {
 		wait = peekShort
 	}
-	name, peeked := peekName(c, wait)
+	name, kind, peeked := peekName(c, nil, wait)
 	byName, ok := g.permit(st, r, dst.Addr(), name)
 	if !ok {
 		refuse("by the rules", "src", src, "dst", dst, "name", name)
 		return
+	}
+	if byName && name == "" {
+		name, _ = st.nameOf(dst.Addr()) // a synthetic address: its name
 	}
 	var targets []netip.Addr
 	if byName {
@@ -161,30 +201,35 @@ func (g *gateway) handle(c *net.TCPConn) {
 		st.mu.Unlock()
 		pc.cut()
 	}()
-	if len(peeked) > 0 {
-		if _, err := server.Write(peeked); err != nil {
-			return
-		}
-	}
-	pipe(c, server.(*net.TCPConn))
+	// The sandbox's bytes, judged as they come (client.go's pump).
+	up := &clientPump{g: g, st: st, pc: pc, kind: kind, first: name, late: kind == kindNone}
+	pipeWith(c, server.(*net.TCPConn), func(dst *net.TCPConn) error { return up.run(dst, peeked) })
 }
 
-// pipe copies both ways until both directions ended, passing each
-// half-close on.
-func pipe(a, b *net.TCPConn) {
+// pipeWith carries a connection both ways until both directions ended,
+// passing each half-close on: the server's bytes copied as they are, the
+// client's by up (which returns nil at the client's end of sending, an
+// error when it refused or failed).
+func pipeWith(client, server *net.TCPConn, up func(server *net.TCPConn) error) {
 	done := make(chan struct{}, 2)
-	cp := func(dst, src *net.TCPConn) {
-		_, err := io.Copy(dst, src)
-		if err == nil {
-			_ = dst.CloseWrite()
+	go func() {
+		if err := up(server); err == nil {
+			_ = server.CloseWrite()
 		} else {
-			dst.Close()
-			src.Close()
+			client.Close()
+			server.Close()
 		}
 		done <- struct{}{}
-	}
-	go cp(a, b)
-	go cp(b, a)
+	}()
+	go func() {
+		if _, err := io.Copy(client, server); err == nil {
+			_ = client.CloseWrite()
+		} else {
+			client.Close()
+			server.Close()
+		}
+		done <- struct{}{}
+	}()
 	<-done
 	<-done
 }
@@ -231,7 +276,13 @@ func (g *gateway) permitConn(st *egressState, r *netrules.Rules, c *proxyConn) (
 	if r == nil {
 		return false, false
 	}
-	byName, ok := g.permit(st, r, c.origDst, c.name)
+	name := c.getName()
+	byName, ok := g.permit(st, r, c.origDst, name)
+	if ok && c.byName && !byName {
+		// Dialled for its name, which the rules no longer allow (only
+		// a CIDR covering the sandbox's own destination does).
+		ok = r.Addr(c.dialed)
+	}
 	if ok && r.AddrDenied(c.dialed) {
 		ok = false
 	}
@@ -248,18 +299,48 @@ func (g *gateway) addrsFor(st *egressState, r *netrules.Rules, name string, dst 
 	if n, known := st.nameOf(dst); known && n == canonical(name) && !synthRange.Contains(dst) && ok(dst) {
 		out = append(out, dst)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), resolveWait)
-	defer cancel()
-	addrs, err := g.resolver.lookup(ctx, name)
-	if err != nil {
-		g.m.log.Debug("network: egress proxy: resolve", "name", name, "err", err)
-	}
-	for _, a := range addrs {
+	for _, a := range g.lookup(name) {
 		if ok(a) {
 			out = append(out, a)
 		}
 	}
 	return out
+}
+
+// lookup returns name's addresses as the upstream resolvers give them,
+// remembered for a little while (many connections ask for one name).
+func (g *gateway) lookup(name string) []netip.Addr {
+	g.cacheMu.Lock()
+	e, ok := g.cache[name]
+	g.cacheMu.Unlock()
+	if ok && time.Now().Before(e.until) {
+		return e.addrs
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), resolveWait)
+	defer cancel()
+	addrs, err := g.resolver.lookup(ctx, name)
+	if err != nil {
+		g.m.log.Debug("network: egress proxy: resolve", "name", name, "err", err)
+		return nil
+	}
+	g.cacheMu.Lock()
+	if len(g.cache) >= maxCached {
+		clear(g.cache)
+	}
+	g.cache[name] = cached{addrs: addrs, until: time.Now().Add(cacheTTL)}
+	g.cacheMu.Unlock()
+	return addrs
+}
+
+// The proxy's cache of names' addresses.
+const (
+	cacheTTL  = 30 * time.Second
+	maxCached = 4096
+)
+
+type cached struct {
+	addrs []netip.Addr
+	until time.Time
 }
 
 // originalDst is where a redirected connection was headed
@@ -288,41 +369,119 @@ func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
 	return ap, err
 }
 
-// peekName reads the start of a connection, for at most wait, and returns
-// the name it asks for (the SNI of a TLS ClientHello, the Host of an
-// HTTP/1 request; "" if neither, or an address) and the bytes read, which
-// the caller sends on.
-func peekName(c net.Conn, wait time.Duration) (string, []byte) {
-	_ = c.SetReadDeadline(time.Now().Add(wait))
-	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
-	var rec bytes.Buffer
-	r := io.TeeReader(io.LimitReader(c, maxPeek), &rec)
-	first := make([]byte, 1)
-	if _, err := io.ReadFull(r, first); err != nil {
-		return "", rec.Bytes()
+// What a connection's first bytes are.
+const (
+	kindNone  = iota // undecided: too few bytes came within the wait
+	kindTLS          // a TLS handshake
+	kindHTTP         // an HTTP/1 request (blank lines before it allowed)
+	kindOther        // anything else
+)
+
+// peekName reads the start of a connection (prefix, bytes read from it
+// before, then c), for at most wait (0: no bound), and returns the name it
+// asks for (the SNI of a TLS ClientHello, the Host of an HTTP/1 request's
+// head; "" if neither, or an address), what it is, and every byte read,
+// which the caller sends on. Undecided (kindNone) when what came within
+// the wait does not say: the caller reads on (late) with these bytes as
+// the prefix.
+func peekName(c net.Conn, prefix []byte, wait time.Duration) (string, int, []byte) {
+	if wait > 0 {
+		_ = c.SetReadDeadline(time.Now().Add(wait))
+		defer func() { _ = c.SetReadDeadline(time.Time{}) }()
 	}
-	var name string
+	var rec bytes.Buffer
+	rec.Write(prefix)
+	cr := &errReader{r: c}
+	from := io.MultiReader(bytes.NewReader(prefix), io.TeeReader(io.LimitReader(cr, maxPeek), &rec))
+	br := bufio.NewReader(from)
+	first, err := br.Peek(1)
+	if err != nil {
+		return "", kindNone, rec.Bytes()
+	}
+	name, kind := "", kindOther
 	switch {
 	case first[0] == 0x16: // a TLS handshake record
 		errStop := errors.New("stop")
-		conn := &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(first), r)}
+		var hello bool
+		conn := &replayConn{Conn: c, r: br}
 		_ = tls.Server(conn, &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-			name = h.ServerName
+			name, hello = h.ServerName, true
 			return nil, errStop
 		}}).Handshake()
-	case first[0] >= 'A' && first[0] <= 'Z': // an HTTP method
-		req, err := http.ReadRequest(bufio.NewReader(io.MultiReader(bytes.NewReader(first), r)))
-		if err == nil {
-			name = req.Host
-			if h, _, err := net.SplitHostPort(name); err == nil {
-				name = h
+		switch {
+		case hello:
+			kind = kindTLS
+		case cr.timedOut():
+			kind = kindNone // a handshake still coming
+		default:
+			kind = kindOther // not a handshake after all
+		}
+	case isHTTPStart(first[0]):
+		head, err := readHead(br)
+		switch {
+		case err == nil && isRequestLine(head):
+			kind = kindHTTP
+			if req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head))); err == nil {
+				name = hostName(req.Host)
 			}
+		case err == nil:
+			kind = kindOther
+		case errors.Is(err, errRefused):
+			kind = kindOther // no head of HTTP's size
+		case cr.timedOut():
+			// Cut short by the wait: undecided, unless a whole first line
+			// already says it is no request.
+			kind = kindNone
+			if line, _, ok := bytes.Cut(bytes.TrimLeft(rec.Bytes(), "\r\n"), []byte("\n")); ok && !isRequestLine(line) {
+				kind = kindOther
+			}
+		default:
+			kind = kindOther // the client ended, or more than an HTTP head
 		}
 	}
 	if _, err := netip.ParseAddr(name); err == nil {
 		name = "" // an address is no name
 	}
-	return canonical(name), rec.Bytes()
+	return canonical(name), kind, rec.Bytes()
+}
+
+// errReader remembers whether a read failed for its deadline.
+type errReader struct {
+	r       io.Reader
+	timeout bool
+}
+
+func (e *errReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		e.timeout = true
+	}
+	return n, err
+}
+
+func (e *errReader) timedOut() bool { return e.timeout }
+
+// isHTTPStart reports whether b may start an HTTP/1 request as a lenient
+// server reads one: a method's letter, or a blank line before it.
+func isHTTPStart(b byte) bool {
+	return b >= 'A' && b <= 'Z' || b >= 'a' && b <= 'z' || b == '\r' || b == '\n'
+}
+
+// isRequestLine reports whether the first line of head is an HTTP/1
+// request line (method, target, HTTP version).
+func isRequestLine(head []byte) bool {
+	line, _, _ := bytes.Cut(head, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) != 3 || !strings.HasPrefix(strings.ToUpper(f[2]), "HTTP/") {
+		return false
+	}
+	for _, c := range f[0] {
+		if c < 'A' || c > 'Z' && c < 'a' || c > 'z' {
+			return false
+		}
+	}
+	return true
 }
 
 // replayConn reads from r and writes nowhere: the TLS parser's view of a

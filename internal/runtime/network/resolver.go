@@ -93,7 +93,7 @@ func (r *resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	resp.Compress = true
 	st := r.g.state(addrOf(w.RemoteAddr()))
 	switch {
-	case st == nil:
+	case st == nil, !st.dns.Allow():
 		resp.Rcode = dns.RcodeRefused
 	case req.Opcode != dns.OpcodeQuery:
 		resp.Rcode = dns.RcodeNotImplemented

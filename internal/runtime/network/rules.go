@@ -135,17 +135,18 @@ func (m *Manager) ruleset(deny []netip.Prefix) string {
 	w("-A %s -o %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT", m.chainFwd, ifs)
 	w("-A %s -i %s -o %s -j REJECT --reject-with icmp-admin-prohibited", m.chainFwd, ifs, ifs)
 	w("-A %s -o %s -j DROP", m.chainFwd, ifs)
-	// Out of sandboxes.
+	// Out of sandboxes. Rules sandboxes meet their own chain first
+	// (egress.go): it refuses, or returns what their rules allow to the
+	// rules below, which refuse what no sandbox may reach.
 	w("-A %s -i %s ! -s %s -j DROP", m.chainFwd, ifs, m.pool)
+	w("-A %s -i %s -j %s", m.chainFwd, ifs, m.chainRules)
 	for _, d := range m.dns {
 		w("-A %s -i %s -d %s/32 -p udp --dport 53 -j ACCEPT", m.chainFwd, ifs, d)
 		w("-A %s -i %s -d %s/32 -p tcp --dport 53 -j ACCEPT", m.chainFwd, ifs, d)
 	}
-	// The operator's private ranges: open to outbound sandboxes, and to
-	// rules sandboxes as their chain (in chainRules) says.
+	// The operator's private ranges (serve --allow-private).
 	for _, p := range m.allowPrivate {
 		if p.Addr().Is4() {
-			w("-A %s -i %s -d %s -j %s", m.chainFwd, ifs, p, m.chainRules)
 			w("-A %s -i %s -d %s -j ACCEPT", m.chainFwd, ifs, p)
 		}
 	}
@@ -153,13 +154,12 @@ func (m *Manager) ruleset(deny []netip.Prefix) string {
 	for _, p := range deny {
 		w("-A %s -i %s -d %s -j REJECT --reject-with icmp-admin-prohibited", m.chainFwd, ifs, p)
 	}
-	// Rules sandboxes: their own chain accepts or refuses (egress.go).
-	w("-A %s -i %s -j %s", m.chainFwd, ifs, m.chainRules)
 	w("-A %s -i %s -j ACCEPT", m.chainFwd, ifs)
 	// The host itself is off limits, but for the connections of rules
 	// sandboxes redirected to their server's egress proxy and resolver:
-	// their own chain accepts those (and only those).
-	w("-A %s -i %s -j %s", m.chainIn, ifs, m.chainRules)
+	// their own chain accepts those (and only those), and nothing else
+	// (broadcast, a connection another rule redirected) enters it here.
+	w("-A %s -i %s -m conntrack --ctstate DNAT -j %s", m.chainIn, ifs, m.chainRules)
 	w("-A %s -i %s -j REJECT --reject-with icmp-admin-prohibited", m.chainIn, ifs)
 	w("COMMIT")
 	w("*nat")

@@ -48,6 +48,27 @@ async def test_lifecycle(team: Team) -> None:
         await AsyncSandbox.connect(sb.id)
 
 
+async def test_network_and_ports(team: Team) -> None:
+    """The async twins of sb.network, the traffic token and public ports."""
+    async with await AsyncSandbox.create(runtime=NS, timeout=60, allow=["pypi.org"], public_ports=[8000]) as sb:
+        info = await sb.network.rules()
+        assert (info.network, info.network_rules, info.public_ports) == (
+            "rules",
+            evalbox.NetworkRules(allow=("pypi.org",), deny=()),
+            (8000,),
+        )
+        info = await sb.network.update(["example.com"], ["*.example.com"])
+        assert info.network_rules == evalbox.NetworkRules(allow=("example.com",), deny=("*.example.com",))
+        with pytest.raises(evalbox.BadRequestError):
+            await sb.network.update(allow=["*"])
+        assert (await sb.network.update(mode="outbound")).network == "outbound"
+        token = sb.traffic_token
+        assert token
+        assert await sb.rotate_traffic_token() != token
+        assert (await sb.set_public_ports([])).public_ports == ()
+        assert sb.get_url(8000).endswith(f"/v1/sandboxes/{sb.id}/ports/8000/")
+
+
 async def test_gvisor(team: Team) -> None:
     async with await AsyncSandbox.create() as sb:
         assert (await sb.info()).runtime == "gvisor"

@@ -224,8 +224,58 @@ def test_get_url(team: Team) -> None:
         assert (r.status_code, r.text) == (200, "hi\n")
         assert "Evalbox-Error" not in r.headers
         assert httpx.get(url + "index.html", timeout=30).status_code == 401
+        # The traffic token, in place of the key; rotated, the old one stops.
+        token = sb.traffic_token
+        assert token.startswith("evt_")
+        assert Sandbox.connect(sb.id).traffic_token == ""
+        with_token = {evalbox.TRAFFIC_TOKEN_HEADER: token}
+        assert httpx.get(url + "index.html", headers=with_token, timeout=30).text == "hi\n"
+        assert httpx.get(url + f"index.html?evalbox_token={token}", timeout=30).text == "hi\n"
+        new = sb.rotate_traffic_token()
+        assert new != token
+        assert sb.traffic_token == new
+        assert httpx.get(url + "index.html", headers=with_token, timeout=30).status_code == 401
+        assert httpx.get(url + "index.html", headers={evalbox.TRAFFIC_TOKEN_HEADER: new}, timeout=30).text == "hi\n"
+        # A public port: no credentials at all.
+        assert sb.set_public_ports([8000]).public_ports == (8000,)
+        assert httpx.get(url + "index.html", timeout=30).text == "hi\n"
+        assert sb.set_public_ports([]).public_ports == ()
+        assert httpx.get(url + "index.html", timeout=30).status_code == 401
+        with pytest.raises(ValueError, match="no sandbox domain"):
+            sb.get_url(8000, host_form=True)
     with pytest.raises(ValueError, match="port 0"):
         sb.get_url(0)
+
+
+def test_network_rules(team: Team) -> None:
+    """Mode rules at create and live: the lists as the server keeps them, the
+    sandbox's DNS answering only allowed names, bad entries named, none never
+    opened. (What rules let through is tested against a fake internet in the
+    server's e2e suite.)"""
+    probe = "python3 -c \"import socket; socket.getaddrinfo('{}', 443)\""
+    with Sandbox.create(template="python", runtime=NS, timeout=120, allow=["pypi.org", "*.pythonhosted.org"]) as sb:
+        info = sb.network.rules()
+        assert info.network == "rules"
+        assert info.network_rules == evalbox.NetworkRules(allow=("pypi.org", "*.pythonhosted.org"), deny=())
+        # A name the rules do not allow never resolves (it never leaves the host).
+        r = sb.commands.run(probe.format("example.com"), timeout=30)
+        assert r.exit_code != 0
+        assert "gaierror" in r.stderr
+        info = sb.network.update(allow=["example.com"], deny=["10.0.0.0/8"])
+        assert info.network_rules == evalbox.NetworkRules(allow=("example.com",), deny=("10.0.0.0/8",))
+        with pytest.raises(evalbox.BadRequestError, match=r'network.allow\[1\]: "300.0.0.0/8"'):
+            sb.network.update(allow=["ok.org", "300.0.0.0/8"])
+        assert sb.network.rules().network_rules == info.network_rules
+        assert sb.network.update(mode="outbound").network_rules is None
+        assert sb.network.update().network_rules == evalbox.NetworkRules(allow=(), deny=())
+        with pytest.raises(TypeError):
+            sb.network.update(allow="pypi.org")
+    with pytest.raises(evalbox.BadRequestError, match=r"network\.deny"):
+        Sandbox.create(runtime=NS, deny=["bad domain"])
+    with Sandbox.create(runtime=NS, timeout=60) as none:
+        assert none.info().network == "none"
+        with pytest.raises(evalbox.ConflictError):
+            none.network.update(allow=["pypi.org"])
 
 
 # A WebSocket echo server on the standard library only (the python

@@ -15,17 +15,15 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	goruntime "runtime"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/evalbox/evalbox/internal/runtime/network"
+	"github.com/evalbox/evalbox/internal/runtime/network/fakenet"
 	"github.com/evalbox/evalbox/internal/tlstest"
 )
 
@@ -242,62 +240,28 @@ func newFakeInternet(t testing.TB) *FakeInternet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := netlink.LinkByName(hostIf); err == nil {
-		t.Fatalf("link %s exists: a leftover of an earlier test run?", hostIf)
+	fn, err := fakenet.New(fakenet.Config{HostIf: hostIf, PeerIf: peerIf, Gateway: f.Gateway, Gateway6: f.Gateway6,
+		Addrs: []netip.Addr{f.Server, f.Private, f.Unnamed, f.Server6}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	// Create the namespace and the listener on a locked thread, then put
-	// the thread back.
-	type result struct {
-		ns  netns.NsHandle
-		ln  net.Listener
-		svc *services
-		err error
+	var ln net.Listener
+	var svc *services
+	if err := fn.Do(func() error {
+		var err error
+		if ln, err = net.Listen("tcp4", "0.0.0.0:0"); err != nil {
+			return err
+		}
+		if svc, err = listenServices(cert); err != nil {
+			ln.Close()
+		}
+		return err
+	}); err != nil {
+		fn.Close()
+		t.Fatalf("fake internet: %v", err)
 	}
-	resc := make(chan result, 1)
-	go func() {
-		goruntime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			resc <- result{err: err}
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.New()
-		if err != nil {
-			resc <- result{err: err}
-			return
-		}
-		ln, lerr := net.Listen("tcp4", "0.0.0.0:0")
-		var svc *services
-		if lerr == nil {
-			if svc, lerr = listenServices(cert); lerr != nil {
-				ln.Close()
-			}
-		}
-		if err := netns.Set(orig); err != nil {
-			// The thread stays locked and dies with the goroutine.
-			if lerr == nil {
-				ln.Close()
-				svc.close()
-			}
-			ns.Close()
-			resc <- result{err: err}
-			return
-		}
-		goruntime.UnlockOSThread()
-		if lerr != nil {
-			ns.Close()
-		}
-		resc <- result{ns: ns, ln: ln, svc: svc, err: lerr}
-	}()
-	res := <-resc
-	if res.err != nil {
-		t.Fatalf("fake internet: %v", res.err)
-	}
-	ns, ln, svc := res.ns, res.ln, res.svc
 	f.Port = ln.Addr().(*net.TCPAddr).Port
 	svc.serve()
-	t.Cleanup(svc.close)
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
@@ -313,59 +277,10 @@ func newFakeInternet(t testing.TB) *FakeInternet {
 	t.Cleanup(func() {
 		ln.Close()
 		<-served
-		if l, err := netlink.LinkByName(hostIf); err == nil {
-			if err := netlink.LinkDel(l); err != nil {
-				t.Errorf("delete %s: %v", hostIf, err)
-			}
+		svc.close()
+		if err := fn.Close(); err != nil {
+			t.Errorf("fake internet: %v", err)
 		}
-		ns.Close()
 	})
-
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatalf("fake internet: %v", err)
-		}
-	}
-	host32 := func(a netip.Addr) *netlink.Addr { return &netlink.Addr{IPNet: ipNet32(a)} }
-	must(netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: peerIf, PeerNamespace: netlink.NsFd(int(ns))}))
-	host, err := netlink.LinkByName(hostIf)
-	must(err)
-	must(netlink.AddrAdd(host, host32(f.Gateway)))
-	must(netlink.AddrAdd(host, host128(f.Gateway6)))
-	must(netlink.LinkSetUp(host))
-	for _, dst := range []netip.Addr{f.Server, f.Private, f.Unnamed} {
-		must(netlink.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: ipNet32(dst), Scope: netlink.SCOPE_LINK}))
-	}
-	must(netlink.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: ipNet128(f.Server6), Scope: netlink.SCOPE_LINK}))
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
-	must(err)
-	defer h.Close()
-	peer, err := h.LinkByName(peerIf)
-	must(err)
-	must(h.AddrAdd(peer, host32(f.Server)))
-	must(h.AddrAdd(peer, host32(f.Private)))
-	must(h.AddrAdd(peer, host32(f.Unnamed)))
-	must(h.AddrAdd(peer, host128(f.Server6)))
-	must(h.LinkSetUp(peer))
-	lo, err := h.LinkByName("lo")
-	must(err)
-	must(h.LinkSetUp(lo))
-	must(h.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Dst: ipNet32(f.Gateway), Scope: netlink.SCOPE_LINK}))
-	must(h.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Dst: ipNet128(f.Gateway6), Scope: netlink.SCOPE_LINK}))
 	return f
-}
-
-// host128 is an IPv6 address without duplicate address detection (usable
-// at once).
-func host128(a netip.Addr) *netlink.Addr {
-	return &netlink.Addr{IPNet: ipNet128(a), Flags: unix.IFA_F_NODAD}
-}
-
-func ipNet128(a netip.Addr) *net.IPNet {
-	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(128, 128)}
-}
-
-func ipNet32(a netip.Addr) *net.IPNet {
-	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}
 }

@@ -29,13 +29,15 @@ from ._async import (
     AsyncCommands,
     AsyncEvals,
     AsyncFiles,
+    AsyncNetwork,
     AsyncSandbox,
     AsyncTemplates,
     async_evals,
     async_execute,
     async_templates,
 )
-from ._sync import Client, CommandHandle, Commands, Evals, Files, Sandbox, Templates, evals, execute, templates
+from ._core import TRAFFIC_TOKEN_HEADER
+from ._sync import Client, CommandHandle, Commands, Evals, Files, Network, Sandbox, Templates, evals, execute, templates
 from .errors import (
     APIConnectionError,
     AuthenticationError,
@@ -63,6 +65,7 @@ from .models import (
     EvalRun,
     EvalSummary,
     FileInfo,
+    NetworkRules,
     PhaseStats,
     ProcessInfo,
     SandboxInfo,
@@ -75,12 +78,14 @@ from .models import (
 TimeoutError = CommandTimeoutError  # noqa: A001
 
 __all__ = [
+    "TRAFFIC_TOKEN_HEADER",
     "APIConnectionError",
     "AsyncClient",
     "AsyncCommandHandle",
     "AsyncCommands",
     "AsyncEvals",
     "AsyncFiles",
+    "AsyncNetwork",
     "AsyncSandbox",
     "AsyncTemplates",
     "AuthenticationError",
@@ -99,6 +104,8 @@ __all__ = [
     "FileInfo",
     "Files",
     "InsufficientCapacityError",
+    "Network",
+    "NetworkRules",
     "NoSpaceError",
     "NotFoundError",
     "OutputBudgetExhaustedError",

@@ -474,6 +474,10 @@ class AsyncSandbox:
     id: str
     files: AsyncFiles
     commands: AsyncCommands
+    network: AsyncNetwork
+    """The sandbox's network rules. See :class:`evalbox.Network`."""
+    traffic_token: str
+    """Opens the sandbox's port URLs. See :attr:`evalbox.Sandbox.traffic_token`."""
 
     def __init__(self, info: SandboxInfo, client: AsyncClient) -> None:
         self.id = info.id
@@ -481,6 +485,8 @@ class AsyncSandbox:
         self._created = info
         self.files = AsyncFiles(self.id, client)
         self.commands = AsyncCommands(self.id, client)
+        self.network = AsyncNetwork(self.id, client)
+        self.traffic_token = info.traffic_token
 
     def __repr__(self) -> str:
         return f"AsyncSandbox(id={self.id!r}, template={self._created.template!r}, runtime={self._created.runtime!r})"
@@ -498,6 +504,9 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         network: str | None = None,
+        allow: Sequence[str] | None = None,
+        deny: Sequence[str] | None = None,
+        public_ports: Iterable[int] | None = None,
         wait: float | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
@@ -518,6 +527,9 @@ class AsyncSandbox:
                 metadata=metadata,
                 network=network,
                 wait=wait,
+                allow=allow,
+                deny=deny,
+                public_ports=public_ports,
             )
         )
         return cls(info, c)
@@ -580,15 +592,21 @@ class AsyncSandbox:
         """The sandbox as the server sees it now."""
         return await self._client._run(core.get_sandbox(self._client._cfg, self.id))
 
-    def get_url(self, port: int) -> str:
-        """The URL of ``port`` in the sandbox (ends with ``/``): the server listening there.
+    def get_url(self, port: int, *, host_form: bool | None = None) -> str:
+        """The URL of ``port`` in the sandbox (ends with ``/``). See :meth:`evalbox.Sandbox.get_url`."""
+        domain = self._created.domain if host_form is not False else ""
+        if host_form and not domain:
+            raise ValueError("the server has no sandbox domain (serve --sandbox-domain): no host-form URL")
+        return core.port_url(self._client._cfg, self.id, port, domain)
 
-        Send requests to it (or below it) with the team's API key in
-        ``Authorization: Bearer …``; evalbox does not pass the key on. Every
-        method, streamed bodies, Server-Sent Events and WebSockets go through.
-        Nothing listening there answers 502 ``port_closed``.
-        """
-        return core.port_url(self._client._cfg, self.id, port)
+    async def set_public_ports(self, ports: Iterable[int]) -> SandboxInfo:
+        """Make these ports' URLs open to anyone, and the others private."""
+        return await self._client._run(core.set_public_ports(self._client._cfg, self.id, list(ports)))
+
+    async def rotate_traffic_token(self) -> str:
+        """Give the sandbox a new traffic token and return it."""
+        self.traffic_token = await self._client._run(core.rotate_traffic_token(self._client._cfg, self.id))
+        return self.traffic_token
 
     async def set_timeout(self, seconds: int) -> SandboxInfo:
         """Make the sandbox expire ``seconds`` from now."""
@@ -607,6 +625,29 @@ class AsyncSandbox:
             await self.kill()
         except EvalboxError as e:  # do not hide the exception that ended the block
             _log.warning("deleting sandbox %s after an error failed: %s", self.id, e)
+
+
+class AsyncNetwork:
+    """A sandbox's network (``sb.network``). See :class:`evalbox.Network`."""
+
+    def __init__(self, sandbox_id: str, client: AsyncClient) -> None:
+        self._id = sandbox_id
+        self._client = client
+
+    async def update(
+        self,
+        allow: Sequence[str] | None = None,
+        deny: Sequence[str] | None = None,
+        *,
+        mode: str | None = None,
+    ) -> SandboxInfo:
+        """Replace the sandbox's egress rules, live. See :meth:`evalbox.Network.update`."""
+        op = core.set_network(self._client._cfg, self._id, mode=mode, allow=allow, deny=deny)
+        return await self._client._run(op)
+
+    async def rules(self) -> SandboxInfo:
+        """The sandbox as the server sees it now (``network``, ``network_rules``)."""
+        return await self._client._run(core.get_sandbox(self._client._cfg, self._id))
 
 
 class AsyncFiles:

@@ -306,15 +306,72 @@ def sandbox_path(sandbox_id: str, suffix: str = "") -> str:
     return f"/sandboxes/{_seg(sandbox_id, 'sandbox id')}{suffix}"
 
 
-def port_url(cfg: Config, sandbox_id: str, port: int) -> str:
-    """The URL of a port of a sandbox (the path form), ending with ``/``.
-
-    Requests to it, or below it, with the team's API key in
-    ``Authorization`` reach the server listening on that port in the sandbox.
-    """
+def _check_port(port: int) -> int:
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise ValueError(f"port {port!r}: want an int from 1 to 65535")
-    return f"{cfg.api_url}/v1{sandbox_path(sandbox_id)}/ports/{port}/"
+    return port
+
+
+def port_url(cfg: Config, sandbox_id: str, port: int, domain: str = "") -> str:
+    """The URL of a port of a sandbox, ending with ``/``.
+
+    The host form ``{port}-{id}.{domain}`` (with the API URL's scheme and
+    port) when ``domain`` is the server's sandbox domain, else the path form
+    ``…/v1/sandboxes/{id}/ports/{port}/``. Requests to it, or below it, with
+    the team's API key in ``Authorization`` or the sandbox's traffic token in
+    ``X-Evalbox-Traffic-Token`` reach the server listening on that port in
+    the sandbox.
+    """
+    _check_port(port)
+    if not domain:
+        return f"{cfg.api_url}/v1{sandbox_path(sandbox_id)}/ports/{port}/"
+    u = httpx.URL(cfg.api_url)
+    host = f"{port}-{_seg(sandbox_id, 'sandbox id')}.{domain}"
+    if u.port is not None:
+        host += f":{u.port}"
+    return f"{u.scheme}://{host}/"
+
+
+TRAFFIC_TOKEN_HEADER = "X-Evalbox-Traffic-Token"
+"""The header of a sandbox's traffic token on its port URLs."""
+
+
+def network_body(
+    network: str | None, allow: Sequence[str] | None, deny: Sequence[str] | None
+) -> str | dict[str, Any] | None:
+    """The ``network`` of a create or update: the mode alone, or with lists (mode ``rules`` when lists are given)."""
+    if isinstance(allow, str) or isinstance(deny, str):
+        raise TypeError("allow and deny are lists of entries, not one string")
+    if allow is None and deny is None:
+        return network or None
+    return {"mode": network or "rules", "allow": list(allow or ()), "deny": list(deny or ())}
+
+
+def set_network(
+    cfg: Config, sandbox_id: str, *, mode: str | None, allow: Sequence[str] | None, deny: Sequence[str] | None
+) -> Op[SandboxInfo]:
+    """``PUT /v1/sandboxes/{id}/network``: mode ``rules`` with the lists, unless another mode is given."""
+    body = network_body(mode, allow, deny)
+    if body is None:
+        body = {"mode": "rules", "allow": [], "deny": []}
+    elif isinstance(body, str):
+        body = {"mode": body}
+    resp = yield from request(cfg, Call("PUT", sandbox_path(sandbox_id, "/network"), json=body, retry=True))
+    return SandboxInfo.from_json(resp.json())
+
+
+def set_public_ports(cfg: Config, sandbox_id: str, ports: Iterable[int]) -> Op[SandboxInfo]:
+    """``PUT /v1/sandboxes/{id}/ports``: these ports public, the others private."""
+    body = {"ports": [{"port": _check_port(p), "public": True} for p in ports]}
+    resp = yield from request(cfg, Call("PUT", sandbox_path(sandbox_id, "/ports"), json=body, retry=True))
+    return SandboxInfo.from_json(resp.json())
+
+
+def rotate_traffic_token(cfg: Config, sandbox_id: str) -> Op[str]:
+    """``POST /v1/sandboxes/{id}/traffic-token``: the new token."""
+    resp = yield from request(cfg, Call("POST", sandbox_path(sandbox_id, "/traffic-token")))
+    token: str = resp.json()["traffic_token"]
+    return token
 
 
 def process_path(sandbox_id: str, process_id: str, suffix: str = "") -> str:
@@ -577,6 +634,9 @@ def create_sandbox(
     metadata: Mapping[str, str] | None,
     network: str | None,
     wait: float | None,
+    allow: Sequence[str] | None = None,
+    deny: Sequence[str] | None = None,
+    public_ports: Iterable[int] | None = None,
 ) -> Op[SandboxInfo]:
     """``POST /v1/sandboxes``.
 
@@ -603,8 +663,11 @@ def create_sandbox(
         body["env"] = dict(env)
     if metadata:
         body["metadata"] = dict(metadata)
-    if network:
-        body["network"] = network
+    net = network_body(network, allow, deny)
+    if net:
+        body["network"] = net
+    if public_ports:
+        body["ports"] = [{"port": _check_port(p), "public": True} for p in public_ports]
     if not wait or wait <= 0:
         call = Call("POST", "/sandboxes", json=body)
         resp = yield from request(cfg, call)

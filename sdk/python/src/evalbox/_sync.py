@@ -460,6 +460,11 @@ class Sandbox:
     """Files inside the sandbox."""
     commands: Commands
     """Commands inside the sandbox."""
+    network: Network
+    """The sandbox's network rules."""
+    traffic_token: str
+    """Opens the sandbox's port URLs (header ``X-Evalbox-Traffic-Token``): known
+    to the :class:`Sandbox` that created it (or rotated it), ``""`` otherwise."""
 
     def __init__(self, info: SandboxInfo, client: Client) -> None:
         self.id = info.id
@@ -467,6 +472,8 @@ class Sandbox:
         self._created = info
         self.files = Files(self.id, client)
         self.commands = Commands(self.id, client)
+        self.network = Network(self.id, client)
+        self.traffic_token = info.traffic_token
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r}, template={self._created.template!r}, runtime={self._created.runtime!r})"
@@ -484,6 +491,9 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         network: str | None = None,
+        allow: Sequence[str] | None = None,
+        deny: Sequence[str] | None = None,
+        public_ports: Iterable[int] | None = None,
         wait: float | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
@@ -500,7 +510,13 @@ class Sandbox:
             disk_mb: Writable disk in MiB; default the template's.
             env: Default environment of every command (values are never returned).
             metadata: Labels, for :meth:`list` and :meth:`kill_all`.
-            network: ``none`` (default) or ``outbound``.
+            network: ``none`` (default), ``outbound`` or ``rules`` (``rules`` when
+                ``allow`` or ``deny`` is given).
+            allow: In mode ``rules``, what the sandbox may reach: CIDRs (IPv4 or
+                IPv6), domains and ``*.domain`` wildcards, judged on what it
+                really connects to (TLS SNI, HTTP Host), not only on DNS.
+            deny: In mode ``rules``, what it may not reach even when allowed.
+            public_ports: Ports whose URLs are open to anyone (no key or token).
             wait: Seconds to wait for a slot when the team is at its
                 active-sandbox limit (the server queues the request; 429/503
                 answers are retried within this budget). Without it such a
@@ -523,6 +539,9 @@ class Sandbox:
                 metadata=metadata,
                 network=network,
                 wait=wait,
+                allow=allow,
+                deny=deny,
+                public_ports=public_ports,
             )
         )
         return cls(info, c)
@@ -592,15 +611,33 @@ class Sandbox:
         """The sandbox as the server sees it now (state, expiry, …)."""
         return self._client._run(core.get_sandbox(self._client._cfg, self.id))
 
-    def get_url(self, port: int) -> str:
+    def get_url(self, port: int, *, host_form: bool | None = None) -> str:
         """The URL of ``port`` in the sandbox (ends with ``/``): the server listening there.
 
         Send requests to it (or below it) with the team's API key in
-        ``Authorization: Bearer …``; evalbox does not pass the key on. Every
-        method, streamed bodies, Server-Sent Events and WebSockets go through.
-        Nothing listening there answers 502 ``port_closed``.
+        ``Authorization: Bearer …`` or :attr:`traffic_token` in
+        ``X-Evalbox-Traffic-Token`` (a browser: ``?evalbox_token=…``, kept in
+        a cookie); evalbox passes neither on. Every method, streamed bodies,
+        Server-Sent Events and WebSockets go through. Nothing listening there
+        answers 502 ``port_closed``.
+
+        The URL is of the host form ``{port}-{id}.{domain}`` when the server
+        has a sandbox domain (``serve --sandbox-domain``), else of the path
+        form; ``host_form=False`` asks for the path form.
         """
-        return core.port_url(self._client._cfg, self.id, port)
+        domain = self._created.domain if host_form is not False else ""
+        if host_form and not domain:
+            raise ValueError("the server has no sandbox domain (serve --sandbox-domain): no host-form URL")
+        return core.port_url(self._client._cfg, self.id, port, domain)
+
+    def set_public_ports(self, ports: Iterable[int]) -> SandboxInfo:
+        """Make these ports' URLs open to anyone (no key or token), and the others private."""
+        return self._client._run(core.set_public_ports(self._client._cfg, self.id, list(ports)))
+
+    def rotate_traffic_token(self) -> str:
+        """Give the sandbox a new traffic token (the old one stops working at once) and return it."""
+        self.traffic_token = self._client._run(core.rotate_traffic_token(self._client._cfg, self.id))
+        return self.traffic_token
 
     def set_timeout(self, seconds: int) -> SandboxInfo:
         """Make the sandbox expire ``seconds`` from now (bounded by the server's maximum)."""
@@ -619,6 +656,36 @@ class Sandbox:
             self.kill()
         except EvalboxError as e:  # do not hide the exception that ended the block
             _log.warning("deleting sandbox %s after an error failed: %s", self.id, e)
+
+
+class Network:
+    """A sandbox's network (``sb.network``)."""
+
+    def __init__(self, sandbox_id: str, client: Client) -> None:
+        self._id = sandbox_id
+        self._client = client
+
+    def update(
+        self,
+        allow: Sequence[str] | None = None,
+        deny: Sequence[str] | None = None,
+        *,
+        mode: str | None = None,
+    ) -> SandboxInfo:
+        """Replace the sandbox's egress rules, live: mode ``rules`` with these lists.
+
+        New connections follow them at once; open connections they deny are
+        cut. ``mode="outbound"`` lifts the rules. A sandbox created with
+        network ``none`` cannot be opened (:class:`~evalbox.ConflictError`); a
+        bad entry raises :class:`~evalbox.BadRequestError` naming it, and
+        changes nothing.
+        """
+        op = core.set_network(self._client._cfg, self._id, mode=mode, allow=allow, deny=deny)
+        return self._client._run(op)
+
+    def rules(self) -> SandboxInfo:
+        """The sandbox as the server sees it now (``network``, ``network_rules``)."""
+        return self._client._run(core.get_sandbox(self._client._cfg, self._id))
 
 
 class Files:

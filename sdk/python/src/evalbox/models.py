@@ -14,6 +14,7 @@ __all__ = [
     "EvalRun",
     "EvalSummary",
     "FileInfo",
+    "NetworkRules",
     "PhaseStats",
     "ProcessInfo",
     "SandboxInfo",
@@ -45,11 +46,20 @@ class SandboxInfo:
     """Names (never values) of the sandbox's environment variables."""
     ended_at: datetime | None = None
     end_reason: str = ""
+    network_rules: NetworkRules | None = None
+    """In network mode ``rules``: what the sandbox may reach."""
+    public_ports: tuple[int, ...] = ()
+    """Ports whose URLs are open to anyone (no key or token)."""
+    traffic_token: str = ""
+    """Opens the sandbox's port URLs; only in the answer of the create (and kept by :class:`Sandbox`)."""
+    domain: str = ""
+    """The server's sandbox domain, when it has one: port URLs of the host form are ``{port}-{id}.{domain}``."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SandboxInfo:
         """Parse a ``Sandbox`` JSON object."""
         ended = d.get("ended_at")
+        rules = d.get("network_rules")
         return cls(
             id=d["id"],
             team_id=d["team_id"],
@@ -69,7 +79,28 @@ class SandboxInfo:
             env_keys=tuple(d.get("env_keys") or ()),
             ended_at=parse_time(ended) if ended else None,
             end_reason=d.get("end_reason", ""),
+            network_rules=NetworkRules.from_json(rules) if rules else None,
+            public_ports=tuple(int(p["port"]) for p in d.get("ports") or () if p.get("public")),
+            traffic_token=d.get("traffic_token", ""),
+            domain=d.get("domain", ""),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkRules:
+    """The egress rules of a sandbox in network mode ``rules``.
+
+    Entries are CIDRs (IPv4 or IPv6), exact domains or ``*.domain`` wildcards;
+    a deny wins over an allow.
+    """
+
+    allow: tuple[str, ...]
+    deny: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NetworkRules:
+        """Parse a ``NetworkRuleLists`` JSON object."""
+        return cls(allow=tuple(d.get("allow") or ()), deny=tuple(d.get("deny") or ()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,47 @@
+"""The async client mirrors the sync one: same classes, methods and parameters (the two are kept by hand)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import evalbox
+
+PAIRS = [
+    (evalbox.Client, evalbox.AsyncClient),
+    (evalbox.Sandbox, evalbox.AsyncSandbox),
+    (evalbox.Files, evalbox.AsyncFiles),
+    (evalbox.Commands, evalbox.AsyncCommands),
+    (evalbox.CommandHandle, evalbox.AsyncCommandHandle),
+    (evalbox.Network, evalbox.AsyncNetwork),
+    (evalbox.Evals, evalbox.AsyncEvals),
+    (evalbox.Templates, evalbox.AsyncTemplates),
+]
+
+
+# Deliberate differences of name (httpx's: an async close is aclose).
+RENAMED = {"aclose": "close"}
+
+
+def public(cls: type) -> dict[str, object]:
+    """The public methods (classmethods and staticmethods too, as bound)."""
+    return {
+        RENAMED.get(n, n): getattr(cls, n) for n in vars(cls) if not n.startswith("_") and callable(getattr(cls, n))
+    }
+
+
+@pytest.mark.parametrize(("sync", "asyn"), PAIRS, ids=lambda c: c.__name__)
+def test_async_mirrors_sync(sync: type, asyn: type) -> None:
+    s, a = public(sync), public(asyn)
+    assert sorted(s) == sorted(a), f"{asyn.__name__} differs from {sync.__name__} in its methods"
+    for name in s:
+        sp = list(inspect.signature(s[name]).parameters)  # type: ignore[arg-type]
+        ap = list(inspect.signature(a[name]).parameters)  # type: ignore[arg-type]
+        assert sp == ap, f"{asyn.__name__}.{name}{ap} != {sync.__name__}.{name}{sp}"
+
+
+def test_functions_mirror() -> None:
+    s = list(inspect.signature(evalbox.execute).parameters)
+    a = list(inspect.signature(evalbox.async_execute).parameters)
+    assert s == a
