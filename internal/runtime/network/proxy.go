@@ -417,6 +417,12 @@ func peekName(c net.Conn, prefix []byte, wait time.Duration) (string, int, []byt
 			kind = kindOther // not a handshake after all
 		}
 	case isHTTPStart(first[0]):
+		// A first line that is no request line says so at once (a text
+		// protocol: SMTP, Redis, an echo); else the head decides.
+		if line, err := firstLine(br); err == nil && !isRequestLine(line) {
+			kind = kindOther
+			break
+		}
 		head, err := readHead(br)
 		switch {
 		case err == nil && isRequestLine(head):
@@ -443,6 +449,24 @@ func peekName(c net.Conn, prefix []byte, wait time.Duration) (string, int, []byt
 		name = "" // an address is no name
 	}
 	return canonical(name), kind, rec.Bytes()
+}
+
+// firstLine peeks at the first line that is not blank, without reading
+// it; an error when none came whole (or it is too long to be HTTP's).
+func firstLine(br *bufio.Reader) ([]byte, error) {
+	for n := 1; ; n++ {
+		b, err := br.Peek(n)
+		if err != nil {
+			return nil, err
+		}
+		rest := bytes.TrimLeft(b, "\r\n")
+		if len(rest) > 0 && b[len(b)-1] == '\n' {
+			return rest, nil
+		}
+		if n >= br.Size() {
+			return nil, bufio.ErrBufferFull
+		}
+	}
 }
 
 // errReader remembers whether a read failed for its deadline.
