@@ -480,7 +480,6 @@ func TestEgressRules(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer cl.Detach(first)
 		dead, err := cl.Attach(context.Background(), "rules-dead", newNetns(t))
 		if err != nil {
 			t.Fatal(err)
@@ -494,6 +493,7 @@ func TestEgressRules(t *testing.T) {
 		if err := netlink.LinkDel(link); err != nil {
 			t.Fatal(err)
 		}
+		cl.Detach(first)
 		crashed.Close()
 		if !chainExists(chain) {
 			t.Fatalf("%s gone with the link", chain)

@@ -33,7 +33,7 @@ import (
 //
 // A name is judged wherever it shows: a client that speaks only after the
 // proxy stopped waiting is judged on its first bytes when they come, and
-// every request of a plain-HTTP connection on its own Host (http.go), so
+// every request of a plain-HTTP connection on its own Host (client.go), so
 // that no later request or handshake carries another name to an address
 // the sandbox may reach for one name only. What stays possible is what a
 // proxy that does not decrypt cannot see: names inside TLS (HTTP/2
