@@ -11,11 +11,9 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/coder/websocket"
@@ -149,7 +147,7 @@ while True:
 print(json.dumps({"lat": lat, "bytes": got, "secs": time.perf_counter() - t}))
 `
 
-// portServer runs in a sandbox: HTTP/1.1 with keep-alive on 8000 (/small:
+// benchPortServer runs in a sandbox: HTTP/1.1 with keep-alive on 8000 (/small:
 // two bytes; /big?N: N bytes) and a WebSocket echo on 8765.
 const benchPortServer = `
 import base64, hashlib, http.server, socket, struct, threading
@@ -245,27 +243,7 @@ func runNetwork(ctx context.Context, w io.Writer, o networkOpts) error {
 		return err
 	}
 	defer s.stop()
-	var rows []row
-	for _, rt := range o.runtimes {
-		r, err := benchNetwork(ctx, s, rt, o)
-		rows = append(rows, r...)
-		if err != nil {
-			return fmt.Errorf("%s: %w", rt, err)
-		}
-	}
-	host, _ := os.Hostname()
-	fmt.Fprintf(w, "evalbox bench network — %s, %d cores, %s, n=%d\n\n", host, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"), o.n)
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| runtime\t| metric\t| n\t| p50 ms\t| p99 ms\t| note\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|")
-	for _, r := range rows {
-		p50, p99 := "", ""
-		if len(r.s) > 0 {
-			p50, p99 = ms(r.s.pct(50)), ms(r.s.pct(99))
-		}
-		fmt.Fprintf(tw, "| %s\t| %s\t| %d\t| %s\t| %s\t| %s\t|\n", r.runtime, r.metric, len(r.s), p50, p99, r.extra)
-	}
-	return tw.Flush()
+	return runRows(w, "network", o.runtimes, o.n, func(rt string) ([]row, error) { return benchNetwork(ctx, s, rt, o) })
 }
 
 func benchNetwork(ctx context.Context, s *server, rt string, o networkOpts) ([]row, error) {

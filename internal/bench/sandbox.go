@@ -60,6 +60,32 @@ type row struct {
 	extra           string
 }
 
+// runRows measures each runtime with bench and prints the rows as a
+// Markdown table under a title line (bench name, host, date, n).
+func runRows(w io.Writer, name string, runtimes []string, n int, bench func(rt string) ([]row, error)) error {
+	var rows []row
+	for _, rt := range runtimes {
+		r, err := bench(rt)
+		rows = append(rows, r...)
+		if err != nil {
+			return fmt.Errorf("%s: %w", rt, err)
+		}
+	}
+	host, _ := os.Hostname()
+	fmt.Fprintf(w, "evalbox bench %s — %s, %d cores, %s, n=%d\n\n", name, host, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"), n)
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "| runtime\t| metric\t| n\t| p50 ms\t| p99 ms\t| note\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|")
+	for _, r := range rows {
+		p50, p99 := "", ""
+		if len(r.s) > 0 {
+			p50, p99 = ms(r.s.pct(50)), ms(r.s.pct(99))
+		}
+		fmt.Fprintf(tw, "| %s\t| %s\t| %d\t| %s\t| %s\t| %s\t|\n", r.runtime, r.metric, len(r.s), p50, p99, r.extra)
+	}
+	return tw.Flush()
+}
+
 func runSandbox(ctx context.Context, w io.Writer, o sandboxOpts) error {
 	var pools []string
 	for _, rt := range o.runtimes {
@@ -75,27 +101,7 @@ func runSandbox(ctx context.Context, w io.Writer, o sandboxOpts) error {
 		return err
 	}
 	defer s.stop()
-	var rows []row
-	for _, rt := range o.runtimes {
-		r, err := benchRuntime(ctx, s, rt, o)
-		rows = append(rows, r...)
-		if err != nil {
-			return fmt.Errorf("%s: %w", rt, err)
-		}
-	}
-	host, _ := os.Hostname()
-	fmt.Fprintf(w, "evalbox bench sandbox — %s, %d cores, %s, n=%d\n\n", host, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"), o.n)
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| runtime\t| metric\t| n\t| p50 ms\t| p99 ms\t| note\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|")
-	for _, r := range rows {
-		p50, p99 := "", ""
-		if len(r.s) > 0 {
-			p50, p99 = ms(r.s.pct(50)), ms(r.s.pct(99))
-		}
-		fmt.Fprintf(tw, "| %s\t| %s\t| %d\t| %s\t| %s\t| %s\t|\n", r.runtime, r.metric, len(r.s), p50, p99, r.extra)
-	}
-	return tw.Flush()
+	return runRows(w, "sandbox", o.runtimes, o.n, func(rt string) ([]row, error) { return benchRuntime(ctx, s, rt, o) })
 }
 
 func benchRuntime(ctx context.Context, s *server, rt string, o sandboxOpts) ([]row, error) {

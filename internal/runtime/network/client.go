@@ -41,14 +41,15 @@ func (p *clientPump) run(server *net.TCPConn, peeked []byte) error {
 	src := io.MultiReader(bytes.NewReader(peeked), p.pc.client)
 	kind := p.kind
 	if p.late {
-		// Judged on its first bytes, whenever they come.
-		name, k, more := peekName(p.pc.client, peeked, 0)
-		if k == kindNone {
-			// It ended before it said what it is.
-			_, err := server.Write(more)
-			return err
-		}
-		if k == kindTLS && !p.nameOK(p.st.currentRules(), name) {
+		// Judged on its first bytes, when they come (within lateWait).
+		name, k, more := peekName(p.pc.client, peeked, lateWait)
+		r := p.st.currentRules()
+		switch {
+		case k == kindNone && len(more) == 0:
+			return nil // it ended, or stayed silent: nothing to carry
+		case k == kindNone:
+			return errRefused // what it began did not end within the wait
+		case k == kindTLS && !p.nameOK(r, name), k == kindBad && !r.Addr(p.pc.dialed):
 			p.g.m.log.Debug("network: egress refused: a late name", "name", name, "dst", p.pc.origDst)
 			return errRefused
 		}
@@ -58,7 +59,7 @@ func (p *clientPump) run(server *net.TCPConn, peeked []byte) error {
 		kind, src = k, io.MultiReader(bytes.NewReader(more), p.pc.client)
 	}
 	if kind == kindHTTP {
-		return p.http(server, bufio.NewReaderSize(src, 16<<10))
+		return p.http(server, bufio.NewReaderSize(src, maxLine))
 	}
 	_, err := io.Copy(server, src)
 	return err
@@ -102,12 +103,15 @@ func (p *clientPump) http(server io.Writer, br *bufio.Reader) error {
 			return err
 		}
 		req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
-		if err != nil || ambiguousFraming(head) {
+		if err != nil || badHead(head, req) {
 			// What the proxy cannot read with certainty, no server
 			// reads for it.
 			return errRefused
 		}
-		host := hostName(req.Host)
+		host, ok := requestName(head, req)
+		if !ok {
+			return errRefused
+		}
 		if !p.nameOK(p.st.currentRules(), host) {
 			p.g.m.log.Debug("network: egress refused: a request's Host", "host", host, "dst", p.pc.origDst)
 			return errRefused
@@ -122,12 +126,15 @@ func (p *clientPump) http(server io.Writer, br *bufio.Reader) error {
 			return err
 		}
 		if req.Method == http.MethodConnect || req.Header.Get("Upgrade") != "" {
+			// The new protocol's bytes go raw (WebSocket frames and TLS
+			// start with bytes no request starts with); a request (its
+			// server did not switch) is judged as any.
 			b, err := br.Peek(1)
 			if err != nil {
 				return nil // the client's end
 			}
-			if !isHTTPStart(b[0]) {
-				_, err := io.Copy(server, br) // the new protocol's, raw
+			if !isTokenChar(b[0]) && !strings.ContainsRune(" \t\r\n", rune(b[0])) {
+				_, err := io.Copy(server, br)
 				return err
 			}
 		}

@@ -304,6 +304,17 @@ func TestEgressRules(t *testing.T) {
 	if got := raw("POST / HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: a.wild.test\r\nConnection: close\r\n\r\n"); !strings.Contains(got, "http host allowed.test") || !strings.Contains(got, "http host a.wild.test") {
 		t.Errorf("a chunked body and a second request: %q", got)
 	}
+	// What lenient servers read and a strict parser might not: refused.
+	for _, payload := range []string{
+		"GET / HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: x\r\n\r\n_GET / HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n",
+		"GET /a b HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n",
+		"GET http://allowed.test/ HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: allowed.test\r\nX: y\r\n Content-Length: 0\r\nConnection: close\r\n\r\n",
+	} {
+		if got := raw(payload); strings.Contains(got, "other.test") || strings.Contains(got, "http host") {
+			t.Errorf("%q: answered %q", payload, got)
+		}
+	}
 	// Another name allowed, of the address dialled: fine.
 	if got := raw("GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\nGET / HTTP/1.1\r\nHost: b.wild.test\r\nConnection: close\r\n\r\n"); !strings.Contains(got, "http host b.wild.test") {
 		t.Errorf("two allowed names of one address: %q", got)

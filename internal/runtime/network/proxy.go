@@ -48,8 +48,10 @@ const (
 	peekWait  = 10 * time.Second
 	peekShort = 300 * time.Millisecond
 	dialWait  = 10 * time.Second
-	// maxPeek bounds what is read to find a name.
-	maxPeek = 16 << 10
+	// lateWait bounds the wait for the first bytes of a client that did
+	// not speak within peekShort (a protocol whose server speaks first
+	// answers well within it); a silent connection is cut then.
+	lateWait = time.Minute
 )
 
 // proxyConn is one proxied connection, kept by its sandbox's state so
@@ -149,6 +151,9 @@ func (g *gateway) handle(c *net.TCPConn) {
 	}
 	name, kind, peeked := peekName(c, nil, wait)
 	byName, ok := g.permit(st, r, dst.Addr(), name)
+	if kind == kindBad && !(r.Addr(dst.Addr()) && !r.AddrDenied(dst.Addr())) {
+		ok = false // unreadable TLS or HTTP: a CIDR allow only
+	}
 	if !ok {
 		refuse("by the rules", "src", src, "dst", dst, "name", name)
 		return
@@ -375,6 +380,18 @@ const (
 	kindTLS          // a TLS handshake
 	kindHTTP         // an HTTP/1 request (blank lines before it allowed)
 	kindOther        // anything else
+	// kindBad looks like TLS or HTTP but cannot be read with certainty:
+	// carried only where a CIDR allow covers the address, never on the
+	// strength of a name's address (its name is unknown).
+	kindBad
+)
+
+// Bounds of what is read to judge a connection's start: the first line
+// and an HTTP head (as lenient servers read them: 8 KiB lines and more),
+// a TLS ClientHello (up to the record layer's size).
+const (
+	maxLine = 16 << 10
+	maxPeek = 64 << 10
 )
 
 // peekName reads the start of a connection (prefix, bytes read from it
@@ -393,15 +410,24 @@ func peekName(c net.Conn, prefix []byte, wait time.Duration) (string, int, []byt
 	rec.Write(prefix)
 	cr := &errReader{r: c}
 	from := io.MultiReader(bytes.NewReader(prefix), io.TeeReader(io.LimitReader(cr, maxPeek), &rec))
-	br := bufio.NewReader(from)
+	br := bufio.NewReaderSize(from, maxLine)
+	name, kind := classify(c, br, cr)
+	if _, err := netip.ParseAddr(name); err == nil {
+		name = "" // an address is no name
+	}
+	return canonical(name), kind, rec.Bytes()
+}
+
+// classify reads the start of a connection from br (c's bytes; cr says
+// whether a read ran out of time).
+func classify(c net.Conn, br *bufio.Reader, cr *errReader) (string, int) {
 	first, err := br.Peek(1)
 	if err != nil {
-		return "", kindNone, rec.Bytes()
+		return "", kindNone
 	}
-	name, kind := "", kindOther
-	switch {
-	case first[0] == 0x16: // a TLS handshake record
+	if first[0] == 0x16 { // a TLS handshake record
 		errStop := errors.New("stop")
+		var name string
 		var hello bool
 		conn := &replayConn{Conn: c, r: br}
 		_ = tls.Server(conn, &tls.Config{GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
@@ -410,63 +436,143 @@ func peekName(c net.Conn, prefix []byte, wait time.Duration) (string, int, []byt
 		}}).Handshake()
 		switch {
 		case hello:
-			kind = kindTLS
+			return name, kindTLS
 		case cr.timedOut():
-			kind = kindNone // a handshake still coming
-		default:
-			kind = kindOther // not a handshake after all
+			return "", kindNone // a handshake still coming
 		}
-	case isHTTPStart(first[0]):
-		// A first line that is no request line says so at once (a text
-		// protocol: SMTP, Redis, an echo); else the head decides.
-		if line, err := firstLine(br); err == nil && !isRequestLine(line) {
-			kind = kindOther
-			break
-		}
-		head, err := readHead(br)
-		switch {
-		case err == nil && isRequestLine(head):
-			kind = kindHTTP
-			if req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head))); err == nil {
-				name = hostName(req.Host)
-			}
-		case err == nil:
-			kind = kindOther
-		case errors.Is(err, errRefused):
-			kind = kindOther // no head of HTTP's size
-		case cr.timedOut():
-			// Cut short by the wait: undecided, unless a whole first line
-			// already says it is no request.
-			kind = kindNone
-			if line, _, ok := bytes.Cut(bytes.TrimLeft(rec.Bytes(), "\r\n"), []byte("\n")); ok && !isRequestLine(line) {
-				kind = kindOther
-			}
-		default:
-			kind = kindOther // the client ended, or more than an HTTP head
-		}
+		// A hello this parser refuses (a name with a trailing dot, too
+		// large), which another may take.
+		return "", kindBad
 	}
-	if _, err := netip.ParseAddr(name); err == nil {
-		name = "" // an address is no name
+	switch mayBeRequest(br) {
+	case notHTTP:
+		return "", kindOther
+	case undecided:
+		if cr.timedOut() {
+			return "", kindNone
+		}
+		return "", kindOther // the client ended before a whole line
+	case tooLong:
+		return "", kindBad
 	}
-	return canonical(name), kind, rec.Bytes()
+	head, err := readHead(br)
+	if err != nil {
+		if cr.timedOut() {
+			return "", kindNone
+		}
+		return "", kindBad
+	}
+	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
+	if err != nil || badHead(head, req) {
+		return "", kindBad
+	}
+	h, ok := requestName(head, req)
+	if !ok {
+		return "", kindBad
+	}
+	return h, kindHTTP
 }
 
-// firstLine peeks at the first line that is not blank, without reading
-// it; an error when none came whole (or it is too long to be HTTP's).
-func firstLine(br *bufio.Reader) ([]byte, error) {
-	for n := 1; ; n++ {
+// What the first line of a connection is (mayBeRequest).
+const (
+	notHTTP   = iota // no HTTP request line
+	undecided        // no whole line came
+	tooLong          // an HTTP-like line longer than maxLine
+	isHTTP           // an HTTP/1 request line (it names a version)
+)
+
+// mayBeRequest peeks at the first line (blank lines before it skipped):
+// an HTTP request line is a method token, a space, and a version
+// ("HTTP/"). Bytes that cannot start one (a binary protocol's, a banner
+// without a space after its first word) say so at once.
+func mayBeRequest(br *bufio.Reader) int {
+	for n := 1; ; {
 		b, err := br.Peek(n)
-		if err != nil {
-			return nil, err
+		if line := bytes.TrimLeft(b, "\r\n"); len(line) > 0 {
+			end := bytes.IndexByte(line, '\n')
+			whole := end >= 0
+			if whole {
+				line = line[:end]
+			}
+			method := line
+			if sp := bytes.IndexByte(line, ' '); sp >= 0 {
+				method = line[:sp]
+			}
+			for _, ch := range method {
+				if !isTokenChar(ch) && ch != '\r' {
+					return notHTTP
+				}
+			}
+			if whole {
+				if len(method) < len(line) && bytes.Contains(bytes.ToUpper(line), []byte(" HTTP/")) {
+					return isHTTP
+				}
+				return notHTTP
+			}
 		}
-		rest := bytes.TrimLeft(b, "\r\n")
-		if len(rest) > 0 && b[len(b)-1] == '\n' {
-			return rest, nil
+		if err != nil {
+			if errors.Is(err, bufio.ErrBufferFull) {
+				if bytes.Contains(bytes.ToUpper(b), []byte(" HTTP/")) {
+					return tooLong
+				}
+				return notHTTP
+			}
+			return undecided
 		}
 		if n >= br.Size() {
-			return nil, bufio.ErrBufferFull
+			if bytes.Contains(bytes.ToUpper(b), []byte(" HTTP/")) {
+				return tooLong
+			}
+			return notHTTP
+		}
+		// At least one byte more than seen, or all that is buffered.
+		n = min(max(len(b)+1, br.Buffered()), br.Size())
+	}
+}
+
+// isTokenChar reports an RFC 9110 token character (a method's).
+func isTokenChar(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// badHead reports a head that servers could read otherwise than the
+// proxy: folded header lines, a transfer coding on HTTP/1.0, a length and
+// a coding at once (ambiguousFraming).
+func badHead(head []byte, req *http.Request) bool {
+	lines := bytes.Split(head, []byte("\n"))
+	for _, l := range lines[1:] {
+		if len(l) > 0 && (l[0] == ' ' || l[0] == '\t') {
+			return true
 		}
 	}
+	if !req.ProtoAtLeast(1, 1) && bytes.Contains(bytes.ToLower(head), []byte("transfer-encoding")) {
+		return true
+	}
+	return ambiguousFraming(head)
+}
+
+// requestName is the name a request asks for: its Host header, which an
+// absolute-form target's authority must agree with (false otherwise; Go
+// takes the target's, a server may take the header's).
+func requestName(head []byte, req *http.Request) (string, bool) {
+	var header []string
+	for _, l := range bytes.Split(head, []byte("\n"))[1:] {
+		if k, v, ok := bytes.Cut(l, []byte(":")); ok && strings.EqualFold(strings.TrimSpace(string(k)), "host") {
+			header = append(header, strings.TrimSpace(string(v)))
+		}
+	}
+	if len(header) > 1 {
+		return "", false
+	}
+	h := hostName(req.Host)
+	if len(header) == 1 && hostName(header[0]) != h {
+		return "", false
+	}
+	return h, true
 }
 
 // errReader remembers whether a read failed for its deadline.
@@ -485,28 +591,6 @@ func (e *errReader) Read(p []byte) (int, error) {
 }
 
 func (e *errReader) timedOut() bool { return e.timeout }
-
-// isHTTPStart reports whether b may start an HTTP/1 request as a lenient
-// server reads one: a method's letter, or a blank line before it.
-func isHTTPStart(b byte) bool {
-	return b >= 'A' && b <= 'Z' || b >= 'a' && b <= 'z' || b == '\r' || b == '\n'
-}
-
-// isRequestLine reports whether the first line of head is an HTTP/1
-// request line (method, target, HTTP version).
-func isRequestLine(head []byte) bool {
-	line, _, _ := bytes.Cut(head, []byte("\n"))
-	f := strings.Fields(string(line))
-	if len(f) != 3 || !strings.HasPrefix(strings.ToUpper(f[2]), "HTTP/") {
-		return false
-	}
-	for _, c := range f[0] {
-		if c < 'A' || c > 'Z' && c < 'a' || c > 'z' {
-			return false
-		}
-	}
-	return true
-}
 
 // replayConn reads from r and writes nowhere: the TLS parser's view of a
 // peeked connection (its alert must not reach the sandbox).
