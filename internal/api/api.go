@@ -239,17 +239,24 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (s *Server) authed(h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		p, err := s.auth.Authenticate(r.Context(), r.Header.Get("Authorization"))
-		if err != nil {
-			if errors.Is(err, auth.ErrUnauthorized) {
-				writeError(w, errorf(client.CodeUnauthorized, "missing or invalid API key"))
-				return
-			}
-			writeError(w, err)
-			return
+		if p, ok := s.authenticate(w, r); ok {
+			h(w, r, p)
 		}
-		h(w, r, p)
 	}
+}
+
+// authenticate resolves the request's API key, or answers the refusal
+// (false).
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (auth.Principal, bool) {
+	p, err := s.auth.Authenticate(r.Context(), r.Header.Get("Authorization"))
+	if err != nil {
+		if errors.Is(err, auth.ErrUnauthorized) {
+			err = errorf(client.CodeUnauthorized, "missing or invalid API key")
+		}
+		writeError(w, err)
+		return auth.Principal{}, false
+	}
+	return p, true
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {

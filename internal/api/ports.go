@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/evalbox/evalbox/internal/apierr"
-	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -190,14 +189,9 @@ func (s *Server) portServe(w http.ResponseWriter, r *http.Request, id, portStr, 
 		return
 	}
 	t := &portTarget{id: id, port: port, prefix: prefix, secure: r.TLS != nil}
-	if h := r.Header.Get("Authorization"); h != "" {
-		p, err := s.auth.Authenticate(r.Context(), h)
-		if err != nil {
-			if errors.Is(err, auth.ErrUnauthorized) {
-				writeError(w, errorf(client.CodeUnauthorized, "missing or invalid API key"))
-				return
-			}
-			writeError(w, err)
+	if r.Header.Get("Authorization") != "" {
+		p, ok := s.authenticate(w, r)
+		if !ok {
 			return
 		}
 		t.team = p.TeamID

@@ -330,18 +330,7 @@ func networkSpec(mode string, allow, deny []string) client.NetworkSpec {
 	if mode == "" && (len(allow) > 0 || len(deny) > 0) {
 		mode = client.NetworkRules
 	}
-	n := client.NetworkSpec{Mode: mode, Allow: allow, Deny: deny}
-	if mode == client.NetworkRules {
-		n.Allow, n.Deny = nonNil(allow), nonNil(deny)
-	}
-	return n
-}
-
-func nonNil(s []string) []string {
-	if s == nil {
-		return []string{}
-	}
-	return s
+	return client.NetworkSpec{Mode: mode, Allow: allow, Deny: deny}
 }
 
 func newSandboxPortCmd(a *app) *cobra.Command {

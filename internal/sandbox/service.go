@@ -468,7 +468,7 @@ func (s *Service) ForgetTeam(teamID string) {
 // (queueing up to req.WaitSeconds), starts the sandbox and records it. It
 // returns once the sandbox's agent answers; on error nothing is left.
 func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSandboxRequest) (client.Sandbox, error) {
-	key, ttl, err := s.validateCreate(ctx, req)
+	key, ttl, nw, err := s.validateCreate(ctx, req)
 	if err != nil {
 		return client.Sandbox{}, err
 	}
@@ -527,7 +527,7 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 		}
 		return client.Sandbox{}, err
 	}
-	return s.createInSlot(ctx, teamID, req, key, ttl, tpl, wait, deadline, slot, release)
+	return s.createInSlot(ctx, teamID, req, key, nw, ttl, tpl, wait, deadline, slot, release)
 }
 
 // takeSlot takes one of the team's slots in the database, retrying with
@@ -554,7 +554,7 @@ func (s *Service) takeSlot(ctx context.Context, teamID string, deadline time.Tim
 
 // createInSlot starts the sandbox that holds the team's slot (slot in the
 // database; localRelease gives back this process's) and records it.
-func (s *Service) createInSlot(ctx context.Context, teamID string, req client.CreateSandboxRequest, key nodeapi.Spec, ttl time.Duration,
+func (s *Service) createInSlot(ctx context.Context, teamID string, req client.CreateSandboxRequest, key nodeapi.Spec, nw network, ttl time.Duration,
 	tpl *template.Template, wait time.Duration, deadline time.Time, slot string, localRelease func()) (client.Sandbox, error) {
 	// Until the sandbox's row replaces it, the slot is given back on
 	// failure (the database's first: then this process's waiters).
@@ -571,7 +571,6 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 		hostWait = max(0, time.Until(deadline))
 	}
 	// The node keeps the env with the sandbox, for any replica's execs.
-	nw, _ := parseNetwork(req.Network) // checked by validateCreate
 	creq := nodeapi.CreateRequest{Spec: key, Wait: hostWait, Env: req.Env, Egress: nw.egress}
 	if s.cfg.ContentDigest != nil {
 		d, err := s.cfg.ContentDigest(ctx, key.Template)
@@ -671,7 +670,7 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 // (a built-in) and runtime: the sandboxes a warm pool should hold.
 func (s *Service) DefaultKey(ctx context.Context, tmpl, runtime string) (nodeapi.Spec, error) {
 	req := client.CreateSandboxRequest{Template: tmpl, Runtime: runtime}
-	key, _, err := s.validateCreate(ctx, req)
+	key, _, _, err := s.validateCreate(ctx, req)
 	if err != nil {
 		return key, err
 	}
@@ -687,10 +686,10 @@ func (s *Service) DefaultKey(ctx context.Context, tmpl, runtime string) (nodeapi
 
 // validateCreate checks a create request on its own; the template's
 // defaults fill the shape's zero fields later.
-func (s *Service) validateCreate(ctx context.Context, req client.CreateSandboxRequest) (nodeapi.Spec, time.Duration, error) {
+func (s *Service) validateCreate(ctx context.Context, req client.CreateSandboxRequest) (nodeapi.Spec, time.Duration, network, error) {
 	var key nodeapi.Spec
 	if req.Template == "" {
-		return key, 0, errorf(client.CodeBadRequest, "template is required")
+		return key, 0, network{}, errorf(client.CodeBadRequest, "template is required")
 	}
 	rt := req.Runtime
 	if rt == "" {
@@ -698,58 +697,58 @@ func (s *Service) validateCreate(ctx context.Context, req client.CreateSandboxRe
 	}
 	runtimes, err := s.node.Runtimes(ctx)
 	if err != nil {
-		return key, 0, nodeErr(err)
+		return key, 0, network{}, nodeErr(err)
 	}
 	if !slices.Contains(runtimes, rt) {
-		return key, 0, errorf(client.CodeBadRequest, "runtime %q is not available (have %s)", rt, strings.Join(runtimes, ", "))
+		return key, 0, network{}, errorf(client.CodeBadRequest, "runtime %q is not available (have %s)", rt, strings.Join(runtimes, ", "))
 	}
 	ttl := s.cfg.DefaultTimeout
 	switch {
 	case req.Timeout < 0:
-		return key, 0, errorf(client.CodeBadRequest, "timeout must be ≥ 0 seconds, got %d", req.Timeout)
+		return key, 0, network{}, errorf(client.CodeBadRequest, "timeout must be ≥ 0 seconds, got %d", req.Timeout)
 	case time.Duration(req.Timeout)*time.Second > s.cfg.MaxTimeout:
-		return key, 0, errorf(client.CodeBadRequest, "timeout %ds is above the maximum %ds", req.Timeout, int(s.cfg.MaxTimeout.Seconds()))
+		return key, 0, network{}, errorf(client.CodeBadRequest, "timeout %ds is above the maximum %ds", req.Timeout, int(s.cfg.MaxTimeout.Seconds()))
 	case req.Timeout > 0:
 		ttl = time.Duration(req.Timeout) * time.Second
 	}
 	shape := nodeapi.Shape{Pids: s.cfg.Pids, Network: client.NetworkNone}
 	if req.CPU != 0 {
 		if req.CPU < 0.1 || req.CPU > s.cfg.MaxCPU {
-			return key, 0, errorf(client.CodeBadRequest, "cpu must be between 0.1 and %g, got %g", s.cfg.MaxCPU, req.CPU)
+			return key, 0, network{}, errorf(client.CodeBadRequest, "cpu must be between 0.1 and %g, got %g", s.cfg.MaxCPU, req.CPU)
 		}
 		shape.CPU = req.CPU
 	}
 	if req.MemoryMB != 0 {
 		if req.MemoryMB < 32 || req.MemoryMB > s.cfg.MaxMemoryMB {
-			return key, 0, errorf(client.CodeBadRequest, "memory_mb must be between 32 and %d, got %d", s.cfg.MaxMemoryMB, req.MemoryMB)
+			return key, 0, network{}, errorf(client.CodeBadRequest, "memory_mb must be between 32 and %d, got %d", s.cfg.MaxMemoryMB, req.MemoryMB)
 		}
 		shape.MemoryMB = req.MemoryMB
 	}
 	if req.DiskMB != 0 {
 		if req.DiskMB < 16 || req.DiskMB > s.cfg.MaxDiskMB {
-			return key, 0, errorf(client.CodeBadRequest, "disk_mb must be between 16 and %d, got %d", s.cfg.MaxDiskMB, req.DiskMB)
+			return key, 0, network{}, errorf(client.CodeBadRequest, "disk_mb must be between 16 and %d, got %d", s.cfg.MaxDiskMB, req.DiskMB)
 		}
 		shape.DiskMB = req.DiskMB
 	}
 	nw, err := parseNetwork(req.Network)
 	if err != nil {
-		return key, 0, err
+		return key, 0, network{}, err
 	}
 	shape.Network = nw.shape
 	if err := validatePorts(req.Ports); err != nil {
-		return key, 0, err
+		return key, 0, network{}, err
 	}
 	if req.WaitSeconds < 0 || time.Duration(req.WaitSeconds)*time.Second > s.cfg.MaxWait {
-		return key, 0, errorf(client.CodeBadRequest, "wait_seconds must be between 0 and %d", int(s.cfg.MaxWait.Seconds()))
+		return key, 0, network{}, errorf(client.CodeBadRequest, "wait_seconds must be between 0 and %d", int(s.cfg.MaxWait.Seconds()))
 	}
 	if err := validateEnv(req.Env); err != nil {
-		return key, 0, err
+		return key, 0, network{}, err
 	}
 	if err := validateMetadata(req.Metadata); err != nil {
-		return key, 0, err
+		return key, 0, network{}, err
 	}
 	key = nodeapi.Spec{Template: req.Template, Runtime: rt, Shape: shape}
-	return key, ttl, nil
+	return key, ttl, nw, nil
 }
 
 func validateEnv(env map[string]string) error {

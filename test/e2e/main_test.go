@@ -124,6 +124,22 @@ func freePort() (string, error) {
 	return ln.Addr().String(), nil
 }
 
+// startServerT starts a server of o for the rest of t, and stops it at
+// its end.
+func startServerT(t *testing.T, o serverOptions) *server {
+	t.Helper()
+	s, err := startServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.stop(); err != nil {
+			t.Errorf("stop server: %v", err)
+		}
+	})
+	return s
+}
+
 func startServer(o serverOptions) (*server, error) {
 	s := &server{dataDir: o.dataDir}
 	if s.dataDir == "" {

@@ -26,15 +26,7 @@ func TestNetwork(t *testing.T) {
 	// First, so that its cleanup runs after the server has stopped. The
 	// chains the server installs are the suite's (TestMain).
 	inet := networktest.Setup(t)
-	s, err := startServer(serverOptions{listenAll: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.stop(); err != nil {
-			t.Errorf("stop server: %v", err)
-		}
-	})
+	s := startServerT(t, serverOptions{listenAll: true})
 	_, serverPort, _ := net.SplitHostPort(s.addr)
 	hostAddrs := hostIPv4s(t)
 	// The server answers on the host's addresses, from the host.
@@ -250,15 +242,7 @@ except Exception as e:
 // 169.254.169.254); and the bad input that changes nothing.
 func TestNetworkRules(t *testing.T) {
 	inet := networktest.Setup(t)
-	s, err := startServer(serverOptions{listenAll: true, args: []string{"--egress-dns", inet.DNS.String()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.stop(); err != nil {
-			t.Errorf("stop server: %v", err)
-		}
-	})
+	s := startServerT(t, serverOptions{listenAll: true, args: []string{"--egress-dns", inet.DNS.String()}})
 	_, serverPort, _ := net.SplitHostPort(s.addr)
 	hostAddrs := hostIPv4s(t)
 	ca, err := os.ReadFile(inet.CAFile)

@@ -116,16 +116,8 @@ func TestTemplateImportRegistryGuard(t *testing.T) {
 		fmt.Fprintf(w, `{"errors":[{"code":"DENIED","message":%q}]}`, registrySecret)
 	}))
 	t.Cleanup(failing.Close)
-	s, err := startServer(serverOptions{args: []string{"--registry-allow",
+	s := startServerT(t, serverOptions{args: []string{"--registry-allow",
 		strings.Join([]string{hostPort(reg), hostPort(redirect), hostPort(realm), hostPort(failing)}, ",")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.stop(); err != nil {
-			t.Errorf("stop server: %v", err)
-		}
-	})
 	end, err = importImage(t, s.admin, "allowed", ref.String())
 	if err != nil || end.State != client.BuildStateSucceeded {
 		t.Fatalf("an allowed registry: %+v %v", end, err)

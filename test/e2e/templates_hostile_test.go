@@ -147,15 +147,7 @@ func TestTemplateSparseBombs(t *testing.T) {
 // any number of queued builds held unpacked contexts).
 func TestTemplateContextUnpackedInSlot(t *testing.T) {
 	t.Parallel()
-	s, err := startServer(serverOptions{args: []string{"--max-builds", "1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.stop(); err != nil {
-			t.Errorf("stop server: %v", err)
-		}
-	})
+	s := startServerT(t, serverOptions{args: []string{"--max-builds", "1"}})
 	ctx := ctxT(t, 3*time.Minute)
 	c := s.admin
 	first, err := c.BuildTemplate(ctx, client.BuildTemplateRequest{Name: "slow", Spec: client.TemplateSpec{From: "base", Network: client.NetworkNone,

@@ -780,15 +780,7 @@ func TestTemplateDeleteInUse(t *testing.T) {
 // team at a time and stops builds after a few seconds.
 func TestTemplateBuildQueueAndTimeout(t *testing.T) {
 	t.Parallel()
-	s, err := startServer(serverOptions{args: []string{"--max-builds", "1", "--build-timeout", "4s"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.stop(); err != nil {
-			t.Errorf("stop server: %v", err)
-		}
-	})
+	s := startServerT(t, serverOptions{args: []string{"--max-builds", "1", "--build-timeout", "4s"}})
 	ctx := ctxT(t, 3*time.Minute)
 	team, err := s.admin.CreateTeam(ctx, client.CreateTeamRequest{Name: "builds", Limits: &client.Limits{MaxSandboxes: 2, MaxConcurrentExec: 2}})
 	if err != nil {

@@ -525,9 +525,12 @@ func (m *Manager) applySandboxChains(ctx context.Context, hostIf string, n int, 
 	if !first {
 		return nil
 	}
+	// The filter jump first, the nat one after (dropChains removes them
+	// the other way round): a nat jump never stands without the filter
+	// one, which is what dropStaleChains looks for.
 	for _, j := range [][]string{
-		{"nat", m.chainProxy, "-i", hostIf, "-j", px},
 		{"filter", m.chainRules, "-i", hostIf, "-j", sb},
+		{"nat", m.chainProxy, "-i", hostIf, "-j", px},
 	} {
 		if err := ensureRule(ctx, j[0], j[1], j[2:]...); err != nil {
 			m.dropChains(ctx, n)
@@ -650,9 +653,12 @@ func (l *Links) SweepChains(ctx context.Context) { l.m.sweepChains(ctx) }
 // life of that link left (its link went with its namespace): called when
 // the link is made anew, so that no rule of the old sandbox applies to the
 // new one.
-func (m *Manager) dropStaleChains(ctx context.Context, n int) error {
-	if exec.CommandContext(ctx, "iptables", "--wait", "-t", "nat", "-n", "-L", m.proxyChain(n)).Run() != nil &&
-		exec.CommandContext(ctx, "iptables", "--wait", "-t", "filter", "-n", "-L", m.ruleChain(n)).Run() != nil {
+//
+// It costs one iptables call on every outbound attach: whether the filter
+// jump of link n is there (no nat jump stands without it; chains without
+// jumps apply to nothing, and the sweep removes them with their link).
+func (m *Manager) dropStaleChains(ctx context.Context, n int, hostIf string) error {
+	if exec.CommandContext(ctx, "iptables", "--wait", "-t", "filter", "-C", m.chainRules, "-i", hostIf, "-j", m.ruleChain(n)).Run() != nil {
 		return nil
 	}
 	m.log.Info("network: removing the chains an earlier sandbox of a link left", "link", m.linkPrefix+strconv.Itoa(n))

@@ -374,7 +374,7 @@ func (l *Links) Attach(ctx context.Context, id string, ns netns.NsHandle) (_ *Le
 			l.Detach(lease)
 		}
 	}()
-	if err := m.dropStaleChains(ctx, lease.idx); err != nil {
+	if err := m.dropStaleChains(ctx, lease.idx, lease.hostIf); err != nil {
 		return nil, err
 	}
 	host, err := netlink.LinkByName(lease.hostIf)
