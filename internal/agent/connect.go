@@ -86,7 +86,7 @@ func (s *server) opConnect(st *yamux.Stream, req *agentproto.Request) *agentprot
 	// Port → host.
 	bufp := frameBufs.Get().(*[]byte)
 	defer frameBufs.Put(bufp)
-	buf := (*bufp)[:agentproto.HeaderSize+agentproto.ChunkSize]
+	buf := (*bufp)[:agentproto.HeaderSize+sendChunk]
 	for {
 		n, err := conn.Read(buf[agentproto.HeaderSize:])
 		if n > 0 {

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/evalbox/evalbox/internal/apierr"
@@ -118,6 +119,7 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 		},
 		Transport:     tr,
 		FlushInterval: -1, // streams and events as they come
+		BufferPool:    portBuffers{},
 		// Only evalbox marks its own errors: a sandbox cannot pass its
 		// answers off as evalbox's.
 		ModifyResponse: func(resp *http.Response) error {
@@ -195,6 +197,12 @@ func (s *Server) portServe(w http.ResponseWriter, r *http.Request, id, portStr, 
 			return
 		}
 		t.team = p.TeamID
+		// The team's sandbox, or 404. (A token's check below read the
+		// row already.)
+		if _, err := s.svc.Get(r.Context(), t.team, id); err != nil {
+			writePortError(w, port, err)
+			return
+		}
 	} else {
 		token := r.Header.Get(client.HeaderTrafficToken)
 		queryToken := r.URL.Query().Get(client.QueryTrafficToken)
@@ -226,11 +234,7 @@ func (s *Server) portServe(w http.ResponseWriter, r *http.Request, id, portStr, 
 			t.cookie = token
 		}
 	}
-	if _, err := s.svc.Get(r.Context(), t.team, id); err != nil {
-		writePortError(w, port, err)
-		return
-	}
-	// A running sandbox: the dial tells an ended one (410) too.
+	// The dial tells an ended sandbox (410) from a running one.
 	s.ports.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), portTargetKey{}, t)))
 }
 
@@ -341,6 +345,20 @@ func parsePortHost(host string) (id string, port int, ok bool) {
 // portDialTimeout bounds a port connection's dial (the lookup, the node's
 // stream, the agent's connect).
 const portDialTimeout = 30 * time.Second
+
+// portBufferSize is the size of the buffers that carry port URL bodies:
+// ReverseProxy's default of 32 KiB makes a large download cost a write
+// (and, flushed as it comes, a syscall) every 32 KiB; an idle stream (an
+// open event stream, a WebSocket) holds one.
+const portBufferSize = 128 << 10
+
+// portBuffers is the reverse proxy's pool of body buffers.
+type portBuffers struct{}
+
+var portBufferPool = sync.Pool{New: func() any { b := make([]byte, portBufferSize); return &b }}
+
+func (portBuffers) Get() []byte  { return *portBufferPool.Get().(*[]byte) }
+func (portBuffers) Put(b []byte) { portBufferPool.Put(&b) }
 
 // portNetConn is a sandbox port's connection as the transport wants it.
 // Deadlines are not kept: the transport closes the connection when it is

@@ -74,6 +74,7 @@ func openSQLite(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("store: open %s: %w", path, err)
 	}
 	s.r = r
+	s.reads = newStmtCache(r)
 	return s, nil
 }
 

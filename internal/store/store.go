@@ -28,8 +28,8 @@
 // through a pool of exactly one connection whose transactions begin
 // IMMEDIATE, so writers in this process queue in database/sql instead of
 // failing with SQLITE_BUSY; reads use a separate read-only pool and run in
-// parallel with the writer. busy_timeout covers another process holding
-// the lock.
+// parallel with the writer, their statements prepared once (stmtcache.go).
+// busy_timeout covers another process holding the lock.
 //
 // Concurrency on PostgreSQL: several Stores (API replicas) may share one
 // database, and their writers run at once. Transactions run at READ
@@ -88,6 +88,8 @@ type Store struct {
 	d dialect
 	w *sql.DB // writes and transactions (SQLite: one connection, BEGIN IMMEDIATE)
 	r *sql.DB // reads (SQLite: query_only connections; PostgreSQL: w)
+	// reads caches r's prepared statements (SQLite; nil on PostgreSQL).
+	reads *stmtCache
 }
 
 // Open opens the database dsn names and applies any pending schema
@@ -182,10 +184,14 @@ func Redact(dsn string) string {
 
 // Close closes the database.
 func (s *Store) Close() error {
-	if s.r == s.w {
-		return s.w.Close()
+	var cached error
+	if s.reads != nil {
+		cached = s.reads.close()
 	}
-	return errors.Join(s.r.Close(), s.w.Close())
+	if s.r == s.w {
+		return errors.Join(cached, s.w.Close())
+	}
+	return errors.Join(cached, s.r.Close(), s.w.Close())
 }
 
 // NewID returns a random id "<prefix>_<16 base32 chars>" (80 bits).
@@ -211,11 +217,27 @@ func (s *Store) writeRow(ctx context.Context, q string, args ...any) *sql.Row {
 }
 
 func (s *Store) query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
-	return s.r.QueryContext(ctx, s.d.rebind(q), s.d.args(args)...)
+	q = s.d.rebind(q)
+	if st := s.stmt(ctx, q); st != nil {
+		return st.QueryContext(ctx, s.d.args(args)...)
+	}
+	return s.r.QueryContext(ctx, q, s.d.args(args)...)
 }
 
 func (s *Store) queryRow(ctx context.Context, q string, args ...any) *sql.Row {
-	return s.r.QueryRowContext(ctx, s.d.rebind(q), s.d.args(args)...)
+	q = s.d.rebind(q)
+	if st := s.stmt(ctx, q); st != nil {
+		return st.QueryRowContext(ctx, s.d.args(args)...)
+	}
+	return s.r.QueryRowContext(ctx, q, s.d.args(args)...)
+}
+
+// stmt returns the readers' prepared statement of q, or nil.
+func (s *Store) stmt(ctx context.Context, q string) *sql.Stmt {
+	if s.reads == nil {
+		return nil
+	}
+	return s.reads.get(ctx, q)
 }
 
 // txn is a write transaction with the Store's query helpers.

@@ -247,6 +247,17 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 		inW.Close()
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
+	// 1 MiB pipes, not 64 KiB: a frame of the agent's (up to 1 MiB) then
+	// goes through in one write instead of waiting for the host's read
+	// every 64 KiB, each wait a round of wakeups in the Sentry (port URL
+	// downloads gained about 15 %). Only an optimisation: past the kernel's
+	// per-user pipe memory (fs.pipe-user-pages-soft, unprivileged users)
+	// the pipe keeps its size.
+	for _, f := range []*os.File{inW, outR} {
+		if rc, err := f.SyscallConn(); err == nil { // not Fd: it makes f blocking
+			_ = rc.Control(func(fd uintptr) { _, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, agentPipeSize) })
+		}
+	}
 	agentLog, err := os.OpenFile(filepath.Join(spec.StateDir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		inR.Close()
@@ -398,6 +409,9 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	})
 	return s.destroyErr
 }
+
+// agentPipeSize is the capacity of the agent's stdin and stdout pipes.
+const agentPipeSize = 1 << 20
 
 // kill ends a container runsc started: it SIGKILLs every process of the
 // sandbox's cgroup (Sentry, gofer, systrap stubs; the cgroup is frozen while

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/evalbox/evalbox/internal/agentproto"
 	"github.com/evalbox/evalbox/internal/nodeapi"
@@ -103,6 +104,11 @@ func (e *testEnv) start(t *testing.T, r *Runtime, id, netMode string) *sbx {
 		t.Fatalf("Start %s: %v", id, err)
 	}
 	s := &sbx{sb: rsb.(*sandbox)}
+	for _, f := range []*os.File{s.sb.in, s.sb.out} {
+		if n := pipeSize(t, f); n != agentPipeSize {
+			t.Errorf("agent pipe of %s holds %d bytes, want %d", id, n, agentPipeSize)
+		}
+	}
 	t.Cleanup(func() {
 		if s.agent != nil {
 			s.agent.Close()
@@ -122,6 +128,21 @@ func (e *testEnv) start(t *testing.T, r *Runtime, id, netMode string) *sbx {
 	}
 	t.Logf("%s (%s) started and answering in %v", id, netMode, time.Since(t0).Round(time.Millisecond))
 	return s
+}
+
+// pipeSize returns the capacity of the pipe f is an end of.
+func pipeSize(t *testing.T, f *os.File) int {
+	t.Helper()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { n, ferr = unix.FcntlInt(fd, unix.F_GETPIPE_SZ, 0) }); err != nil || ferr != nil {
+		t.Fatal(err, ferr)
+	}
+	return n
 }
 
 // sh runs a shell command in the sandbox and returns stdout+stderr.
