@@ -61,6 +61,18 @@ wheeldir=$(mktemp -d); sdk/python/.venv/bin/pip wheel -q --no-deps -w "$wheeldir
 (cd sdk/python && .venv/bin/ruff check . ../../examples && .venv/bin/ruff format --check . ../../examples && .venv/bin/mypy)
 (cd sdk/python && EVALBOX_BIN_DIR="$PWD/../../bin" .venv/bin/pytest -q -W error)
 
+# The official E2B SDKs, pinned by test/e2bcompat/constraints.txt, against a
+# real evalbox serve, driven as their users drive them (docs/e2b.md); their
+# venv is cached by the constraints' hash.
+echo "== E2B SDKs (test/e2bcompat): e2b and e2b-code-interpreter from PyPI against a real evalbox serve"
+e2b_venv=/var/cache/evalbox/venv-e2b-$(sha256sum test/e2bcompat/constraints.txt | cut -c1-16)
+if [ ! -x "$e2b_venv/bin/pytest" ]; then
+  rm -rf "$e2b_venv"
+  python3 -m venv "$e2b_venv"
+  "$e2b_venv/bin/pip" install -q --disable-pip-version-check -r test/e2bcompat/constraints.txt
+fi
+(cd test/e2bcompat && EVALBOX_BIN_DIR="$PWD/../../bin" "$e2b_venv/bin/pytest" -q -W error -p no:cacheprovider .)
+
 # The end-to-end suite runs a race-enabled server next to the real agent
 # and runsc.
 mkdir -p bin/race

@@ -20,6 +20,7 @@ import (
 	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/catalog"
+	"github.com/evalbox/evalbox/internal/compat/e2b"
 	"github.com/evalbox/evalbox/internal/evalrun"
 	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/outbuf"
@@ -48,6 +49,8 @@ type Store interface {
 	InsertKey(ctx context.Context, k store.Key) (store.Key, error)
 	ListKeys(ctx context.Context, teamID string) ([]store.Key, error)
 	RevokeKey(ctx context.Context, teamID, id string) (store.Key, error)
+	// ServerSecret is a secret of the server's (the E2B layer's tokens).
+	ServerSecret(ctx context.Context, name string) ([]byte, error)
 }
 
 // Pools reports the node's warm pools (a nodeapi.Node does).
@@ -69,6 +72,7 @@ type Server struct {
 	runtimesNow func() []string
 	noBuilds    string
 	ports       *httputil.ReverseProxy // port URLs (ports.go)
+	e2b         *e2b.Handler           // E2B's API (internal/compat/e2b)
 	domain      string                 // Config.SandboxDomain
 	svc         *sandbox.Service
 	store       Store
@@ -126,6 +130,8 @@ func New(cfg Config) *Server {
 	}
 	s.trials = trial.New(cfg.Service, s.log)
 	s.ports = s.newPortProxy()
+	s.e2b = e2b.New(e2b.Config{Sandboxes: cfg.Service, Auth: cfg.Auth, Secrets: cfg.Store,
+		Ports: s.servePortAs, Domain: s.domain, Logger: s.log})
 	s.routes()
 	return s
 }
@@ -186,6 +192,8 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/templates/{name}/builds/{id}/logs", a(s.buildLogs))
 	s.mux.HandleFunc("GET /v1/pools", a(s.listPools))
 	s.mux.HandleFunc("GET /v1/capacity", a(s.getCapacity))
+	// E2B's control plane, beside /v1 (docs/e2b.md).
+	s.e2b.Register(s.mux)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(client.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
@@ -195,7 +203,11 @@ func (s *Server) routes() {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
-	if id, port, ok := s.portHost(r.Host); ok {
+	if e2b.IsSandboxRequest(r) {
+		// E2B's sandbox traffic (envd, or a port), by header: before
+		// the mux, whatever the path or host.
+		s.e2b.ServeSandbox(rw, r)
+	} else if id, port, ok := s.portHost(r.Host); ok {
 		// The host form of a port URL: before the mux, whatever the path.
 		s.portByHost(rw, r, id, port)
 	} else {
@@ -272,41 +284,13 @@ func errorf(code, format string, args ...any) *apierr.Error {
 	return &apierr.Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
-var statusOf = map[string]int{
-	client.CodeBadRequest:        http.StatusBadRequest,
-	client.CodeUnauthorized:      http.StatusUnauthorized,
-	client.CodeForbidden:         http.StatusForbidden,
-	client.CodeNotFound:          http.StatusNotFound,
-	client.CodeConflict:          http.StatusConflict,
-	client.CodeTooManySandboxes:  http.StatusTooManyRequests,
-	client.CodeRateLimited:       http.StatusTooManyRequests,
-	client.CodePayloadTooLarge:   http.StatusRequestEntityTooLarge,
-	client.CodeSandboxNotRunning: http.StatusConflict,
-	client.CodeTimeout:           http.StatusRequestTimeout,
-	client.CodeUnavailable:       http.StatusServiceUnavailable,
-	client.CodeInternal:          http.StatusInternalServerError,
-	client.CodeNoSpace:           http.StatusInsufficientStorage,
-
-	client.CodeOutputBudgetExhausted: http.StatusTooManyRequests,
-	// A team's limit, not the host's disk: the request is what is too
-	// large for it.
-	client.CodeStorageQuotaExceeded: http.StatusRequestEntityTooLarge,
-	client.CodeInsufficientCapacity: http.StatusServiceUnavailable,
-	client.CodeNotImplemented:       http.StatusNotImplemented,
-	client.CodePortClosed:           http.StatusBadGateway,
-}
-
 // errorDetail maps err to its status, body and Retry-After seconds. Unknown
 // errors are internal and their text is not shown to the caller.
 func errorDetail(err error) (int, client.ErrorDetail, int) {
 	var se *apierr.Error
 	switch {
 	case errors.As(err, &se):
-		status, ok := statusOf[se.Code]
-		if !ok {
-			status = http.StatusInternalServerError
-		}
-		return status, client.ErrorDetail{Code: se.Code, Message: se.Message}, se.RetryAfter
+		return apierr.Status(se.Code), client.ErrorDetail{Code: se.Code, Message: se.Message}, se.RetryAfter
 	case errors.Is(err, context.Canceled):
 		// The client went away; nobody reads this.
 		return 499, client.ErrorDetail{Code: client.CodeBadRequest, Message: "request cancelled"}, 0

@@ -142,7 +142,13 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			writePortError(w, targetOf(r.Context()).port, err)
+			t := targetOf(r.Context())
+			if !errors.As(err, new(*apierr.Error)) && !errors.Is(err, context.Canceled) {
+				// What broke between the proxy and the sandbox's
+				// server (the answer says only that it did).
+				s.log.Info("port proxy: no answer", "sandbox", t.id, "port", t.port, "err", err)
+			}
+			writePortError(w, t.port, err)
 		},
 	}
 }
@@ -235,6 +241,14 @@ func (s *Server) portServe(w http.ResponseWriter, r *http.Request, id, portStr, 
 		}
 	}
 	// The dial tells an ended sandbox (410) from a running one.
+	s.ports.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), portTargetKey{}, t)))
+}
+
+// servePortAs proxies r to a port of the team's sandbox, whose access the
+// caller checked (the E2B layer, by its tokens); r's path is the path in
+// the sandbox.
+func (s *Server) servePortAs(w http.ResponseWriter, r *http.Request, teamID, id string, port int) {
+	t := &portTarget{id: id, port: port, team: teamID, secure: r.TLS != nil}
 	s.ports.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), portTargetKey{}, t)))
 }
 

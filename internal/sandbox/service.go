@@ -982,6 +982,17 @@ func (s *Service) Get(ctx context.Context, teamID, id string) (client.Sandbox, e
 	return row, err
 }
 
+// Lookup returns a sandbox of any team: for callers whose credential is
+// the sandbox's own (the E2B layer's access tokens), which check it
+// against what this returns.
+func (s *Service) Lookup(ctx context.Context, id string) (client.Sandbox, error) {
+	row, err := s.store.GetSandboxAnyTeam(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return client.Sandbox{}, errorf(client.CodeNotFound, "sandbox %s not found", id)
+	}
+	return row, err
+}
+
 // List returns the team's sandboxes (running only unless all).
 func (s *Service) List(ctx context.Context, teamID string, metadata map[string]string, all bool) ([]client.Sandbox, error) {
 	f := store.SandboxFilter{Metadata: metadata}

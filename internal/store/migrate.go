@@ -161,6 +161,12 @@ var migrations = []string{
 	`ALTER TABLE sandboxes ADD COLUMN network_rules TEXT NOT NULL DEFAULT '';
 	ALTER TABLE sandboxes ADD COLUMN ports TEXT NOT NULL DEFAULT '[]';
 	ALTER TABLE sandboxes ADD COLUMN traffic_token_hash TEXT NOT NULL DEFAULT '';`,
+	// 11: secrets of the server itself, by name (ServerSecret): made at
+	// first use, shared by the replicas of the database.
+	`CREATE TABLE server_secrets (
+		name  TEXT PRIMARY KEY,
+		value BLOB NOT NULL
+	);`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

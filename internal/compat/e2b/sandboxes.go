@@ -1,0 +1,441 @@
+package e2b
+
+import (
+	"math"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// Template aliases: the names the SDKs ask for by default, and evalbox's
+// templates they mean.
+var templateAliases = map[string]string{
+	"code-interpreter-v1": "code-interpreter",
+}
+
+// allTraffic is what the SDKs send for "every address" in network lists.
+const allTraffic = "0.0.0.0/0"
+
+// createRequest is the body of POST /v2/sandboxes. Fields of features
+// evalbox lacks are read so that asking for them is refused, not ignored.
+type createRequest struct {
+	TemplateID          string                  `json:"templateID"`
+	Timeout             *int                    `json:"timeout"`
+	Metadata            map[string]string       `json:"metadata"`
+	EnvVars             map[string]string       `json:"envVars"`
+	AllowInternetAccess *bool                   `json:"allow_internet_access"`
+	Network             *networkConfig          `json:"network"`
+	AutoPause           *bool                   `json:"autoPause"`
+	AutoResume          *struct{ Enabled bool } `json:"autoResume"`
+	MCP                 map[string]any          `json:"mcp"`
+	VolumeMounts        []any                   `json:"volumeMounts"`
+}
+
+type networkConfig struct {
+	AllowOut           []string `json:"allowOut"`
+	DenyOut            []string `json:"denyOut"`
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic"`
+	MaskRequestHost    string   `json:"maskRequestHost"`
+	DNSServers         []string `json:"dnsServers"`
+	EgressProxy        any      `json:"egressProxy"`
+	Rules              any      `json:"rules"`
+}
+
+// sandboxBody is E2B's Sandbox: the answer of create and connect.
+type sandboxBody struct {
+	TemplateID         string  `json:"templateID"`
+	SandboxID          string  `json:"sandboxID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+	Alias              string  `json:"alias,omitempty"`
+}
+
+// listedSandbox is E2B's ListedSandbox and, with the detail fields,
+// SandboxDetail.
+type listedSandbox struct {
+	TemplateID  string            `json:"templateID"`
+	Alias       string            `json:"alias,omitempty"`
+	SandboxID   string            `json:"sandboxID"`
+	ClientID    string            `json:"clientID"`
+	StartedAt   time.Time         `json:"startedAt"`
+	EndAt       time.Time         `json:"endAt"`
+	CPUCount    int               `json:"cpuCount"`
+	MemoryMB    int               `json:"memoryMB"`
+	DiskSizeMB  int               `json:"diskSizeMB"`
+	State       string            `json:"state"`
+	EnvdVersion string            `json:"envdVersion"`
+	Metadata    map[string]string `json:"metadata"`
+
+	// SandboxDetail only.
+	EnvdAccessToken     string  `json:"envdAccessToken,omitempty"`
+	AllowInternetAccess *bool   `json:"allowInternetAccess,omitempty"`
+	Domain              *string `json:"domain,omitempty"`
+}
+
+func (h *Handler) createSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var req createRequest
+	if err := decode(w, r, &req); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	creq, err := h.translateCreate(req)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	sb, err := h.cfg.Sandboxes.Create(r.Context(), p.TeamID, creq)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	body, err := h.sandboxBody(r, sb, req.TemplateID)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, body)
+}
+
+// translateCreate maps an E2B create onto evalbox's; what evalbox cannot
+// do is a 400 or 501 that says so.
+func (h *Handler) translateCreate(req createRequest) (client.CreateSandboxRequest, error) {
+	tmpl := req.TemplateID
+	if tmpl == "" {
+		tmpl = "base"
+	}
+	if t, ok := templateAliases[tmpl]; ok {
+		tmpl = t
+	}
+	out := client.CreateSandboxRequest{Template: tmpl, Metadata: req.Metadata, Env: req.EnvVars}
+	if req.Timeout != nil {
+		if *req.Timeout <= 0 {
+			return out, errorf(client.CodeBadRequest, "timeout %d: want a positive number of seconds", *req.Timeout)
+		}
+		out.Timeout = *req.Timeout
+	}
+	switch {
+	case req.AutoPause != nil && *req.AutoPause:
+		return out, errorf(client.CodeNotImplemented, "autoPause: evalbox cannot pause sandboxes yet")
+	case req.AutoResume != nil && req.AutoResume.Enabled:
+		return out, errorf(client.CodeNotImplemented, "autoResume: evalbox cannot pause sandboxes yet")
+	case len(req.MCP) > 0:
+		return out, errorf(client.CodeNotImplemented, "mcp: evalbox has no MCP gateway")
+	case len(req.VolumeMounts) > 0:
+		return out, errorf(client.CodeNotImplemented, "volumeMounts: evalbox has no volumes")
+	}
+	netw, err := translateNetwork(req.AllowInternetAccess, req.Network)
+	if err != nil {
+		return out, err
+	}
+	out.Network = netw
+	return out, nil
+}
+
+// translateNetwork maps allow_internet_access and network onto evalbox's
+// network: internet access by default, as on E2B; none when it is off;
+// and, when denyOut holds every address, rules whose allow list is
+// allowOut (E2B's allowOut wins over its denyOut; evalbox's deny wins, so
+// only that form maps exactly).
+func translateNetwork(internet *bool, n *networkConfig) (client.NetworkSpec, error) {
+	if n != nil {
+		switch {
+		case n.AllowPublicTraffic != nil && *n.AllowPublicTraffic:
+			return client.NetworkSpec{}, errorf(client.CodeNotImplemented,
+				"network.allowPublicTraffic: a port is public only when marked so (PUT /v1/sandboxes/{id}/ports); port traffic takes the trafficAccessToken")
+		case n.MaskRequestHost != "", len(n.DNSServers) > 0, n.EgressProxy != nil, n.Rules != nil:
+			return client.NetworkSpec{}, errorf(client.CodeNotImplemented,
+				"network: maskRequestHost, dnsServers, egressProxy and rules are not supported")
+		}
+		if len(n.AllowOut) > 0 || len(n.DenyOut) > 0 {
+			if internet != nil && !*internet && len(n.AllowOut) > 0 {
+				return client.NetworkSpec{}, errorf(client.CodeBadRequest, "allow_internet_access false with network.allowOut: choose one")
+			}
+			if !slices.Contains(n.DenyOut, allTraffic) {
+				return client.NetworkSpec{}, errorf(client.CodeNotImplemented,
+					"network.denyOut without %s: evalbox's rules are allow lists (deny %s and list what is allowed in allowOut)", allTraffic, allTraffic)
+			}
+			if len(n.AllowOut) == 0 {
+				return client.Network(client.NetworkNone), nil
+			}
+			deny := slices.DeleteFunc(slices.Clone(n.DenyOut), func(s string) bool { return s == allTraffic })
+			return client.NetworkSpec{Mode: client.NetworkRules, Allow: n.AllowOut, Deny: deny}, nil
+		}
+	}
+	if internet != nil && !*internet {
+		return client.Network(client.NetworkNone), nil
+	}
+	return client.Network(client.NetworkOutbound), nil
+}
+
+// sandboxBody is sb as E2B's Sandbox, with its tokens.
+func (h *Handler) sandboxBody(r *http.Request, sb client.Sandbox, alias string) (sandboxBody, error) {
+	envd, err := h.envdToken(r.Context(), sb.ID)
+	if err != nil {
+		return sandboxBody{}, err
+	}
+	traffic, err := h.trafficToken(r.Context(), sb)
+	if err != nil {
+		return sandboxBody{}, err
+	}
+	b := sandboxBody{TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID(sb), EnvdVersion: EnvdVersion,
+		EnvdAccessToken: envd, TrafficAccessToken: &traffic, Domain: h.domain()}
+	if alias != sb.Template {
+		b.Alias = alias
+	}
+	return b, nil
+}
+
+func (h *Handler) domain() *string {
+	if h.cfg.Domain == "" {
+		return nil
+	}
+	d := h.cfg.Domain
+	return &d
+}
+
+// clientID is E2B's clientID (its node): the sandbox's node.
+func clientID(sb client.Sandbox) string {
+	if sb.NodeID != "" {
+		return sb.NodeID
+	}
+	return "evalbox"
+}
+
+func listed(sb client.Sandbox) listedSandbox {
+	md := sb.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	return listedSandbox{TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID(sb),
+		StartedAt: sb.CreatedAt, EndAt: sb.ExpiresAt, CPUCount: int(math.Ceil(sb.CPU)), MemoryMB: sb.MemoryMB,
+		DiskSizeMB: sb.DiskMB, State: "running", EnvdVersion: EnvdVersion, Metadata: md}
+}
+
+// running returns the team's sandbox id while it runs; an ended one is
+// gone, as on E2B (404).
+func (h *Handler) running(r *http.Request, p auth.Principal, id string) (client.Sandbox, error) {
+	sb, err := h.cfg.Sandboxes.Get(r.Context(), p.TeamID, id)
+	if err == nil && sb.State != client.StateRunning {
+		err = errorf(client.CodeNotFound, "sandbox %s not found (it ended: %s)", id, sb.EndReason)
+	}
+	return sb, err
+}
+
+func (h *Handler) getSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	sb, err := h.running(r, p, r.PathValue("id"))
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	envd, err := h.envdToken(r.Context(), sb.ID)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	d := listed(sb)
+	d.EnvdAccessToken = envd
+	internet := sb.Network != client.NetworkNone
+	d.AllowInternetAccess = &internet
+	d.Domain = h.domain()
+	writeJSON(w, http.StatusOK, d)
+}
+
+func (h *Handler) killSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	id := r.PathValue("id")
+	if _, err := h.running(r, p, id); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	if err := h.cfg.Sandboxes.Delete(r.Context(), p.TeamID, id); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var req struct {
+		Timeout *int `json:"timeout"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	if req.Timeout == nil || *req.Timeout <= 0 {
+		h.writeError(w, errorf(client.CodeBadRequest, "timeout: want a positive number of seconds"))
+		return
+	}
+	if _, err := h.cfg.Sandboxes.SetTimeout(r.Context(), p.TeamID, r.PathValue("id"), *req.Timeout); err != nil {
+		h.writeError(w, notRunningIsGone(err))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// connectSandbox answers a running sandbox with its tokens (another
+// process of the caller's connects to it by id), extending its timeout
+// when asked. evalbox does not pause sandboxes, so there is none to resume.
+func (h *Handler) connectSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var req struct {
+		Timeout *int  `json:"timeout"`
+		Memory  *bool `json:"memory"`
+	}
+	if err := decode(w, r, &req); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	id := r.PathValue("id")
+	sb, err := h.running(r, p, id)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	if req.Timeout != nil {
+		if *req.Timeout <= 0 {
+			h.writeError(w, errorf(client.CodeBadRequest, "timeout: want a positive number of seconds"))
+			return
+		}
+		if sb, err = h.cfg.Sandboxes.SetTimeout(r.Context(), p.TeamID, id, *req.Timeout); err != nil {
+			h.writeError(w, notRunningIsGone(err))
+			return
+		}
+	}
+	body, err := h.sandboxBody(r, sb, sb.Template)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+// notRunningIsGone answers an ended sandbox as E2B does: not found.
+func notRunningIsGone(err error) error {
+	if apierr.Code(err) == client.CodeSandboxNotRunning {
+		var e *apierr.Error
+		_ = asError(err, &e)
+		return errorf(client.CodeNotFound, "%s", e.Message)
+	}
+	return err
+}
+
+// listSandboxes serves GET /v2/sandboxes: the team's running sandboxes
+// (evalbox has no paused ones), filtered by metadata, a page at a time
+// (limit, nextToken; the next page's token in x-next-token).
+func (h *Handler) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	q := r.URL.Query()
+	md, err := metadataFilter(q.Get("metadata"))
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	running := true
+	if st := q.Get("state"); st != "" {
+		running = false
+		for s := range strings.SplitSeq(st, ",") {
+			switch s {
+			case "running":
+				running = true
+			case "paused":
+			default:
+				h.writeError(w, errorf(client.CodeBadRequest, "state %q: want running or paused", s))
+				return
+			}
+		}
+	}
+	limit := 100
+	if l := q.Get("limit"); l != "" {
+		if limit, err = strconv.Atoi(l); err != nil || limit < 1 || limit > 1000 {
+			h.writeError(w, errorf(client.CodeBadRequest, "limit %q: want 1 to 1000", l))
+			return
+		}
+	}
+	offset := 0
+	if t := q.Get("nextToken"); t != "" {
+		if offset, err = strconv.Atoi(t); err != nil || offset < 0 {
+			h.writeError(w, errorf(client.CodeBadRequest, "nextToken %q: not one this server gave", t))
+			return
+		}
+	}
+	out := []listedSandbox{}
+	if running {
+		sbs, err := h.cfg.Sandboxes.List(r.Context(), p.TeamID, md, false)
+		if err != nil {
+			h.writeError(w, err)
+			return
+		}
+		if q.Get("order") == "desc" {
+			slices.Reverse(sbs)
+		}
+		if offset < len(sbs) {
+			sbs = sbs[offset:]
+			if len(sbs) > limit {
+				w.Header().Set("x-next-token", strconv.Itoa(offset+limit))
+				sbs = sbs[:limit]
+			}
+			for _, sb := range sbs {
+				out = append(out, listed(sb))
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// listSandboxesV1 serves the older GET /sandboxes: running sandboxes, all.
+func (h *Handler) listSandboxesV1(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	md, err := metadataFilter(r.URL.Query().Get("metadata"))
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	sbs, err := h.cfg.Sandboxes.List(r.Context(), p.TeamID, md, false)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	out := make([]listedSandbox, 0, len(sbs))
+	for _, sb := range sbs {
+		out = append(out, listed(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// metadataFilter decodes the SDKs' metadata query value: a query string
+// of percent-encoded keys and values (k1=v1&k2=v2), itself the value of
+// the metadata parameter.
+func metadataFilter(v string) (map[string]string, error) {
+	if v == "" {
+		return nil, nil
+	}
+	vals, err := url.ParseQuery(v)
+	if err != nil {
+		return nil, errorf(client.CodeBadRequest, "metadata %q: want k1=v1&k2=v2", v)
+	}
+	md := make(map[string]string, len(vals))
+	for k, vs := range vals {
+		kk, err1 := url.PathUnescape(k)
+		vv, err2 := url.PathUnescape(vs[len(vs)-1])
+		if err1 != nil || err2 != nil {
+			return nil, errorf(client.CodeBadRequest, "metadata %q: bad percent-encoding", v)
+		}
+		md[kk] = vv
+	}
+	return md, nil
+}
+
+func (h *Handler) metrics(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if _, err := h.running(r, p, r.PathValue("id")); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	h.writeError(w, errorf(client.CodeNotImplemented, "evalbox does not collect sandbox metrics yet"))
+}
