@@ -64,13 +64,26 @@ wheeldir=$(mktemp -d); sdk/python/.venv/bin/pip wheel -q --no-deps -w "$wheeldir
 # The official E2B SDKs, pinned by test/e2bcompat/constraints.txt, against a
 # real evalbox serve, driven as their users drive them (docs/e2b.md); their
 # venv is cached by the constraints' hash.
-echo "== E2B SDKs (test/e2bcompat): e2b and e2b-code-interpreter from PyPI against a real evalbox serve"
+echo "== E2B SDKs (test/e2bcompat): e2b and e2b-code-interpreter from PyPI, e2b from npm, against a real evalbox serve"
 e2b_venv=/var/cache/evalbox/venv-e2b-$(sha256sum test/e2bcompat/constraints.txt | cut -c1-16)
 if [ ! -x "$e2b_venv/bin/pytest" ]; then
   rm -rf "$e2b_venv"
   python3 -m venv "$e2b_venv"
   "$e2b_venv/bin/pip" install -q --disable-pip-version-check -r test/e2bcompat/constraints.txt
 fi
+# npm e2b, pinned by its lockfile, on the host's Node.js (test_js.py):
+# node_modules cached by the lockfile's hash, linked into the test's dir.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+js_cache=/var/cache/evalbox/npm-e2b-$(sha256sum test/e2bcompat/js/package-lock.json | cut -c1-16)
+if [ ! -d "$js_cache/node_modules/e2b" ]; then
+  rm -rf "$js_cache"
+  mkdir -p "$js_cache"
+  cp test/e2bcompat/js/package.json test/e2bcompat/js/package-lock.json "$js_cache/"
+  (cd "$js_cache" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+ln -sfn "$js_cache/node_modules" test/e2bcompat/js/node_modules
 (cd test/e2bcompat && EVALBOX_BIN_DIR="$PWD/../../bin" "$e2b_venv/bin/pytest" -q -W error -p no:cacheprovider .)
 
 # The end-to-end suite runs a race-enabled server next to the real agent

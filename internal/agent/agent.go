@@ -242,6 +242,10 @@ func (s *server) handle(st *yamux.Stream) {
 		resp = s.opStart(&req)
 	case agentproto.OpAttach:
 		resp = s.opAttach(st, &req)
+	case agentproto.OpRename:
+		resp = s.opRename(&req)
+	case agentproto.OpStdin:
+		resp = s.opStdin(st, &req)
 	case agentproto.OpWait:
 		resp = s.opWait(st, &req)
 	case agentproto.OpSignal:

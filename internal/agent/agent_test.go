@@ -588,6 +588,68 @@ func TestBackground(t *testing.T) {
 	}
 }
 
+// TestBackgroundStdin: a background process started with Stdin reads what
+// OpStdin writes, in order, and EOF when it is closed; the writes that
+// cannot be made say why.
+func TestBackgroundStdin(t *testing.T) {
+	ta := startAgent(t, agent.Config{})
+	ctx := ctxT(t)
+	pi, err := ta.c.Start(ctx, agentproto.ExecRequest{Shell: "while read l; do echo got $l; done; echo eof", Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{"a", "b", "c"} {
+		if err := ta.c.WriteStdin(ctx, pi.ID, []byte(l+"\n"), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := bytes.Repeat([]byte("x"), 3*agentproto.ChunkSize)
+	if err := ta.c.WriteStdin(ctx, pi.ID, append(big, '\n'), true); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	exit, err := ta.c.Attach(ctx, pi.ID, &out, nil)
+	if err != nil || exit.ExitCode != 0 {
+		t.Fatalf("attach: %+v %v", exit, err)
+	}
+	if want := "got a\ngot b\ngot c\ngot " + string(big) + "\neof\n"; out.String() != want {
+		t.Fatalf("output %q…, want %q…", out.String()[:min(40, out.Len())], want[:40])
+	}
+	if err := ta.c.WriteStdin(ctx, pi.ID, []byte("late\n"), false); agentErrCode(err) != agentproto.CodeNotFound {
+		t.Fatalf("write after the end: %v", err)
+	}
+	// Without Stdin the process reads /dev/null: there is nothing to write to.
+	np, err := ta.c.Start(ctx, agentproto.ExecRequest{Argv: []string{"sleep", "1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ta.c.WriteStdin(ctx, np.ID, []byte("x"), false); agentErrCode(err) != agentproto.CodeBadRequest {
+		t.Fatalf("write to a process without stdin: %v", err)
+	}
+	if err := ta.c.WriteStdin(ctx, "nope", []byte("x"), false); agentErrCode(err) != agentproto.CodeNotFound {
+		t.Fatalf("write to an unknown process: %v", err)
+	}
+	// Closed, a second close is no error, a write is.
+	cp, err := ta.c.Start(ctx, agentproto.ExecRequest{Shell: "cat; sleep 1000", Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ta.c.WriteStdin(ctx, cp.ID, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := ta.c.WriteStdin(ctx, cp.ID, nil, true); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+	if err := ta.c.WriteStdin(ctx, cp.ID, []byte("x"), false); agentErrCode(err) != agentproto.CodeBadRequest {
+		t.Fatalf("write after close: %v", err)
+	}
+	for _, id := range []string{np.ID, cp.ID} {
+		if err := ta.c.Signal(ctx, id, 9); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestBackgroundOutputCapAndOrder(t *testing.T) {
 	ta := startAgent(t, agent.Config{})
 	ctx := ctxT(t)

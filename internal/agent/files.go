@@ -369,6 +369,45 @@ func (s *server) opMkdir(req *agentproto.Request) *agentproto.Response {
 	return &agentproto.Response{File: &info}
 }
 
+// opRename moves a file or directory (rename(2): a file or an empty
+// directory at the target is replaced).
+func (s *server) opRename(req *agentproto.Request) *agentproto.Response {
+	from, perr := cleanPath(req.Path)
+	if perr != nil {
+		return fail(perr)
+	}
+	to, perr := cleanPath(req.Target)
+	if perr != nil {
+		return fail(perr)
+	}
+	if from == "/" || to == "/" {
+		return fail(errorf(agentproto.CodeBadRequest, "refusing to move / or onto it"))
+	}
+	if err := os.Rename(from, to); err != nil {
+		var le *os.LinkError
+		if errors.As(err, &le) {
+			err = le.Err
+		}
+		switch {
+		case errors.Is(err, syscall.EINVAL):
+			return fail(errorf(agentproto.CodeBadRequest, "cannot move %s into itself (%s)", from, to))
+		case errors.Is(err, syscall.EXDEV):
+			return fail(errorf(agentproto.CodeBadRequest, "%s and %s are on different filesystems", from, to))
+		case errors.Is(err, syscall.ENOTEMPTY), errors.Is(err, syscall.EEXIST):
+			return fail(errorf(agentproto.CodeExists, "%s is a directory that is not empty", to))
+		case errors.Is(err, fs.ErrNotExist):
+			return fail(errorf(agentproto.CodeNotFound, "%s (or the directory of %s) does not exist", from, to))
+		}
+		return fail(fsError(from, err))
+	}
+	fi, err := os.Lstat(to)
+	if err != nil {
+		return fail(fsError(to, err))
+	}
+	info := fileInfo(to, fi)
+	return &agentproto.Response{File: &info}
+}
+
 // opRemove removes a file, an empty directory, or with Recursive a tree.
 func (s *server) opRemove(req *agentproto.Request) *agentproto.Response {
 	p, perr := cleanPath(req.Path)

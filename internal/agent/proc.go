@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"slices"
@@ -62,6 +63,9 @@ type proc struct {
 	// Pipes: the agent's ends. stdin is nil when the process reads
 	// /dev/null.
 	stdin, stdout, stderr *os.File
+	// stdinMu guards a background process's stdin: OpStdin writes to it
+	// and closes it; the process's end closes it too.
+	stdinMu sync.Mutex
 
 	reason   atomic.Int32 // first kill reason
 	killOnce sync.Once
@@ -636,12 +640,10 @@ func (s *server) execInput(st *yamux.Stream, p *proc, done chan<- struct{}) {
 
 func validSignal(sig int) bool { return sig > 0 && sig <= 64 }
 
-// opStart starts a background process; its output goes to its log.
+// opStart starts a background process; its output goes to its log. With
+// Exec.Stdin its stdin is a pipe that OpStdin writes to and closes.
 func (s *server) opStart(req *agentproto.Request) *agentproto.Response {
-	if req.Exec != nil && req.Exec.Stdin {
-		return fail(errorf(agentproto.CodeBadRequest, "stdin is not supported for background processes"))
-	}
-	p, perr := s.spawn(req.Exec, false)
+	p, perr := s.spawn(req.Exec, req.Exec != nil && req.Exec.Stdin)
 	if perr != nil {
 		return fail(perr)
 	}
@@ -661,12 +663,87 @@ func (s *server) opStart(req *agentproto.Request) *agentproto.Response {
 	go func() {
 		defer s.runs.Done()
 		exit := s.run(p, req.Exec, p.out)
+		p.closeStdin()
 		p.out.close()
 		p.finish(exit)
 		s.retire(p)
 		s.log.Debug("process ended", "id", p.id, "status", exit.Status, "duration_ms", exit.DurationMs)
 	}()
 	return &agentproto.Response{Proc: &pi}
+}
+
+// stdinWriteTimeout bounds a write to a background process's stdin: a
+// process that does not read it fails the write instead of holding the
+// host's call.
+const stdinWriteTimeout = 30 * time.Second
+
+// writeStdin writes b to a background process's stdin.
+func (p *proc) writeStdin(b []byte) *agentproto.Error {
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if p.stdin == nil {
+		if p.isDone() {
+			return errorf(agentproto.CodeNotFound, "process %s has ended", p.id)
+		}
+		return errorf(agentproto.CodeBadRequest, "process %s has no stdin (started without it, or it was closed)", p.id)
+	}
+	p.stdin.SetWriteDeadline(time.Now().Add(stdinWriteTimeout))
+	if _, err := p.stdin.Write(b); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return errorf(agentproto.CodeExists, "process %s did not read its stdin for %s", p.id, stdinWriteTimeout)
+		}
+		// It closed its stdin, or ended.
+		p.stdin.Close()
+		p.stdin = nil
+		return errorf(agentproto.CodeBadRequest, "process %s no longer reads its stdin: %v", p.id, err)
+	}
+	return nil
+}
+
+// closeStdin closes a background process's stdin (its read sees EOF).
+func (p *proc) closeStdin() {
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if p.stdin != nil {
+		p.stdin.Close()
+		p.stdin = nil
+	}
+}
+
+// opStdin writes the host's KindStdin frames to a background process's
+// stdin and closes it on KindStdinClose, until the host's KindEnd.
+func (s *server) opStdin(st *yamux.Stream, req *agentproto.Request) *agentproto.Response {
+	p, perr := s.lookup(req.ProcID)
+	if perr != nil {
+		return fail(perr)
+	}
+	if p.out == nil {
+		return fail(errorf(agentproto.CodeBadRequest, "process %q is a foreground exec", req.ProcID))
+	}
+	bufp := frameBufs.Get().(*[]byte)
+	defer frameBufs.Put(bufp)
+	buf := (*bufp)[:agentproto.MaxFrame]
+	for {
+		kind, n, err := agentproto.ReadHeader(st)
+		if err != nil {
+			return nil // the host went away
+		}
+		if _, err := io.ReadFull(st, buf[:n]); err != nil {
+			return nil
+		}
+		switch kind {
+		case agentproto.KindStdin:
+			if e := p.writeStdin(buf[:n]); e != nil {
+				return fail(e)
+			}
+		case agentproto.KindStdinClose:
+			p.closeStdin()
+		case agentproto.KindEnd:
+			return &agentproto.Response{}
+		default:
+			return fail(errorf(agentproto.CodeBadRequest, "unexpected frame %q during stdin", kind))
+		}
+	}
 }
 
 // opAttach replays a background process's output, follows it, and ends

@@ -287,9 +287,9 @@ func (e *Execution) Wait() (ExitInfo, error) {
 }
 
 // Start starts a background process and returns at once. Its output is
-// kept by the agent (up to the output cap) for Attach.
+// kept by the agent (up to the output cap) for Attach. With req.Stdin its
+// stdin stays open for WriteStdin.
 func (c *Client) Start(ctx context.Context, req ExecRequest) (ProcInfo, error) {
-	req.Stdin = false
 	resp, err := c.roundTrip(ctx, &Request{Op: OpStart, Exec: &req})
 	if err != nil {
 		return ProcInfo{}, err
@@ -335,6 +335,43 @@ func (c *Client) Wait(ctx context.Context, id string) (ExitInfo, error) {
 func (c *Client) Signal(ctx context.Context, id string, sig int) error {
 	_, err := c.roundTrip(ctx, &Request{Op: OpSignal, ProcID: id, Signal: sig})
 	return err
+}
+
+// WriteStdin writes data to the stdin of a background process started
+// with ExecRequest.Stdin, then closes its stdin if closeAfter. A process
+// that ended, closed its stdin or does not read it fails the call with an
+// *Error.
+func (c *Client) WriteStdin(ctx context.Context, id string, data []byte, closeAfter bool) error {
+	k, err := c.open(ctx, &Request{Op: OpStdin, ProcID: id})
+	if err != nil {
+		return err
+	}
+	defer k.finish()
+	// The agent answers early when a write fails: read concurrently, and
+	// stop sending when it does.
+	done := make(chan error, 1)
+	go func() {
+		_, err := k.readResponse(nil, nil)
+		done <- err
+		k.st.SetWriteDeadline(time.Now())
+	}()
+	send := func() error {
+		for len(data) > 0 {
+			n := min(len(data), ChunkSize)
+			if err := WriteFrame(k.st, KindStdin, data[:n]); err != nil {
+				return err
+			}
+			data = data[n:]
+		}
+		if closeAfter {
+			if err := WriteFrame(k.st, KindStdinClose, nil); err != nil {
+				return err
+			}
+		}
+		return WriteFrame(k.st, KindEnd, nil)
+	}
+	_ = send() // a failed send is the response's to explain
+	return <-done
 }
 
 // List returns the processes the agent knows: running ones (foreground
@@ -558,6 +595,19 @@ func (c *Client) Mkdir(ctx context.Context, path string, mode uint32, parents bo
 	}
 	if resp.File == nil {
 		return FileInfo{}, c.wrap(ctx, OpMkdir, errors.New("response without file"))
+	}
+	return *resp.File, nil
+}
+
+// Rename moves path to target (both absolute; within the sandbox's
+// filesystem) and describes it there.
+func (c *Client) Rename(ctx context.Context, path, target string) (FileInfo, error) {
+	resp, err := c.roundTrip(ctx, &Request{Op: OpRename, Path: path, Target: target})
+	if err != nil {
+		return FileInfo{}, err
+	}
+	if resp.File == nil {
+		return FileInfo{}, c.wrap(ctx, OpRename, errors.New("response without file"))
 	}
 	return *resp.File, nil
 }

@@ -32,6 +32,11 @@
 //	           KindStdout/KindStderr, then KindResponse{Exit} when it ends.
 //	           Closing the stream detaches (the process keeps running).
 //	OpWait     agent→host: KindResponse{Exit} when the process ends.
+//	OpStdin    host→agent: KindStdin*, KindStdinClose, then KindEnd, for a
+//	           background process started with Exec.Stdin; agent→host:
+//	           KindResponse{} after the host's end (or an Error at the
+//	           first write that fails: the process ended, closed its
+//	           stdin, or did not read it in time).
 //	OpSignal   KindResponse{} after the signal is delivered to the process group.
 //	OpList     KindResponse{Procs}
 //	OpWriteFile host→agent: KindData* then KindEnd; agent→host: KindResponse{File}
@@ -50,7 +55,7 @@
 //	           connection fails midway, and closes the stream once both
 //	           sides ended. Closing the stream before that aborts the
 //	           connection (the agent closes it).
-//	OpStat, OpListDir, OpMkdir, OpRemove, OpPing: KindResponse only.
+//	OpStat, OpListDir, OpMkdir, OpRemove, OpRename, OpPing: KindResponse only.
 //
 // A frame payload is at most MaxFrame bytes.
 //
@@ -92,6 +97,7 @@ const (
 	OpStart     = "start"
 	OpAttach    = "attach"
 	OpWait      = "wait"
+	OpStdin     = "stdin"
 	OpSignal    = "signal"
 	OpList      = "list"
 	OpWriteFile = "write_file"
@@ -100,6 +106,7 @@ const (
 	OpListDir   = "list_dir"
 	OpMkdir     = "mkdir"
 	OpRemove    = "remove"
+	OpRename    = "rename"
 	OpConnect   = "connect"
 )
 
@@ -134,7 +141,8 @@ type Request struct {
 	// OpExec, OpStart.
 	Exec *ExecRequest `json:"exec,omitempty"`
 
-	// OpAttach, OpWait, OpSignal: the process id returned by OpStart.
+	// OpAttach, OpWait, OpSignal, OpStdin: the process id returned by
+	// OpStart.
 	ProcID string `json:"proc_id,omitempty"`
 	// OpSignal: signal number (e.g. 15, 9).
 	Signal int `json:"signal,omitempty"`
@@ -142,6 +150,9 @@ type Request struct {
 	// File operations. Path must be absolute and clean of NUL bytes; it is
 	// cleaned (path.Clean) by the agent before use.
 	Path string `json:"path,omitempty"`
+	// OpRename: the new path (absolute, as Path), which it replaces if it
+	// is a file or an empty directory.
+	Target string `json:"target,omitempty"`
 	// OpWriteFile, OpMkdir: permission bits, as chmod takes them (0o7777);
 	// 0 = 0644 for new files (a replaced file keeps its bits), 0755 for dirs.
 	// FileInfo.Mode reports the same bits.
@@ -171,8 +182,8 @@ type ExecRequest struct {
 	Env map[string]string `json:"env,omitempty"`
 	// User name or numeric uid ("" = the sandbox default user).
 	User string `json:"user,omitempty"`
-	// Stdin: the host will send KindStdin frames (OpExec only). Without it the
-	// process reads /dev/null.
+	// Stdin: the process's stdin is a pipe: OpExec's KindStdin frames,
+	// or (OpStart) OpStdin's. Without it the process reads /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
 	// Timeout in milliseconds; 0 = none. At the timeout the whole process
 	// tree (including double-forked daemons started by it) is killed and the

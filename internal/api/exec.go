@@ -13,6 +13,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/outbuf"
+	"github.com/evalbox/evalbox/internal/sandbox"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -246,6 +247,35 @@ func (s *Server) signalProcess(w http.ResponseWriter, r *http.Request, p auth.Pr
 		return
 	}
 	if err := s.svc.SignalProcess(r.Context(), p.TeamID, r.PathValue("id"), r.PathValue("pid"), req.Signal); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// writeStdin serves POST …/processes/{pid}/stdin: the body (raw bytes, at
+// most sandbox.MaxStdinBytes) to the process's stdin, which ?close=true
+// then closes.
+func (s *Server) writeStdin(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	closeAfter := false
+	switch v := r.URL.Query().Get("close"); v {
+	case "", "false":
+	case "true":
+		closeAfter = true
+	default:
+		writeError(w, errorf(client.CodeBadRequest, "close=%q: want true or false", v))
+		return
+	}
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, sandbox.MaxStdinBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			err = errorf(client.CodePayloadTooLarge, "stdin is over %d bytes a request", sandbox.MaxStdinBytes)
+		}
+		writeError(w, err)
+		return
+	}
+	if err := s.svc.WriteStdin(r.Context(), p.TeamID, r.PathValue("id"), r.PathValue("pid"), data, closeAfter); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -85,6 +85,20 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, p auth.Principal)
 	writeJSON(w, http.StatusCreated, fi)
 }
 
+func (s *Server) renameFile(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var req client.RenameRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	fi, err := s.svc.RenameFile(r.Context(), p.TeamID, r.PathValue("id"), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, fi)
+}
+
 func (s *Server) removeFile(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	q := r.URL.Query()
 	recursive := false

@@ -451,6 +451,13 @@ func (r *Router) SignalProcess(ctx context.Context, id, procID string, sig int) 
 	return err
 }
 
+func (r *Router) WriteStdin(ctx context.Context, id, procID string, data []byte, closeAfter bool) error {
+	_, err := on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (struct{}, error) {
+		return struct{}{}, c.WriteStdin(ctx, id, procID, data, closeAfter)
+	})
+	return err
+}
+
 func (r *Router) WriteFile(ctx context.Context, id, path string, rd io.Reader, opts nodeapi.WriteOptions) (nodeapi.FileInfo, error) {
 	return on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (nodeapi.FileInfo, error) {
 		return c.WriteFile(ctx, id, path, rd, opts)
@@ -543,6 +550,12 @@ func (r *Router) ListDir(ctx context.Context, id, path string) ([]nodeapi.FileIn
 func (r *Router) Mkdir(ctx context.Context, id, path string, opts nodeapi.MkdirOptions) (nodeapi.FileInfo, error) {
 	return on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (nodeapi.FileInfo, error) {
 		return c.Mkdir(ctx, id, path, opts)
+	})
+}
+
+func (r *Router) Rename(ctx context.Context, id, path, target string) (nodeapi.FileInfo, error) {
+	return on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (nodeapi.FileInfo, error) {
+		return c.Rename(ctx, id, path, target)
 	})
 }
 

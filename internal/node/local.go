@@ -271,6 +271,18 @@ func (l *Local) SignalProcess(ctx context.Context, id, procID string, sig int) e
 	return callErr(sb, sb.Agent.Signal(ctx, procID, sig))
 }
 
+// WriteStdin writes to a background process's stdin.
+func (l *Local) WriteStdin(ctx context.Context, id, procID string, data []byte, closeAfter bool) error {
+	if len(data) > nodeapi.MaxStdinBytes {
+		return fmt.Errorf("node: stdin of %d bytes: at most %d a call", len(data), nodeapi.MaxStdinBytes)
+	}
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return err
+	}
+	return callErr(sb, sb.Agent.WriteStdin(ctx, procID, data, closeAfter))
+}
+
 // WriteFile streams r into a file of the sandbox.
 func (l *Local) WriteFile(ctx context.Context, id, path string, r io.Reader, opts nodeapi.WriteOptions) (nodeapi.FileInfo, error) {
 	sb, err := l.sandbox(id)
@@ -357,6 +369,19 @@ func (l *Local) Mkdir(ctx context.Context, id, path string, opts nodeapi.MkdirOp
 }
 
 // Remove removes a path in the sandbox.
+// Rename moves a file of the sandbox.
+func (l *Local) Rename(ctx context.Context, id, path, target string) (nodeapi.FileInfo, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nodeapi.FileInfo{}, err
+	}
+	fi, err := sb.Agent.Rename(ctx, path, target)
+	if err != nil {
+		return nodeapi.FileInfo{}, callErr(sb, err)
+	}
+	return nodeapi.FileInfo(fi), nil
+}
+
 func (l *Local) Remove(ctx context.Context, id, path string, recursive bool) error {
 	sb, err := l.sandbox(id)
 	if err != nil {

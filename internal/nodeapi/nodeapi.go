@@ -63,7 +63,8 @@ type Node interface {
 	// error: it ends with StatusError.
 	Exec(ctx context.Context, id string, req ExecRequest, stdin io.Reader, stdout, stderr io.Writer) (ExitInfo, error)
 	// StartProcess starts a background process and returns at once; the
-	// agent keeps its output (up to the cap) for AttachProcess.
+	// agent keeps its output (up to the cap) for AttachProcess. With
+	// req.Stdin its stdin stays open for WriteStdin.
 	StartProcess(ctx context.Context, id string, req ExecRequest) (ProcInfo, error)
 	// ListProcesses lists the running processes and the recently ended
 	// background ones, oldest first.
@@ -76,6 +77,12 @@ type Node interface {
 	WaitProcess(ctx context.Context, id, procID string) (ExitInfo, error)
 	// SignalProcess sends sig to a background process's process group.
 	SignalProcess(ctx context.Context, id, procID string, sig int) error
+	// WriteStdin writes data (at most MaxStdinBytes) to the stdin of a
+	// background process started with Stdin, then closes its stdin if
+	// closeAfter. The agent's refusal (the process ended: not_found; it has
+	// no stdin or stopped reading it: bad_request; it did not read it in
+	// time: conflict) is an *AgentError.
+	WriteStdin(ctx context.Context, id, procID string, data []byte, closeAfter bool) error
 
 	// WriteFile streams r into the file at path. The file appears whole or
 	// not at all: a failed, cancelled or too large upload leaves nothing.
@@ -94,6 +101,9 @@ type Node interface {
 	// Remove removes a file or an empty directory, or a tree with
 	// recursive. Removing "/" is refused.
 	Remove(ctx context.Context, id, path string, recursive bool) error
+	// Rename moves path to target (rename(2): a file or an empty
+	// directory there is replaced) and describes it at target.
+	Rename(ctx context.Context, id, path, target string) (FileInfo, error)
 
 	// ConnectPort connects to a TCP port on the sandbox's loopback, from
 	// inside the sandbox (its agent dials it), whatever its network: how
@@ -225,6 +235,9 @@ const (
 	StatusError    = "error"     // could not be started
 )
 
+// MaxStdinBytes bounds the data of one WriteStdin.
+const MaxStdinBytes = 1 << 20
+
 // ExecRequest describes a process to run. It has agentproto.ExecRequest's
 // fields, in its order, so that the in-process node converts it instead of
 // copying it.
@@ -238,7 +251,8 @@ type ExecRequest struct {
 	Env map[string]string
 	// User is a name or numeric uid ("": the template's user).
 	User string
-	// Stdin is set by Exec from its stdin argument; ignored otherwise.
+	// Stdin is set by Exec from its stdin argument; for StartProcess it
+	// keeps the process's stdin open for WriteStdin.
 	Stdin bool
 	// TimeoutMs kills the whole process tree when it passes (0: none).
 	TimeoutMs int64

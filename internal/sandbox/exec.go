@@ -83,6 +83,9 @@ func (s *Service) execSlot(ctx context.Context, teamID string) (func(), error) {
 // Exec runs a command to completion in a sandbox of the team, writing its
 // stdout and stderr to the writers as they come.
 func (s *Service) Exec(ctx context.Context, teamID, id string, req client.ExecRequest, stdout, stderr io.Writer) (client.ExecResult, error) {
+	if req.KeepStdin {
+		return client.ExecResult{}, errorf(client.CodeBadRequest, "keep_stdin is for background processes; an exec takes its stdin whole (stdin)")
+	}
 	e, err := s.lookup(ctx, teamID, id)
 	if err != nil {
 		return client.ExecResult{}, err
@@ -214,12 +217,13 @@ func (s *Service) StartProcess(ctx context.Context, teamID, id string, req clien
 		return client.Process{}, err
 	}
 	if req.Stdin != nil {
-		return client.Process{}, errorf(client.CodeBadRequest, "stdin is not supported for background processes")
+		return client.Process{}, errorf(client.CodeBadRequest, "stdin is for execs: a background process keeps its stdin open with keep_stdin, then POST …/processes/{pid}/stdin")
 	}
 	areq, err := s.execRequest(ctx, e, req)
 	if err != nil {
 		return client.Process{}, err
 	}
+	areq.Stdin = req.KeepStdin
 	release, err := s.execSlot(ctx, teamID)
 	if err != nil {
 		return client.Process{}, err
@@ -306,6 +310,25 @@ func (s *Service) AttachProcess(ctx context.Context, teamID, id, pid string, std
 	res.StderrTruncated = res.StderrTruncated || errw.truncated
 	s.explainKill(e, exit.OOMKills, &res)
 	return res, nil
+}
+
+// MaxStdinBytes bounds the data of one WriteStdin.
+const MaxStdinBytes = nodeapi.MaxStdinBytes
+
+// WriteStdin writes data to the stdin of a background process started
+// with keep_stdin, then closes it if closeAfter.
+func (s *Service) WriteStdin(ctx context.Context, teamID, id, pid string, data []byte, closeAfter bool) error {
+	if len(data) > MaxStdinBytes {
+		return errorf(client.CodePayloadTooLarge, "stdin of %d bytes: at most %d a call", len(data), MaxStdinBytes)
+	}
+	e, err := s.lookup(ctx, teamID, id)
+	if err != nil {
+		return err
+	}
+	if err := s.node.WriteStdin(ctx, e.row.ID, pid, data, closeAfter); err != nil {
+		return s.callErr(e, err)
+	}
+	return nil
 }
 
 // SignalProcess sends a signal to a process's group.

@@ -141,6 +141,26 @@ func (s *Service) Mkdir(ctx context.Context, teamID, id string, req client.Mkdir
 	return fileInfo(fi), nil
 }
 
+// RenameFile moves a file or directory to req.Target (replacing a file or
+// an empty directory there).
+func (s *Service) RenameFile(ctx context.Context, teamID, id string, req client.RenameRequest) (client.FileInfo, error) {
+	if err := checkPath(req.Path); err != nil {
+		return client.FileInfo{}, err
+	}
+	if err := checkPath(req.Target); err != nil {
+		return client.FileInfo{}, err
+	}
+	e, err := s.lookup(ctx, teamID, id)
+	if err != nil {
+		return client.FileInfo{}, err
+	}
+	fi, err := s.node.Rename(ctx, e.row.ID, req.Path, req.Target)
+	if err != nil {
+		return client.FileInfo{}, s.callErr(e, err)
+	}
+	return fileInfo(fi), nil
+}
+
 // RemoveFile removes a path (a directory tree with recursive).
 func (s *Service) RemoveFile(ctx context.Context, teamID, id, path string, recursive bool) error {
 	if err := checkPath(path); err != nil {

@@ -150,6 +150,7 @@ func TestClientCoversSpec(t *testing.T) {
 		func() error { _, err := c.StreamProcess(ctx, "sb-1", "p-1", nil, nil); return err },
 		func() error { return c.SignalProcess(ctx, "sb-1", "p-1", "TERM") },
 		func() error { return c.KillProcess(ctx, "sb-1", "p-1") },
+		func() error { return c.WriteStdin(ctx, "sb-1", "p-1", []byte("x"), true) },
 		func() error {
 			_, err := c.SetNetwork(ctx, "sb-1", NetworkSpec{Mode: NetworkRules, Allow: []string{"pypi.org"}})
 			return err
@@ -167,6 +168,7 @@ func TestClientCoversSpec(t *testing.T) {
 		func() error { _, err := c.StatFile(ctx, "sb-1", "/a"); return err },
 		func() error { _, err := c.ListFiles(ctx, "sb-1", "/"); return err },
 		func() error { _, err := c.Mkdir(ctx, "sb-1", MkdirRequest{Path: "/d", Parents: true}); return err },
+		func() error { _, err := c.RenameFile(ctx, "sb-1", "/a", "/b"); return err },
 		func() error { return c.RemoveFile(ctx, "sb-1", "/d", true) },
 		func() error {
 			_, err := c.CreateTeam(ctx, CreateTeamRequest{Name: "t", Limits: &Limits{MaxSandboxes: 3}})

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -117,6 +118,21 @@ func (c *Client) SignalProcess(ctx context.Context, id, pid, signal string) erro
 		return err
 	}
 	return c.do(ctx, &request{method: http.MethodPost, path: processPath(id, pid, "/signal"), in: &SignalRequest{Signal: signal}}, nil)
+}
+
+// WriteStdin writes data (at most 1 MiB a call) to the stdin of a
+// background process started with KeepStdin, then closes its stdin if
+// closeAfter.
+func (c *Client) WriteStdin(ctx context.Context, id, pid string, data []byte, closeAfter bool) error {
+	if err := checkIDs(id, pid); err != nil {
+		return err
+	}
+	q := url.Values{}
+	if closeAfter {
+		q.Set("close", "true")
+	}
+	return c.do(ctx, &request{method: http.MethodPost, path: processPath(id, pid, "/stdin"), query: q,
+		raw: bytes.NewReader(data), rawSize: int64(len(data))}, nil)
 }
 
 // KillProcess sends SIGKILL to a background process and its whole tree.

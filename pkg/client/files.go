@@ -86,6 +86,19 @@ func (c *Client) ListFiles(ctx context.Context, id, path string) ([]FileInfo, er
 }
 
 // Mkdir creates a directory in a sandbox.
+// RenameFile moves a file or directory of the sandbox (rename(2)).
+func (c *Client) RenameFile(ctx context.Context, id, path, target string) (*FileInfo, error) {
+	if err := checkIDs(id); err != nil {
+		return nil, err
+	}
+	var fi FileInfo
+	req := RenameRequest{Path: path, Target: target}
+	if err := c.do(ctx, &request{method: http.MethodPost, path: "/sandboxes/" + seg(id) + "/files/rename", in: &req}, &fi); err != nil {
+		return nil, err
+	}
+	return &fi, nil
+}
+
 func (c *Client) Mkdir(ctx context.Context, id string, req MkdirRequest) (*FileInfo, error) {
 	if err := checkIDs(id); err != nil {
 		return nil, err

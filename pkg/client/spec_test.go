@@ -41,6 +41,7 @@ var wireTypes = map[string]reflect.Type{
 	"FileInfo":             reflect.TypeFor[FileInfo](),
 	"FileList":             reflect.TypeFor[FileList](),
 	"MkdirRequest":         reflect.TypeFor[MkdirRequest](),
+	"RenameRequest":        reflect.TypeFor[RenameRequest](),
 	"Team":                 reflect.TypeFor[Team](),
 	"Limits":               reflect.TypeFor[Limits](),
 	"TeamUsage":            reflect.TypeFor[TeamUsage](),

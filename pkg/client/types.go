@@ -266,6 +266,9 @@ type ExecRequest struct {
 	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
 	// Tag is a label shown when listing background processes.
 	Tag string `json:"tag,omitempty"`
+	// KeepStdin (background processes only) keeps the process's stdin
+	// open: POST …/processes/{pid}/stdin writes to it and closes it.
+	KeepStdin bool `json:"keep_stdin,omitempty"`
 }
 
 // ExecResult is the result of a finished command.
@@ -335,6 +338,12 @@ type MkdirRequest struct {
 	Path    string `json:"path"`
 	Parents bool   `json:"parents,omitempty"`
 	Mode    string `json:"mode,omitempty"`
+}
+
+// RenameRequest is the body of POST /v1/sandboxes/{id}/files/rename.
+type RenameRequest struct {
+	Path   string `json:"path"`
+	Target string `json:"target"`
 }
 
 // Team is a tenant; every resource belongs to one.

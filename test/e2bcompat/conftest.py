@@ -61,15 +61,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def server() -> Iterator[Server]:
+def start_server() -> Server:
+    """A new `evalbox serve` in a temporary data dir, with warm pools of the test templates."""
     data_dir = Path(tempfile.mkdtemp(prefix="evalbox-e2b-"))
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     args = [str(BIN_DIR / "evalbox"), "serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
             "--templates-dir", TEMPLATES_DIR, "--pool", "base:gvisor=2,python:gvisor=2"]
-    log = open(data_dir / "serve.log", "wb")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    with open(data_dir / "serve.log", "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -78,18 +78,28 @@ def server() -> Iterator[Server]:
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
             raise RuntimeError("evalbox serve did not start: " + (data_dir / "serve.log").read_text()[-2000:])
         time.sleep(0.1)
-    s = Server(url=url, admin_key=(data_dir / "admin.key").read_text().strip(), data_dir=data_dir, proc=proc)
-    yield s
-    proc.send_signal(signal.SIGTERM)
+    return Server(url=url, admin_key=(data_dir / "admin.key").read_text().strip(), data_dir=data_dir, proc=proc)
+
+
+def stop_server(s: Server) -> None:
+    """Stops the server (gracefully: its sandboxes are destroyed) and removes its data dir."""
+    s.proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(timeout=60)
+        s.proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
-    shutil.rmtree(data_dir, ignore_errors=True)
+        s.proc.kill()
+        s.proc.wait()
+    shutil.rmtree(s.data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    s = start_server()
+    yield s
+    stop_server(s)
 
 
 @pytest.fixture(scope="session")

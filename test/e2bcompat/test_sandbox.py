@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import httpx
 import pytest
@@ -83,6 +84,27 @@ def test_commands(key: str) -> None:
         assert not sb.commands.kill(long.pid)
 
 
+def test_stdin(key: str) -> None:
+    with Sandbox.create(template="python", timeout=120) as sb:
+        h = sb.commands.run("while read l; do echo got $l; done; echo eof", background=True, stdin=True)
+        sb.commands.send_stdin(h.pid, "one\n")
+        h.send_stdin(b"two\n")
+        sb.commands.stream_input(h.pid, iter(["three\n", b"four\n"]))
+        sb.commands.close_stdin(h.pid)
+        r = h.wait()
+        assert r.stdout == "got one\ngot two\ngot three\ngot four\neof\n"
+        # Without stdin=True the command reads nothing, and its stdin is not writable.
+        plain = sb.commands.run("sleep 600", background=True)
+        with pytest.raises(SandboxException):
+            sb.commands.send_stdin(plain.pid, "x")
+        plain.kill()
+        # Foreground, stdin=True: closed by the caller.
+        cat = sb.commands.run("cat", background=True, stdin=True)
+        cat.send_stdin("abc")
+        cat.close_stdin()
+        assert cat.wait().stdout == "abc"
+
+
 def test_files(key: str) -> None:
     with Sandbox.create(template="python", timeout=120) as sb:
         info = sb.files.write("/work/e2b/a.txt", "hello")
@@ -106,6 +128,9 @@ def test_files(key: str) -> None:
         sb.files.write("/work/big.bin", big)
         assert sb.commands.run("stat -c %s /work/big.bin").stdout.strip() == str(len(big))
         assert bytes(sb.files.read("/work/big.bin", format="bytes")) == big
+        moved = sb.files.rename("/work/e2b/m1", "/work/e2b/renamed")
+        assert moved.path == "/work/e2b/renamed" and moved.name == "renamed"
+        assert not sb.files.exists("/work/e2b/m1") and sb.files.read("/work/e2b/renamed") == "1"
         sb.files.remove("/work/e2b")
         assert not sb.files.exists("/work/e2b/a.txt")
         from e2b.exceptions import FileNotFoundException
@@ -132,6 +157,46 @@ def test_errors(key: str, server: Server) -> None:
         r = httpx.post(server.url + "/process.Process/List", json={},
                        headers={"E2b-Sandbox-Id": sb.sandbox_id, "X-Access-Token": "ebx_forged", "Connect-Protocol-Version": "1"})
         assert r.status_code == 401
+
+
+def test_tokens_open_one_sandbox(key: str, server: Server) -> None:
+    """A sandbox's envd token opens envd of that sandbox only; its traffic token opens its ports, never envd."""
+    a = Sandbox.create(template="python", timeout=60)
+    b = Sandbox.create(template="python", timeout=60)
+    try:
+        envd_a = a._envd_access_token
+        traffic_a = a.traffic_access_token
+        assert envd_a and traffic_a and envd_a != b._envd_access_token
+
+        def envd(sandbox_id: str, token: str | None) -> httpx.Response:
+            h = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49983", "Connect-Protocol-Version": "1"}
+            if token:
+                h["X-Access-Token"] = token
+            return httpx.post(server.url + "/process.Process/List", json={}, headers=h)
+
+        assert envd(a.sandbox_id, envd_a).status_code == 200
+        assert envd(b.sandbox_id, envd_a).status_code == 401
+        assert envd(a.sandbox_id, traffic_a).status_code == 401
+        assert envd(a.sandbox_id, key).status_code == 401  # the API key is for the control plane
+        # A port of b with a's traffic token: refused before it reaches b.
+        a.commands.run("python3 -m http.server 8000 >/dev/null 2>&1", background=True)
+        b.commands.run("python3 -m http.server 8000 >/dev/null 2>&1", background=True)
+
+        def port(sandbox_id: str, header: str, token: str) -> httpx.Response:
+            h = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "8000", header: token}
+            return httpx.get(server.url + "/", headers=h)
+
+        deadline = time.monotonic() + 30
+        while port(a.sandbox_id, "E2B-Traffic-Access-Token", traffic_a).status_code != 200:
+            assert time.monotonic() < deadline, "a's server did not answer"
+            time.sleep(0.2)
+        assert port(b.sandbox_id, "E2B-Traffic-Access-Token", traffic_a).status_code == 401
+        assert port(b.sandbox_id, "X-Access-Token", envd_a).status_code == 401
+        assert port(a.sandbox_id, "X-Access-Token", envd_a).status_code == 200
+        assert httpx.get(server.url + "/", headers={"E2b-Sandbox-Id": a.sandbox_id, "E2b-Sandbox-Port": "8000"}).status_code == 401
+    finally:
+        a.kill()
+        b.kill()
 
 
 def test_team_limit(server: Server) -> None:

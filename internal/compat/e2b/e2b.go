@@ -60,12 +60,14 @@ type Sandboxes interface {
 	ListProcesses(ctx context.Context, teamID, id string) ([]client.Process, error)
 	AttachProcess(ctx context.Context, teamID, id, pid string, stdout, stderr io.Writer) (client.ExecResult, error)
 	SignalProcess(ctx context.Context, teamID, id, pid, signal string) error
+	WriteStdin(ctx context.Context, teamID, id, pid string, data []byte, closeAfter bool) error
 
 	WriteFile(ctx context.Context, teamID, id, path, mode string, r io.Reader) (client.FileInfo, error)
 	OpenFile(ctx context.Context, teamID, id, path string) (client.FileInfo, io.ReadCloser, error)
 	StatFile(ctx context.Context, teamID, id, path string) (client.FileInfo, error)
 	ListFiles(ctx context.Context, teamID, id, path string) ([]client.FileInfo, error)
 	Mkdir(ctx context.Context, teamID, id string, req client.MkdirRequest) (client.FileInfo, error)
+	RenameFile(ctx context.Context, teamID, id string, req client.RenameRequest) (client.FileInfo, error)
 	RemoveFile(ctx context.Context, teamID, id, path string, recursive bool) error
 }
 

@@ -92,8 +92,13 @@ func (s *filesystemService) Remove(ctx context.Context, req *connect.Request[fil
 	return connect.NewResponse(&filesystempb.RemoveResponse{}), nil
 }
 
-func (s *filesystemService) Move(context.Context, *connect.Request[filesystempb.MoveRequest]) (*connect.Response[filesystempb.MoveResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("evalbox cannot rename files yet"))
+func (s *filesystemService) Move(ctx context.Context, req *connect.Request[filesystempb.MoveRequest]) (*connect.Response[filesystempb.MoveResponse], error) {
+	c := callOf(ctx)
+	fi, err := s.h.cfg.Sandboxes.RenameFile(ctx, c.team, c.id, client.RenameRequest{Path: req.Msg.Source, Target: req.Msg.Destination})
+	if err != nil {
+		return nil, fsError(err)
+	}
+	return connect.NewResponse(&filesystempb.MoveResponse{Entry: entryInfo(fi)}), nil
 }
 
 func (s *filesystemService) WatchDir(context.Context, *connect.Request[filesystempb.WatchDirRequest], *connect.ServerStream[filesystempb.WatchDirResponse]) error {

@@ -32,14 +32,12 @@ func (s *processService) Start(ctx context.Context, req *connect.Request[process
 	if m.Pty != nil {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("evalbox has no PTY processes yet"))
 	}
-	if m.GetStdin() {
-		return connect.NewError(connect.CodeUnimplemented, errors.New("evalbox cannot keep a process's stdin open yet (stdin=True)"))
-	}
 	cfg := m.GetProcess()
 	if cfg == nil || cfg.Cmd == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is empty"))
 	}
-	ereq := client.ExecRequest{Argv: append([]string{cfg.Cmd}, cfg.Args...), Env: cfg.Envs, User: c.user, Tag: m.GetTag()}
+	ereq := client.ExecRequest{Argv: append([]string{cfg.Cmd}, cfg.Args...), Env: cfg.Envs, User: c.user, Tag: m.GetTag(),
+		KeepStdin: m.GetStdin()}
 	if cfg.Cwd != nil {
 		ereq.Cwd = *cfg.Cwd
 	}
@@ -258,16 +256,87 @@ func (s *processService) Update(context.Context, *connect.Request[processpb.Upda
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("evalbox has no PTY processes yet"))
 }
 
-func (s *processService) StreamInput(context.Context, *connect.ClientStream[processpb.StreamInputRequest]) (*connect.Response[processpb.StreamInputResponse], error) {
-	return nil, errNoStdin
+// StreamInput writes a stream of input messages to one process's stdin,
+// in order: a start naming the process, then data (and keepalives).
+func (s *processService) StreamInput(ctx context.Context, st *connect.ClientStream[processpb.StreamInputRequest]) (*connect.Response[processpb.StreamInputResponse], error) {
+	var proc *client.Process
+	for st.Receive() {
+		switch ev := st.Msg().Event.(type) {
+		case *processpb.StreamInputRequest_Start:
+			if proc != nil {
+				return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("a second start event"))
+			}
+			p, err := s.find(ctx, ev.Start.GetProcess())
+			if err != nil {
+				return nil, err
+			}
+			proc = &p
+		case *processpb.StreamInputRequest_Data:
+			if proc == nil {
+				return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("data before the start event"))
+			}
+			if err := s.write(ctx, *proc, ev.Data.GetInput(), false); err != nil {
+				return nil, err
+			}
+		case *processpb.StreamInputRequest_Keepalive:
+		default:
+			return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("an empty event"))
+		}
+	}
+	if err := st.Err(); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&processpb.StreamInputResponse{}), nil
 }
 
-func (s *processService) SendInput(context.Context, *connect.Request[processpb.SendInputRequest]) (*connect.Response[processpb.SendInputResponse], error) {
-	return nil, errNoStdin
+func (s *processService) SendInput(ctx context.Context, req *connect.Request[processpb.SendInputRequest]) (*connect.Response[processpb.SendInputResponse], error) {
+	proc, err := s.find(ctx, req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.write(ctx, proc, req.Msg.GetInput(), false); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&processpb.SendInputResponse{}), nil
 }
 
-func (s *processService) CloseStdin(context.Context, *connect.Request[processpb.CloseStdinRequest]) (*connect.Response[processpb.CloseStdinResponse], error) {
-	return nil, errNoStdin
+func (s *processService) CloseStdin(ctx context.Context, req *connect.Request[processpb.CloseStdinRequest]) (*connect.Response[processpb.CloseStdinResponse], error) {
+	proc, err := s.find(ctx, req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.write(ctx, proc, nil, true); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&processpb.CloseStdinResponse{}), nil
 }
 
-var errNoStdin = connect.NewError(connect.CodeUnimplemented, errors.New("evalbox cannot write to a running process's stdin yet"))
+// write sends input to proc's stdin (in pieces of at most
+// sandbox.MaxStdinBytes), then closes it if closeAfter.
+func (s *processService) write(ctx context.Context, proc client.Process, in *processpb.ProcessInput, closeAfter bool) error {
+	var data []byte
+	switch v := in.GetInput().(type) {
+	case *processpb.ProcessInput_Stdin:
+		data = v.Stdin
+	case *processpb.ProcessInput_Pty:
+		return connect.NewError(connect.CodeUnimplemented, errors.New("evalbox has no PTY processes yet"))
+	case nil:
+		if !closeAfter {
+			return connect.NewError(connect.CodeInvalidArgument, errors.New("input: give stdin"))
+		}
+	}
+	c := callOf(ctx)
+	for {
+		n := min(len(data), maxStdinChunk)
+		last := n == len(data)
+		if err := s.h.cfg.Sandboxes.WriteStdin(ctx, c.team, c.id, proc.ID, data[:n], closeAfter && last); err != nil {
+			return connectError(err)
+		}
+		if data = data[n:]; last {
+			return nil
+		}
+	}
+}
+
+// maxStdinChunk is the most input one write to the node carries.
+const maxStdinChunk = 1 << 20

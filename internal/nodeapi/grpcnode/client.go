@@ -276,6 +276,11 @@ func (c *Client) SignalProcess(ctx context.Context, id, procID string, sig int) 
 	return fromStatus(ctx, "signal_process", err)
 }
 
+func (c *Client) WriteStdin(ctx context.Context, id, procID string, data []byte, closeAfter bool) error {
+	_, err := c.c.WriteStdin(ctx, &pb.WriteStdinRequest{SandboxId: id, ProcessId: procID, Data: data, Close: closeAfter})
+	return fromStatus(ctx, "write_stdin", err)
+}
+
 // WriteFile sends r in chunks of at most ChunkSize, each Send waiting for
 // the call's flow-control window: a slow node slows the reading of r. A
 // failing r cancels the call (the node discards the upload) rather than
@@ -394,6 +399,14 @@ func (c *Client) Mkdir(ctx context.Context, id, path string, opts nodeapi.MkdirO
 	resp, err := c.c.Mkdir(ctx, &pb.MkdirRequest{SandboxId: id, Path: path, Mode: opts.Mode, Parents: opts.Parents, User: opts.User})
 	if err != nil {
 		return nodeapi.FileInfo{}, fromStatus(ctx, "mkdir", err)
+	}
+	return file(resp), nil
+}
+
+func (c *Client) Rename(ctx context.Context, id, path, target string) (nodeapi.FileInfo, error) {
+	resp, err := c.c.Rename(ctx, &pb.RenameRequest{SandboxId: id, Path: path, Target: target})
+	if err != nil {
+		return nodeapi.FileInfo{}, fromStatus(ctx, "rename", err)
 	}
 	return file(resp), nil
 }

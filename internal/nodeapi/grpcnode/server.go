@@ -311,6 +311,13 @@ func (s *server) SignalProcess(ctx context.Context, req *pb.SignalProcessRequest
 	return &pb.SignalProcessResponse{}, nil
 }
 
+func (s *server) WriteStdin(ctx context.Context, req *pb.WriteStdinRequest) (*pb.WriteStdinResponse, error) {
+	if err := s.n.WriteStdin(ctx, req.GetSandboxId(), req.GetProcessId(), req.GetData(), req.GetClose()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.WriteStdinResponse{}, nil
+}
+
 func (s *server) WriteFile(st pb.Node_WriteFileServer) error {
 	m, err := st.Recv()
 	if err != nil {
@@ -397,6 +404,14 @@ func (s *server) ListDir(ctx context.Context, req *pb.ListDirRequest) (*pb.ListD
 
 func (s *server) Mkdir(ctx context.Context, req *pb.MkdirRequest) (*pb.FileInfo, error) {
 	fi, err := s.n.Mkdir(ctx, req.GetSandboxId(), req.GetPath(), nodeapi.MkdirOptions{Mode: req.GetMode(), Parents: req.GetParents(), User: req.GetUser()})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return pbFile(fi), nil
+}
+
+func (s *server) Rename(ctx context.Context, req *pb.RenameRequest) (*pb.FileInfo, error) {
+	fi, err := s.n.Rename(ctx, req.GetSandboxId(), req.GetPath(), req.GetTarget())
 	if err != nil {
 		return nil, toStatus(err)
 	}

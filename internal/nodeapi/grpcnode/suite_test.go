@@ -512,6 +512,32 @@ func suite(t *testing.T, n nodeapi.Node, runtimes []string) {
 		}
 	})
 
+	t.Run("stdin", func(t *testing.T) {
+		p, err := n.StartProcess(t.Context(), id, nodeapi.ExecRequest{Shell: "cat; echo eof", Stdin: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.WriteStdin(t.Context(), id, p.ID, []byte("one "), false); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.WriteStdin(t.Context(), id, p.ID, []byte("two\n"), true); err != nil {
+			t.Fatal(err)
+		}
+		out := &syncBuffer{}
+		if x, err := n.AttachProcess(t.Context(), id, p.ID, out, io.Discard); err != nil || x.ExitCode != 0 || out.String() != "one two\neof\n" {
+			t.Fatalf("attach: %+v %v %q", x, err, out.String())
+		}
+		if err := n.WriteStdin(t.Context(), id, p.ID, []byte("late"), false); agentCode(err) != nodeapi.CodeNotFound {
+			t.Errorf("write after the end: %v", err)
+		}
+		if err := n.WriteStdin(t.Context(), id, "p-nope", []byte("x"), false); agentCode(err) != nodeapi.CodeNotFound {
+			t.Errorf("write to an unknown process: %v", err)
+		}
+		if err := n.WriteStdin(t.Context(), id, p.ID, make([]byte, nodeapi.MaxStdinBytes+1), false); err == nil {
+			t.Error("more than MaxStdinBytes accepted")
+		}
+	})
+
 	t.Run("large file", func(t *testing.T) {
 		const size = 64 << 20
 		src := &patternReader{left: size}
@@ -591,6 +617,24 @@ func suite(t *testing.T, n nodeapi.Node, runtimes []string) {
 		}
 		if _, err := n.WriteFile(ctx, id, "/work/nope/x", strings.NewReader("x"), nodeapi.WriteOptions{}); agentCode(err) != nodeapi.CodeNotFound {
 			t.Errorf("write without parents: %v", err)
+		}
+		if fi, err := n.Rename(ctx, id, "/work/d/x", "/work/d/y"); err != nil || fi.Path != "/work/d/y" || fi.Size != 5 {
+			t.Errorf("rename: %+v %v", fi, err)
+		}
+		if _, err := n.Stat(ctx, id, "/work/d/x"); agentCode(err) != nodeapi.CodeNotFound {
+			t.Errorf("the old name after a rename: %v", err)
+		}
+		if _, err := n.Rename(ctx, id, "/work/nope", "/work/d/z"); agentCode(err) != nodeapi.CodeNotFound {
+			t.Errorf("rename nothing: %v", err)
+		}
+		if _, err := n.Rename(ctx, id, "/work/d/y", "/work/d/e"); agentCode(err) == "" {
+			t.Errorf("rename a file over a full directory: %v", err)
+		}
+		if _, err := n.Rename(ctx, id, "/work/d", "/work/d/e/inside"); agentCode(err) != nodeapi.CodeBadRequest {
+			t.Errorf("rename into itself: %v", err)
+		}
+		if _, err := n.Rename(ctx, id, "/", "/work/root"); agentCode(err) != nodeapi.CodeBadRequest {
+			t.Errorf("rename /: %v", err)
 		}
 		if err := n.Remove(ctx, id, "/work/d", true); err != nil {
 			t.Error(err)

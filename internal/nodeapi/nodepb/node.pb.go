@@ -98,7 +98,7 @@ func (x ErrorDetail_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ErrorDetail_Kind.Descriptor instead.
 func (ErrorDetail_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{47, 0}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{50, 0}
 }
 
 type RuntimesRequest struct {
@@ -2194,6 +2194,110 @@ func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
 	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
+type WriteStdinRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	ProcessId     string                 `protobuf:"bytes,2,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	Close         bool                   `protobuf:"varint,4,opt,name=close,proto3" json:"close,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteStdinRequest) Reset() {
+	*x = WriteStdinRequest{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteStdinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteStdinRequest) ProtoMessage() {}
+
+func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
+func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *WriteStdinRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *WriteStdinRequest) GetProcessId() string {
+	if x != nil {
+		return x.ProcessId
+	}
+	return ""
+}
+
+func (x *WriteStdinRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *WriteStdinRequest) GetClose() bool {
+	if x != nil {
+		return x.Close
+	}
+	return false
+}
+
+type WriteStdinResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteStdinResponse) Reset() {
+	*x = WriteStdinResponse{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteStdinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteStdinResponse) ProtoMessage() {}
+
+func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
+func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{37}
+}
+
 type FileInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -2210,7 +2314,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2222,7 +2326,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2235,7 +2339,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2301,7 +2405,7 @@ type WriteFileStart struct {
 
 func (x *WriteFileStart) Reset() {
 	*x = WriteFileStart{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2313,7 +2417,7 @@ func (x *WriteFileStart) String() string {
 func (*WriteFileStart) ProtoMessage() {}
 
 func (x *WriteFileStart) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2326,7 +2430,7 @@ func (x *WriteFileStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileStart.ProtoReflect.Descriptor instead.
 func (*WriteFileStart) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WriteFileStart) GetSandboxId() string {
@@ -2384,7 +2488,7 @@ type WriteFileMessage struct {
 
 func (x *WriteFileMessage) Reset() {
 	*x = WriteFileMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2396,7 +2500,7 @@ func (x *WriteFileMessage) String() string {
 func (*WriteFileMessage) ProtoMessage() {}
 
 func (x *WriteFileMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2409,7 +2513,7 @@ func (x *WriteFileMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileMessage.ProtoReflect.Descriptor instead.
 func (*WriteFileMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WriteFileMessage) GetMessage() isWriteFileMessage_Message {
@@ -2463,7 +2567,7 @@ type OpenFileRequest struct {
 
 func (x *OpenFileRequest) Reset() {
 	*x = OpenFileRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2475,7 +2579,7 @@ func (x *OpenFileRequest) String() string {
 func (*OpenFileRequest) ProtoMessage() {}
 
 func (x *OpenFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2488,7 +2592,7 @@ func (x *OpenFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenFileRequest.ProtoReflect.Descriptor instead.
 func (*OpenFileRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *OpenFileRequest) GetSandboxId() string {
@@ -2518,7 +2622,7 @@ type OpenFileMessage struct {
 
 func (x *OpenFileMessage) Reset() {
 	*x = OpenFileMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2634,7 @@ func (x *OpenFileMessage) String() string {
 func (*OpenFileMessage) ProtoMessage() {}
 
 func (x *OpenFileMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2647,7 @@ func (x *OpenFileMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenFileMessage.ProtoReflect.Descriptor instead.
 func (*OpenFileMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *OpenFileMessage) GetMessage() isOpenFileMessage_Message {
@@ -2597,7 +2701,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2713,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2726,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -2649,7 +2753,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2661,7 +2765,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2674,7 +2778,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -2700,7 +2804,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2712,7 +2816,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2725,7 +2829,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListDirResponse) GetFiles() []*FileInfo {
@@ -2748,7 +2852,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2760,7 +2864,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2773,7 +2877,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MkdirRequest) GetSandboxId() string {
@@ -2822,7 +2926,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2834,7 +2938,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2847,7 +2951,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -2879,7 +2983,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2891,7 +2995,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2904,7 +3008,67 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{48}
+}
+
+type RenameRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Target        string                 `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenameRequest) Reset() {
+	*x = RenameRequest{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenameRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenameRequest) ProtoMessage() {}
+
+func (x *RenameRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
+func (*RenameRequest) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *RenameRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RenameRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *RenameRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
 }
 
 // ErrorDetail is the detail of every error status a node returns for an
@@ -2926,7 +3090,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2938,7 +3102,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2951,7 +3115,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ErrorDetail) GetKind() ErrorDetail_Kind {
@@ -3025,7 +3189,7 @@ type CapacityError struct {
 
 func (x *CapacityError) Reset() {
 	*x = CapacityError{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3037,7 +3201,7 @@ func (x *CapacityError) String() string {
 func (*CapacityError) ProtoMessage() {}
 
 func (x *CapacityError) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3050,7 +3214,7 @@ func (x *CapacityError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityError.ProtoReflect.Descriptor instead.
 func (*CapacityError) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CapacityError) GetResource() string {
@@ -3112,7 +3276,7 @@ type PortOpen struct {
 
 func (x *PortOpen) Reset() {
 	*x = PortOpen{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3124,7 +3288,7 @@ func (x *PortOpen) String() string {
 func (*PortOpen) ProtoMessage() {}
 
 func (x *PortOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3137,7 +3301,7 @@ func (x *PortOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortOpen.ProtoReflect.Descriptor instead.
 func (*PortOpen) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PortOpen) GetSandboxId() string {
@@ -3168,7 +3332,7 @@ type PortClientMessage struct {
 
 func (x *PortClientMessage) Reset() {
 	*x = PortClientMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3180,7 +3344,7 @@ func (x *PortClientMessage) String() string {
 func (*PortClientMessage) ProtoMessage() {}
 
 func (x *PortClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3193,7 +3357,7 @@ func (x *PortClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortClientMessage.ProtoReflect.Descriptor instead.
 func (*PortClientMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *PortClientMessage) GetMessage() isPortClientMessage_Message {
@@ -3266,7 +3430,7 @@ type PortServerMessage struct {
 
 func (x *PortServerMessage) Reset() {
 	*x = PortServerMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3278,7 +3442,7 @@ func (x *PortServerMessage) String() string {
 func (*PortServerMessage) ProtoMessage() {}
 
 func (x *PortServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3291,7 +3455,7 @@ func (x *PortServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortServerMessage.ProtoReflect.Descriptor instead.
 func (*PortServerMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *PortServerMessage) GetMessage() isPortServerMessage_Message {
@@ -3504,7 +3668,15 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"process_id\x18\x02 \x01(\tR\tprocessId\x12\x16\n" +
 	"\x06signal\x18\x03 \x01(\x03R\x06signal\"\x17\n" +
-	"\x15SignalProcessResponse\"\xb3\x01\n" +
+	"\x15SignalProcessResponse\"{\n" +
+	"\x11WriteStdinRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"process_id\x18\x02 \x01(\tR\tprocessId\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x14\n" +
+	"\x05close\x18\x04 \x01(\bR\x05close\"\x14\n" +
+	"\x12WriteStdinResponse\"\xb3\x01\n" +
 	"\bFileInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
@@ -3555,7 +3727,12 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
 	"\trecursive\x18\x03 \x01(\bR\trecursive\"\x10\n" +
-	"\x0eRemoveResponse\"\x94\x04\n" +
+	"\x0eRemoveResponse\"Z\n" +
+	"\rRenameRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x16\n" +
+	"\x06target\x18\x03 \x01(\tR\x06target\"\x94\x04\n" +
 	"\vErrorDetail\x125\n" +
 	"\x04kind\x18\x01 \x01(\x0e2!.evalbox.node.v1.ErrorDetail.KindR\x04kind\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\tR\x04code\x12\x18\n" +
@@ -3600,7 +3777,7 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
 	"\vclose_write\x18\x03 \x01(\bH\x00R\n" +
 	"closeWriteB\t\n" +
-	"\amessage2\xf5\r\n" +
+	"\amessage2\x91\x0f\n" +
 	"\x04Node\x12O\n" +
 	"\bRuntimes\x12 .evalbox.node.v1.RuntimesRequest\x1a!.evalbox.node.v1.RuntimesResponse\x12M\n" +
 	"\bCapacity\x12 .evalbox.node.v1.CapacityRequest\x1a\x1f.evalbox.node.v1.CapacityStatus\x12g\n" +
@@ -3615,13 +3792,16 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\rListProcesses\x12%.evalbox.node.v1.ListProcessesRequest\x1a&.evalbox.node.v1.ListProcessesResponse\x12X\n" +
 	"\rAttachProcess\x12%.evalbox.node.v1.AttachProcessRequest\x1a\x1e.evalbox.node.v1.OutputMessage0\x01\x12M\n" +
 	"\vWaitProcess\x12#.evalbox.node.v1.WaitProcessRequest\x1a\x19.evalbox.node.v1.ExitInfo\x12^\n" +
-	"\rSignalProcess\x12%.evalbox.node.v1.SignalProcessRequest\x1a&.evalbox.node.v1.SignalProcessResponse\x12K\n" +
+	"\rSignalProcess\x12%.evalbox.node.v1.SignalProcessRequest\x1a&.evalbox.node.v1.SignalProcessResponse\x12U\n" +
+	"\n" +
+	"WriteStdin\x12\".evalbox.node.v1.WriteStdinRequest\x1a#.evalbox.node.v1.WriteStdinResponse\x12K\n" +
 	"\tWriteFile\x12!.evalbox.node.v1.WriteFileMessage\x1a\x19.evalbox.node.v1.FileInfo(\x01\x12P\n" +
 	"\bOpenFile\x12 .evalbox.node.v1.OpenFileRequest\x1a .evalbox.node.v1.OpenFileMessage0\x01\x12?\n" +
 	"\x04Stat\x12\x1c.evalbox.node.v1.StatRequest\x1a\x19.evalbox.node.v1.FileInfo\x12L\n" +
 	"\aListDir\x12\x1f.evalbox.node.v1.ListDirRequest\x1a .evalbox.node.v1.ListDirResponse\x12A\n" +
 	"\x05Mkdir\x12\x1d.evalbox.node.v1.MkdirRequest\x1a\x19.evalbox.node.v1.FileInfo\x12I\n" +
-	"\x06Remove\x12\x1e.evalbox.node.v1.RemoveRequest\x1a\x1f.evalbox.node.v1.RemoveResponse\x12Y\n" +
+	"\x06Remove\x12\x1e.evalbox.node.v1.RemoveRequest\x1a\x1f.evalbox.node.v1.RemoveResponse\x12C\n" +
+	"\x06Rename\x12\x1e.evalbox.node.v1.RenameRequest\x1a\x19.evalbox.node.v1.FileInfo\x12Y\n" +
 	"\vConnectPort\x12\".evalbox.node.v1.PortClientMessage\x1a\".evalbox.node.v1.PortServerMessage(\x010\x01\x12R\n" +
 	"\tSetEgress\x12!.evalbox.node.v1.SetEgressRequest\x1a\".evalbox.node.v1.SetEgressResponseB;Z9github.com/evalbox/evalbox/internal/nodeapi/nodepb;nodepbb\x06proto3"
 
@@ -3638,7 +3818,7 @@ func file_evalbox_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_evalbox_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(ErrorDetail_Kind)(0),            // 0: evalbox.node.v1.ErrorDetail.Kind
 	(*RuntimesRequest)(nil),          // 1: evalbox.node.v1.RuntimesRequest
@@ -3677,24 +3857,27 @@ var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(*WaitProcessRequest)(nil),       // 34: evalbox.node.v1.WaitProcessRequest
 	(*SignalProcessRequest)(nil),     // 35: evalbox.node.v1.SignalProcessRequest
 	(*SignalProcessResponse)(nil),    // 36: evalbox.node.v1.SignalProcessResponse
-	(*FileInfo)(nil),                 // 37: evalbox.node.v1.FileInfo
-	(*WriteFileStart)(nil),           // 38: evalbox.node.v1.WriteFileStart
-	(*WriteFileMessage)(nil),         // 39: evalbox.node.v1.WriteFileMessage
-	(*OpenFileRequest)(nil),          // 40: evalbox.node.v1.OpenFileRequest
-	(*OpenFileMessage)(nil),          // 41: evalbox.node.v1.OpenFileMessage
-	(*StatRequest)(nil),              // 42: evalbox.node.v1.StatRequest
-	(*ListDirRequest)(nil),           // 43: evalbox.node.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 44: evalbox.node.v1.ListDirResponse
-	(*MkdirRequest)(nil),             // 45: evalbox.node.v1.MkdirRequest
-	(*RemoveRequest)(nil),            // 46: evalbox.node.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 47: evalbox.node.v1.RemoveResponse
-	(*ErrorDetail)(nil),              // 48: evalbox.node.v1.ErrorDetail
-	(*CapacityError)(nil),            // 49: evalbox.node.v1.CapacityError
-	(*PortOpen)(nil),                 // 50: evalbox.node.v1.PortOpen
-	(*PortClientMessage)(nil),        // 51: evalbox.node.v1.PortClientMessage
-	(*PortServerMessage)(nil),        // 52: evalbox.node.v1.PortServerMessage
-	nil,                              // 53: evalbox.node.v1.CreateRequest.EnvEntry
-	nil,                              // 54: evalbox.node.v1.ExecRequest.EnvEntry
+	(*WriteStdinRequest)(nil),        // 37: evalbox.node.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),       // 38: evalbox.node.v1.WriteStdinResponse
+	(*FileInfo)(nil),                 // 39: evalbox.node.v1.FileInfo
+	(*WriteFileStart)(nil),           // 40: evalbox.node.v1.WriteFileStart
+	(*WriteFileMessage)(nil),         // 41: evalbox.node.v1.WriteFileMessage
+	(*OpenFileRequest)(nil),          // 42: evalbox.node.v1.OpenFileRequest
+	(*OpenFileMessage)(nil),          // 43: evalbox.node.v1.OpenFileMessage
+	(*StatRequest)(nil),              // 44: evalbox.node.v1.StatRequest
+	(*ListDirRequest)(nil),           // 45: evalbox.node.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 46: evalbox.node.v1.ListDirResponse
+	(*MkdirRequest)(nil),             // 47: evalbox.node.v1.MkdirRequest
+	(*RemoveRequest)(nil),            // 48: evalbox.node.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 49: evalbox.node.v1.RemoveResponse
+	(*RenameRequest)(nil),            // 50: evalbox.node.v1.RenameRequest
+	(*ErrorDetail)(nil),              // 51: evalbox.node.v1.ErrorDetail
+	(*CapacityError)(nil),            // 52: evalbox.node.v1.CapacityError
+	(*PortOpen)(nil),                 // 53: evalbox.node.v1.PortOpen
+	(*PortClientMessage)(nil),        // 54: evalbox.node.v1.PortClientMessage
+	(*PortServerMessage)(nil),        // 55: evalbox.node.v1.PortServerMessage
+	nil,                              // 56: evalbox.node.v1.CreateRequest.EnvEntry
+	nil,                              // 57: evalbox.node.v1.ExecRequest.EnvEntry
 }
 var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	4,  // 0: evalbox.node.v1.CapacityStatus.budget:type_name -> evalbox.node.v1.Resources
@@ -3704,22 +3887,22 @@ var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	9,  // 4: evalbox.node.v1.PoolStatus.spec:type_name -> evalbox.node.v1.Spec
 	13, // 5: evalbox.node.v1.PoolsResponse.pools:type_name -> evalbox.node.v1.PoolStatus
 	9,  // 6: evalbox.node.v1.CreateRequest.spec:type_name -> evalbox.node.v1.Spec
-	53, // 7: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
+	56, // 7: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
 	16, // 8: evalbox.node.v1.CreateRequest.egress:type_name -> evalbox.node.v1.Egress
 	16, // 9: evalbox.node.v1.SetEgressRequest.egress:type_name -> evalbox.node.v1.Egress
-	54, // 10: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
+	57, // 10: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
 	24, // 11: evalbox.node.v1.ExecStart.request:type_name -> evalbox.node.v1.ExecRequest
 	25, // 12: evalbox.node.v1.ExecClientMessage.start:type_name -> evalbox.node.v1.ExecStart
 	28, // 13: evalbox.node.v1.OutputMessage.exit:type_name -> evalbox.node.v1.ExitInfo
 	28, // 14: evalbox.node.v1.ProcInfo.exit:type_name -> evalbox.node.v1.ExitInfo
 	24, // 15: evalbox.node.v1.StartProcessRequest.request:type_name -> evalbox.node.v1.ExecRequest
 	29, // 16: evalbox.node.v1.ListProcessesResponse.processes:type_name -> evalbox.node.v1.ProcInfo
-	38, // 17: evalbox.node.v1.WriteFileMessage.start:type_name -> evalbox.node.v1.WriteFileStart
-	37, // 18: evalbox.node.v1.OpenFileMessage.info:type_name -> evalbox.node.v1.FileInfo
-	37, // 19: evalbox.node.v1.ListDirResponse.files:type_name -> evalbox.node.v1.FileInfo
+	40, // 17: evalbox.node.v1.WriteFileMessage.start:type_name -> evalbox.node.v1.WriteFileStart
+	39, // 18: evalbox.node.v1.OpenFileMessage.info:type_name -> evalbox.node.v1.FileInfo
+	39, // 19: evalbox.node.v1.ListDirResponse.files:type_name -> evalbox.node.v1.FileInfo
 	0,  // 20: evalbox.node.v1.ErrorDetail.kind:type_name -> evalbox.node.v1.ErrorDetail.Kind
-	49, // 21: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
-	50, // 22: evalbox.node.v1.PortClientMessage.open:type_name -> evalbox.node.v1.PortOpen
+	52, // 21: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
+	53, // 22: evalbox.node.v1.PortClientMessage.open:type_name -> evalbox.node.v1.PortOpen
 	1,  // 23: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
 	3,  // 24: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
 	6,  // 25: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
@@ -3734,38 +3917,42 @@ var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	33, // 34: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
 	34, // 35: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
 	35, // 36: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
-	39, // 37: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
-	40, // 38: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
-	42, // 39: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
-	43, // 40: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
-	45, // 41: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
-	46, // 42: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
-	51, // 43: evalbox.node.v1.Node.ConnectPort:input_type -> evalbox.node.v1.PortClientMessage
-	17, // 44: evalbox.node.v1.Node.SetEgress:input_type -> evalbox.node.v1.SetEgressRequest
-	2,  // 45: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
-	5,  // 46: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
-	7,  // 47: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
-	11, // 48: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
-	14, // 49: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
-	19, // 50: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
-	21, // 51: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
-	23, // 52: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
-	27, // 53: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
-	29, // 54: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
-	32, // 55: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
-	27, // 56: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
-	28, // 57: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
-	36, // 58: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
-	37, // 59: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
-	41, // 60: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
-	37, // 61: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
-	44, // 62: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
-	37, // 63: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
-	47, // 64: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
-	52, // 65: evalbox.node.v1.Node.ConnectPort:output_type -> evalbox.node.v1.PortServerMessage
-	18, // 66: evalbox.node.v1.Node.SetEgress:output_type -> evalbox.node.v1.SetEgressResponse
-	45, // [45:67] is the sub-list for method output_type
-	23, // [23:45] is the sub-list for method input_type
+	37, // 37: evalbox.node.v1.Node.WriteStdin:input_type -> evalbox.node.v1.WriteStdinRequest
+	41, // 38: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
+	42, // 39: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
+	44, // 40: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
+	45, // 41: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
+	47, // 42: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
+	48, // 43: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
+	50, // 44: evalbox.node.v1.Node.Rename:input_type -> evalbox.node.v1.RenameRequest
+	54, // 45: evalbox.node.v1.Node.ConnectPort:input_type -> evalbox.node.v1.PortClientMessage
+	17, // 46: evalbox.node.v1.Node.SetEgress:input_type -> evalbox.node.v1.SetEgressRequest
+	2,  // 47: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
+	5,  // 48: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
+	7,  // 49: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
+	11, // 50: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
+	14, // 51: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
+	19, // 52: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
+	21, // 53: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
+	23, // 54: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
+	27, // 55: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
+	29, // 56: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
+	32, // 57: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
+	27, // 58: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
+	28, // 59: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
+	36, // 60: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
+	38, // 61: evalbox.node.v1.Node.WriteStdin:output_type -> evalbox.node.v1.WriteStdinResponse
+	39, // 62: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
+	43, // 63: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
+	39, // 64: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
+	46, // 65: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
+	39, // 66: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
+	49, // 67: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
+	39, // 68: evalbox.node.v1.Node.Rename:output_type -> evalbox.node.v1.FileInfo
+	55, // 69: evalbox.node.v1.Node.ConnectPort:output_type -> evalbox.node.v1.PortServerMessage
+	18, // 70: evalbox.node.v1.Node.SetEgress:output_type -> evalbox.node.v1.SetEgressResponse
+	47, // [47:71] is the sub-list for method output_type
+	23, // [23:47] is the sub-list for method input_type
 	23, // [23:23] is the sub-list for extension type_name
 	23, // [23:23] is the sub-list for extension extendee
 	0,  // [0:23] is the sub-list for field type_name
@@ -3785,20 +3972,20 @@ func file_evalbox_node_v1_node_proto_init() {
 		(*OutputMessage_Stderr)(nil),
 		(*OutputMessage_Exit)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[38].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[40].OneofWrappers = []any{
 		(*WriteFileMessage_Start)(nil),
 		(*WriteFileMessage_Data)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[40].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[42].OneofWrappers = []any{
 		(*OpenFileMessage_Info)(nil),
 		(*OpenFileMessage_Data)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[50].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[53].OneofWrappers = []any{
 		(*PortClientMessage_Open)(nil),
 		(*PortClientMessage_Data)(nil),
 		(*PortClientMessage_CloseWrite)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[51].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[54].OneofWrappers = []any{
 		(*PortServerMessage_Opened)(nil),
 		(*PortServerMessage_Data)(nil),
 		(*PortServerMessage_CloseWrite)(nil),
@@ -3809,7 +3996,7 @@ func file_evalbox_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_evalbox_node_v1_node_proto_rawDesc), len(file_evalbox_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   54,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -41,12 +41,14 @@ const (
 	Node_AttachProcess_FullMethodName    = "/evalbox.node.v1.Node/AttachProcess"
 	Node_WaitProcess_FullMethodName      = "/evalbox.node.v1.Node/WaitProcess"
 	Node_SignalProcess_FullMethodName    = "/evalbox.node.v1.Node/SignalProcess"
+	Node_WriteStdin_FullMethodName       = "/evalbox.node.v1.Node/WriteStdin"
 	Node_WriteFile_FullMethodName        = "/evalbox.node.v1.Node/WriteFile"
 	Node_OpenFile_FullMethodName         = "/evalbox.node.v1.Node/OpenFile"
 	Node_Stat_FullMethodName             = "/evalbox.node.v1.Node/Stat"
 	Node_ListDir_FullMethodName          = "/evalbox.node.v1.Node/ListDir"
 	Node_Mkdir_FullMethodName            = "/evalbox.node.v1.Node/Mkdir"
 	Node_Remove_FullMethodName           = "/evalbox.node.v1.Node/Remove"
+	Node_Rename_FullMethodName           = "/evalbox.node.v1.Node/Rename"
 	Node_ConnectPort_FullMethodName      = "/evalbox.node.v1.Node/ConnectPort"
 	Node_SetEgress_FullMethodName        = "/evalbox.node.v1.Node/SetEgress"
 )
@@ -80,6 +82,9 @@ type NodeClient interface {
 	AttachProcess(ctx context.Context, in *AttachProcessRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OutputMessage], error)
 	WaitProcess(ctx context.Context, in *WaitProcessRequest, opts ...grpc.CallOption) (*ExitInfo, error)
 	SignalProcess(ctx context.Context, in *SignalProcessRequest, opts ...grpc.CallOption) (*SignalProcessResponse, error)
+	// WriteStdin: data (at most 1 MiB) to a background process started
+	// with stdin, then its stdin closed if close.
+	WriteStdin(ctx context.Context, in *WriteStdinRequest, opts ...grpc.CallOption) (*WriteStdinResponse, error)
 	// WriteFile: start, then data chunks (at most 1 MiB each); the end of
 	// the client's sending ends the file. Cancelling the call aborts the
 	// upload (nothing is left).
@@ -90,6 +95,7 @@ type NodeClient interface {
 	ListDir(ctx context.Context, in *ListDirRequest, opts ...grpc.CallOption) (*ListDirResponse, error)
 	Mkdir(ctx context.Context, in *MkdirRequest, opts ...grpc.CallOption) (*FileInfo, error)
 	Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error)
+	Rename(ctx context.Context, in *RenameRequest, opts ...grpc.CallOption) (*FileInfo, error)
 	// ConnectPort: the first client message is open; the server answers
 	// opened once the agent connected to the port (or the call fails: an
 	// agent error connection_refused when nothing listens). Then data both
@@ -271,6 +277,16 @@ func (c *nodeClient) SignalProcess(ctx context.Context, in *SignalProcessRequest
 	return out, nil
 }
 
+func (c *nodeClient) WriteStdin(ctx context.Context, in *WriteStdinRequest, opts ...grpc.CallOption) (*WriteStdinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WriteStdinResponse)
+	err := c.cc.Invoke(ctx, Node_WriteStdin_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *nodeClient) WriteFile(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteFileMessage, FileInfo], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Node_ServiceDesc.Streams[3], Node_WriteFile_FullMethodName, cOpts...)
@@ -343,6 +359,16 @@ func (c *nodeClient) Remove(ctx context.Context, in *RemoveRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *nodeClient) Rename(ctx context.Context, in *RenameRequest, opts ...grpc.CallOption) (*FileInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FileInfo)
+	err := c.cc.Invoke(ctx, Node_Rename_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *nodeClient) ConnectPort(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortClientMessage, PortServerMessage], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Node_ServiceDesc.Streams[5], Node_ConnectPort_FullMethodName, cOpts...)
@@ -395,6 +421,9 @@ type NodeServer interface {
 	AttachProcess(*AttachProcessRequest, grpc.ServerStreamingServer[OutputMessage]) error
 	WaitProcess(context.Context, *WaitProcessRequest) (*ExitInfo, error)
 	SignalProcess(context.Context, *SignalProcessRequest) (*SignalProcessResponse, error)
+	// WriteStdin: data (at most 1 MiB) to a background process started
+	// with stdin, then its stdin closed if close.
+	WriteStdin(context.Context, *WriteStdinRequest) (*WriteStdinResponse, error)
 	// WriteFile: start, then data chunks (at most 1 MiB each); the end of
 	// the client's sending ends the file. Cancelling the call aborts the
 	// upload (nothing is left).
@@ -405,6 +434,7 @@ type NodeServer interface {
 	ListDir(context.Context, *ListDirRequest) (*ListDirResponse, error)
 	Mkdir(context.Context, *MkdirRequest) (*FileInfo, error)
 	Remove(context.Context, *RemoveRequest) (*RemoveResponse, error)
+	Rename(context.Context, *RenameRequest) (*FileInfo, error)
 	// ConnectPort: the first client message is open; the server answers
 	// opened once the agent connected to the port (or the call fails: an
 	// agent error connection_refused when nothing listens). Then data both
@@ -467,6 +497,9 @@ func (UnimplementedNodeServer) WaitProcess(context.Context, *WaitProcessRequest)
 func (UnimplementedNodeServer) SignalProcess(context.Context, *SignalProcessRequest) (*SignalProcessResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SignalProcess not implemented")
 }
+func (UnimplementedNodeServer) WriteStdin(context.Context, *WriteStdinRequest) (*WriteStdinResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WriteStdin not implemented")
+}
 func (UnimplementedNodeServer) WriteFile(grpc.ClientStreamingServer[WriteFileMessage, FileInfo]) error {
 	return status.Error(codes.Unimplemented, "method WriteFile not implemented")
 }
@@ -484,6 +517,9 @@ func (UnimplementedNodeServer) Mkdir(context.Context, *MkdirRequest) (*FileInfo,
 }
 func (UnimplementedNodeServer) Remove(context.Context, *RemoveRequest) (*RemoveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Remove not implemented")
+}
+func (UnimplementedNodeServer) Rename(context.Context, *RenameRequest) (*FileInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method Rename not implemented")
 }
 func (UnimplementedNodeServer) ConnectPort(grpc.BidiStreamingServer[PortClientMessage, PortServerMessage]) error {
 	return status.Error(codes.Unimplemented, "method ConnectPort not implemented")
@@ -739,6 +775,24 @@ func _Node_SignalProcess_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Node_WriteStdin_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WriteStdinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).WriteStdin(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_WriteStdin_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).WriteStdin(ctx, req.(*WriteStdinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Node_WriteFile_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(NodeServer).WriteFile(&grpc.GenericServerStream[WriteFileMessage, FileInfo]{ServerStream: stream})
 }
@@ -829,6 +883,24 @@ func _Node_Remove_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Node_Rename_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenameRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).Rename(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_Rename_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).Rename(ctx, req.(*RenameRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Node_ConnectPort_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(NodeServer).ConnectPort(&grpc.GenericServerStream[PortClientMessage, PortServerMessage]{ServerStream: stream})
 }
@@ -906,6 +978,10 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Node_SignalProcess_Handler,
 		},
 		{
+			MethodName: "WriteStdin",
+			Handler:    _Node_WriteStdin_Handler,
+		},
+		{
 			MethodName: "Stat",
 			Handler:    _Node_Stat_Handler,
 		},
@@ -920,6 +996,10 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Remove",
 			Handler:    _Node_Remove_Handler,
+		},
+		{
+			MethodName: "Rename",
+			Handler:    _Node_Rename_Handler,
 		},
 		{
 			MethodName: "SetEgress",

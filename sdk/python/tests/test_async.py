@@ -149,6 +149,10 @@ async def test_files(team: Team, tmp_path: Path) -> None:
         with pytest.raises(evalbox.NotFoundError):
             await sb.files.download("/work/none", tmp_path / "none")
         assert not (tmp_path / "none").exists()
+        moved = await sb.files.rename("/work/script.py", "/work/moved.py")
+        assert moved.path == "/work/moved.py"
+        with pytest.raises(evalbox.NotFoundError):
+            await sb.files.stat("/work/script.py")
 
 
 def _random_file(path: Path, mib: int) -> str:
@@ -212,6 +216,16 @@ async def test_commands(team: Team) -> None:
         h = await sb.commands.run("sleep 30", background=True)
         await h.kill()
         assert (await h.wait()).status == "killed"
+
+        h = await sb.commands.run("cat; echo eof", background=True, keep_stdin=True)
+        await h.send_stdin("x")
+        await h.send_stdin(b"y\n", close=True)
+        assert (await h.wait(poll_interval=0.1)).stdout == "xy\neof\n"
+        with pytest.raises(evalbox.NotFoundError):
+            await h.send_stdin("late")
+        h = await sb.commands.run("cat", background=True, keep_stdin=True)
+        await h.close_stdin()
+        assert (await h.wait(poll_interval=0.1)).stdout == ""
 
 
 async def test_errors(server: Server, team: Team) -> None:

@@ -150,6 +150,26 @@ def test_background_rejects_callbacks(sb: Sandbox) -> None:
         sb.commands.run("true", background=True, on_stdout=print)  # type: ignore[call-overload]
 
 
+def test_background_stdin(sb: Sandbox) -> None:
+    h = sb.commands.run("while read l; do echo got $l; done; echo eof", background=True, keep_stdin=True)
+    h.send_stdin("one\n")
+    h.send_stdin(b"two\n", close=True)
+    r = h.wait(poll_interval=0.1)
+    assert (r.stdout, r.exit_code) == ("got one\ngot two\neof\n", 0)
+    with pytest.raises(evalbox.NotFoundError):
+        h.send_stdin("late\n")
+    plain = sb.commands.run("sleep 30", background=True)
+    with pytest.raises(evalbox.BadRequestError):
+        plain.send_stdin("x")
+    plain.kill()
+    c = sb.commands.run("cat", background=True, keep_stdin=True)
+    c.send_stdin("abc")
+    c.close_stdin()
+    assert c.wait(poll_interval=0.1).stdout == "abc"
+    with pytest.raises(ValueError, match="keep_stdin"):
+        sb.commands.run("cat", keep_stdin=True)  # type: ignore[call-overload]
+
+
 def test_sandbox_not_running(sb: Sandbox) -> None:
     h = sb.commands.run("sleep 30", background=True)
     sb.kill()

@@ -77,6 +77,27 @@ def test_list_stat_mkdir_remove(sb: Sandbox) -> None:
         sb.files.remove("/work/d")
 
 
+def test_rename(sb: Sandbox) -> None:
+    sb.files.write("/work/r/a", "1")
+    moved = sb.files.rename("/work/r/a", "/work/r/b")
+    assert (moved.path, moved.size) == ("/work/r/b", 1)
+    assert sb.files.read("/work/r/b") == b"1"
+    with pytest.raises(evalbox.NotFoundError):
+        sb.files.stat("/work/r/a")
+    sb.files.write("/work/r/c", "2")
+    assert sb.files.rename("/work/r/c", "/work/r/b").path == "/work/r/b"  # a file is replaced
+    assert sb.files.read("/work/r/b") == b"2"
+    sb.files.mkdir("/work/full/sub", parents=True)
+    with pytest.raises(evalbox.ConflictError):
+        sb.files.rename("/work/r", "/work/full")  # a directory that is not empty
+    with pytest.raises(evalbox.BadRequestError):
+        sb.files.rename("/work/r", "/work/r/inside")
+    with pytest.raises(evalbox.NotFoundError):
+        sb.files.rename("/work/nope", "/work/x")
+    with pytest.raises(evalbox.BadRequestError):
+        sb.files.rename("relative", "/work/x")
+
+
 def test_path_errors(sb: Sandbox) -> None:
     with pytest.raises(evalbox.NotFoundError) as ei:
         sb.files.read("/work/missing")

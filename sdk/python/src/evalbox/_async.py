@@ -717,6 +717,10 @@ class AsyncFiles:
         """Create a directory; with ``parents`` also missing parents."""
         return await self._client._run(core.mkdir(self._client._cfg, self._id, path, parents=parents, mode=mode))
 
+    async def rename(self, path: str, target: str) -> FileInfo:
+        """Move ``path`` to ``target``. See :meth:`evalbox.Files.rename`."""
+        return await self._client._run(core.rename_file(self._client._cfg, self._id, path, target))
+
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file or directory (a non-empty directory needs ``recursive``)."""
         await self._client._run(core.remove_file(self._client._cfg, self._id, path, recursive=recursive))
@@ -744,6 +748,7 @@ class AsyncCommands:
         background: Literal[False] = ...,
         max_output_bytes: int | None = ...,
         tag: str | None = ...,
+        keep_stdin: Literal[False] = ...,
     ) -> CommandResult: ...
 
     @overload
@@ -761,6 +766,7 @@ class AsyncCommands:
         background: Literal[True],
         max_output_bytes: int | None = ...,
         tag: str | None = ...,
+        keep_stdin: bool = ...,
     ) -> AsyncCommandHandle: ...
 
     async def run(
@@ -777,6 +783,7 @@ class AsyncCommands:
         background: bool = False,
         max_output_bytes: int | None = None,
         tag: str | None = None,
+        keep_stdin: bool = False,
     ) -> CommandResult | AsyncCommandHandle:
         """Run a command and wait for it, or start it in the background. See :meth:`evalbox.Commands.run`.
 
@@ -791,8 +798,11 @@ class AsyncCommands:
             timeout=timeout,
             max_output_bytes=max_output_bytes,
             tag=tag,
+            keep_stdin=keep_stdin,
         )
         cfg = self._client._cfg
+        if keep_stdin and not background:
+            raise ValueError("keep_stdin needs background=True (a foreground command takes stdin= whole)")
         if background:
             if on_stdout is not None or on_stderr is not None:
                 raise ValueError("on_stdout/on_stderr need background=False; iterate handle.stdout instead")
@@ -848,6 +858,15 @@ class AsyncCommandHandle:
         return await self._client._run(
             core.wait_process(self._client._cfg, self.sandbox_id, self.id, timeout=timeout, poll_interval=poll_interval)
         )
+
+    async def send_stdin(self, data: str | bytes, *, close: bool = False) -> None:
+        """Write ``data`` (at most 1 MiB a call) to the stdin of a command started with ``keep_stdin=True``;
+        ``close`` then closes it. See :meth:`evalbox.CommandHandle.send_stdin`."""
+        await self._client._run(core.write_stdin(self._client._cfg, self.sandbox_id, self.id, data, close))
+
+    async def close_stdin(self) -> None:
+        """Close the command's stdin: its reads see end of file."""
+        await self._client._run(core.write_stdin(self._client._cfg, self.sandbox_id, self.id, b"", True))
 
     async def kill(self, signal: str | int | None = None) -> None:
         """SIGKILL the command's whole tree, or send ``signal``. See :meth:`evalbox.CommandHandle.kill`."""

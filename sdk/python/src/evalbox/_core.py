@@ -396,6 +396,7 @@ def exec_body(
     timeout: float | None,
     max_output_bytes: int | None,
     tag: str | None,
+    keep_stdin: bool = False,
 ) -> dict[str, Any]:
     """The ``ExecRequest`` JSON: a string runs as ``/bin/sh -c cmd``, a list as argv."""
     body: dict[str, Any] = {}
@@ -424,6 +425,8 @@ def exec_body(
         body["max_output_bytes"] = max_output_bytes
     if tag:
         body["tag"] = tag
+    if keep_stdin:
+        body["keep_stdin"] = True
     return body
 
 
@@ -827,6 +830,15 @@ def signal_process(cfg: Config, sandbox_id: str, process_id: str, signal: str | 
     yield from request(cfg, call)
 
 
+def write_stdin(cfg: Config, sandbox_id: str, process_id: str, data: str | bytes, close: bool) -> Op[None]:
+    """``POST …/processes/{pid}/stdin``: ``data`` to the command's stdin (then closed if ``close``). Never retried."""
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    params = (("close", "true"),) if close else ()
+    path = process_path(sandbox_id, process_id, "/stdin")
+    call = Call("POST", path, params=params, upload=Upload(raw, len(raw), None))
+    yield from request(cfg, call)
+
+
 def kill_process(cfg: Config, sandbox_id: str, process_id: str) -> Op[None]:
     """``DELETE …/processes/{pid}``: SIGKILL the command and its whole tree."""
     yield from request(cfg, Call("DELETE", process_path(sandbox_id, process_id), retry=True))
@@ -891,6 +903,15 @@ def mkdir(cfg: Config, sandbox_id: str, path: str, *, parents: bool, mode: int |
     if mode is not None:
         body["mode"] = file_mode(mode)[0][1]
     resp = yield from request(cfg, Call("POST", sandbox_path(sandbox_id, "/files/mkdir"), json=body, retry=True))
+    return FileInfo.from_json(resp.json())
+
+
+def rename_file(cfg: Config, sandbox_id: str, path: str, target: str) -> Op[FileInfo]:
+    """``POST …/files/rename``. Never retried (a second move would find nothing to move)."""
+    if not path or not target:
+        raise ValueError("empty path")
+    call = Call("POST", sandbox_path(sandbox_id, "/files/rename"), json={"path": path, "target": target})
+    resp = yield from request(cfg, call)
     return FileInfo.from_json(resp.json())
 
 

@@ -761,6 +761,10 @@ class Files:
         """Create a directory; with ``parents`` also missing parents, and an existing directory is fine."""
         return self._client._run(core.mkdir(self._client._cfg, self._id, path, parents=parents, mode=mode))
 
+    def rename(self, path: str, target: str) -> FileInfo:
+        """Move ``path`` to ``target`` (a file or an empty directory there is replaced); its new entry."""
+        return self._client._run(core.rename_file(self._client._cfg, self._id, path, target))
+
     def remove(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file or directory (a non-empty directory needs ``recursive``)."""
         self._client._run(core.remove_file(self._client._cfg, self._id, path, recursive=recursive))
@@ -791,6 +795,7 @@ class Commands:
         background: Literal[False] = ...,
         max_output_bytes: int | None = ...,
         tag: str | None = ...,
+        keep_stdin: Literal[False] = ...,
     ) -> CommandResult: ...
 
     @overload
@@ -808,6 +813,7 @@ class Commands:
         background: Literal[True],
         max_output_bytes: int | None = ...,
         tag: str | None = ...,
+        keep_stdin: bool = ...,
     ) -> CommandHandle: ...
 
     def run(
@@ -824,6 +830,7 @@ class Commands:
         background: bool = False,
         max_output_bytes: int | None = None,
         tag: str | None = None,
+        keep_stdin: bool = False,
     ) -> CommandResult | CommandHandle:
         """Run a command and wait for it, or start it in the background.
 
@@ -842,6 +849,9 @@ class Commands:
             background: Start the command and return a :class:`CommandHandle` at once.
             max_output_bytes: Cap on stdout and on stderr, each; default the server's.
             tag: A label shown when listing background commands.
+            keep_stdin: With ``background=True``, keep the command's stdin open for
+                :meth:`CommandHandle.send_stdin` (and ``close_stdin``); without it,
+                a background command reads /dev/null.
 
         A non-zero exit code, a timeout or a signal is not an exception: see
         :attr:`CommandResult.status`.
@@ -855,8 +865,11 @@ class Commands:
             timeout=timeout,
             max_output_bytes=max_output_bytes,
             tag=tag,
+            keep_stdin=keep_stdin,
         )
         cfg = self._client._cfg
+        if keep_stdin and not background:
+            raise ValueError("keep_stdin needs background=True (a foreground command takes stdin= whole)")
         if background:
             if on_stdout is not None or on_stderr is not None:
                 raise ValueError("on_stdout/on_stderr need background=False; iterate handle.stdout instead")
@@ -918,6 +931,18 @@ class CommandHandle:
         return self._client._run(
             core.wait_process(self._client._cfg, self.sandbox_id, self.id, timeout=timeout, poll_interval=poll_interval)
         )
+
+    def send_stdin(self, data: str | bytes, *, close: bool = False) -> None:
+        """Write ``data`` (at most 1 MiB a call) to the stdin of a command started with ``keep_stdin=True``.
+
+        Writes arrive in order; ``close`` then closes its stdin. A command that ended raises
+        :class:`NotFoundError`; one without an open stdin :class:`BadRequestError`.
+        """
+        self._client._run(core.write_stdin(self._client._cfg, self.sandbox_id, self.id, data, close))
+
+    def close_stdin(self) -> None:
+        """Close the command's stdin: its reads see end of file."""
+        self._client._run(core.write_stdin(self._client._cfg, self.sandbox_id, self.id, b"", True))
 
     def kill(self, signal: str | int | None = None) -> None:
         """Without ``signal``, SIGKILL the command and its whole process tree; else send that signal
