@@ -58,7 +58,7 @@ fi
 python3 -m venv sdk/python/.venv
 sdk/python/.venv/bin/pip install -q --disable-pip-version-check -e 'sdk/python[dev]' -c sdk/python/constraints.txt
 wheeldir=$(mktemp -d); sdk/python/.venv/bin/pip wheel -q --no-deps -w "$wheeldir" sdk/python; rm -rf "$wheeldir"
-(cd sdk/python && .venv/bin/ruff check . ../../examples && .venv/bin/ruff format --check . ../../examples && .venv/bin/mypy)
+(cd sdk/python && .venv/bin/ruff check . ../../examples ../../test/e2bcompat ../../internal/interpreter && .venv/bin/ruff format --check . ../../examples ../../test/e2bcompat ../../internal/interpreter && .venv/bin/mypy)
 (cd sdk/python && EVALBOX_BIN_DIR="$PWD/../../bin" .venv/bin/pytest -q -W error)
 
 # The official E2B SDKs, pinned by test/e2bcompat/constraints.txt, against a

@@ -147,6 +147,11 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 				// What broke between the proxy and the sandbox's
 				// server (the answer says only that it did).
 				s.log.Info("port proxy: no answer", "sandbox", t.id, "port", t.port, "err", err)
+				if s.endedMidRequest(r.Context(), t, err) {
+					writeErrorBody(w, http.StatusGone, client.ErrorDetail{Code: client.CodeSandboxNotRunning,
+						Message: fmt.Sprintf("sandbox %s ended while the request to its port %d ran", t.id, t.port)})
+					return
+				}
 			}
 			writePortError(w, t.port, err)
 		},
@@ -242,6 +247,19 @@ func (s *Server) portServe(w http.ResponseWriter, r *http.Request, id, portStr, 
 	}
 	// The dial tells an ended sandbox (410) from a running one.
 	s.ports.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), portTargetKey{}, t)))
+}
+
+// endedMidRequest reports whether the connection to a sandbox's port broke
+// because the sandbox ended (its TTL, a delete, its node lost) rather than
+// because its server closed it: the answer is then 410, as for a request
+// that comes after the end, not 502.
+func (s *Server) endedMidRequest(ctx context.Context, t *portTarget, err error) bool {
+	if errors.As(err, new(*nodeapi.StoppedError)) || errors.As(err, new(*nodeapi.NodeLostError)) ||
+		errors.Is(err, nodeapi.ErrSandboxNotFound) {
+		return true
+	}
+	sb, gerr := s.svc.Get(context.WithoutCancel(ctx), t.team, t.id)
+	return gerr == nil && sb.State != client.StateRunning
 }
 
 // servePortAs proxies r to a port of the team's sandbox, whose access the

@@ -370,7 +370,7 @@ func apiTemplate(name string, t *template.Template, buildID string) client.Templ
 		Name: name, Digest: t.Digest, SizeBytes: t.SizeBytes, StorageBytes: template.StorageBytes(t), BuiltAt: t.BuiltAt,
 		CPU: t.Defaults.CPU, MemoryMB: t.Defaults.MemoryMB, DiskMB: t.Defaults.DiskMB,
 		Workdir: t.Defaults.Workdir, User: t.Defaults.User, Source: src, Env: t.Defaults.Env,
-		ReadyCmd: t.Defaults.ReadyCmd, From: t.From, Layers: t.Layers, Cmd: t.Cmd, BuildID: buildID,
+		StartCmd: t.Defaults.StartCmd, ReadyCmd: t.Defaults.ReadyCmd, From: t.From, Layers: t.Layers, Cmd: t.Cmd, BuildID: buildID,
 	}
 }
 

@@ -195,9 +195,21 @@ func (t *tailWriter) Write(p []byte) (int, error) {
 
 func (t *tailWriter) bytes() []byte { return t.buf }
 
-// readyCheck runs the template's ready_cmd in a new sandbox; a failure
-// fails the start.
+// StartCmdTag tags the background process of a template's start_cmd.
+const StartCmdTag = "start-cmd"
+
+// readyCheck starts the template's start_cmd in a new sandbox, then runs
+// its ready_cmd; a failure of either fails the start.
 func readyCheck(ctx context.Context, sb *Sandbox) error {
+	if start := sb.Template.Defaults.StartCmd; start != "" {
+		p, err := sb.Agent.Start(ctx, agentproto.ExecRequest{Shell: start, Tag: StartCmdTag})
+		if err != nil {
+			return fmt.Errorf("node: start_cmd of %s: %w", sb.ID, err)
+		}
+		if p.Exit != nil && p.Exit.Status == agentproto.StatusError {
+			return fmt.Errorf("node: the template's start_cmd could not start: %s", p.Exit.Error)
+		}
+	}
 	cmd := sb.Template.Defaults.ReadyCmd
 	if cmd == "" {
 		return nil

@@ -38,6 +38,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/evalbox/evalbox/internal/interpreter"
 )
 
 // ErrNotFound is returned for an unknown template.
@@ -87,6 +89,10 @@ type Defaults struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Workdir  string            `json:"workdir"`
 	User     string            `json:"user"`
+	// StartCmd, when set, starts (sh -c) as a background process of every
+	// new sandbox of the template (warm pools' too), before ReadyCmd: a
+	// server the template provides. It is listed with the tag start-cmd.
+	StartCmd string `json:"start_cmd,omitempty"`
 	// ReadyCmd, when set, runs (sh -c) in every new sandbox of the
 	// template before it is handed out; a non-zero exit fails the start.
 	ReadyCmd string `json:"ready_cmd,omitempty"`
@@ -110,7 +116,11 @@ type BuiltinSpec struct {
 	Suite    string   `json:"suite"`
 	Variant  string   `json:"variant"`
 	Packages []string `json:"packages"`
-	Defaults Defaults `json:"defaults"`
+	// Files are written into the root filesystem after the packages
+	// (absolute path → content, mode 0644, parents 0755): evalbox's own
+	// programs that the template runs.
+	Files    map[string]string `json:"files,omitempty"`
+	Defaults Defaults          `json:"defaults"`
 }
 
 var baseDefaults = Defaults{
@@ -126,7 +136,25 @@ var Builtins = map[string]BuiltinSpec{
 		Packages: []string{"bash", "coreutils", "ca-certificates", "python3", "python3-pip", "python3-venv"}, Defaults: baseDefaults},
 	"node": {Name: "node", Suite: "bookworm", Variant: "minbase",
 		Packages: []string{"bash", "coreutils", "ca-certificates", "nodejs", "npm"}, Defaults: baseDefaults},
+	// The code interpreter (internal/interpreter): Python with Jupyter's
+	// kernel stack and the libraries model code reaches for first, from
+	// Debian, and evalbox's kernel server, started in every sandbox.
+	"code-interpreter": {Name: "code-interpreter", Suite: "bookworm", Variant: "minbase",
+		Packages: []string{"bash", "coreutils", "ca-certificates", "python3", "python3-pip", "python3-venv",
+			"python3-ipykernel", "python3-jupyter-client", "python3-matplotlib", "python3-numpy", "python3-pandas"},
+		Files:    map[string]string{interpreter.Path: interpreter.Server},
+		Defaults: interpreterDefaults},
 }
+
+// interpreterDefaults: the base's, with room for a kernel and its
+// libraries, the server started and awaited.
+var interpreterDefaults = func() Defaults {
+	d := baseDefaults
+	d.MemoryMB = 1024
+	d.StartCmd = interpreter.StartCmd
+	d.ReadyCmd = interpreter.ReadyCmd
+	return d
+}()
 
 // BuiltinNames lists the built-ins, sorted.
 func BuiltinNames() []string {
@@ -402,6 +430,15 @@ func (r *Registry) EnsureBuiltin(ctx context.Context, name, mirror string, logw 
 	// The agent binary is bind-mounted over this file.
 	if err := os.WriteFile(filepath.Join(rootfs, ".evalbox", "agent"), nil, 0o755); err != nil {
 		return nil, fmt.Errorf("template %s: %w", name, err)
+	}
+	for p, content := range spec.Files {
+		dst := filepath.Join(rootfs, filepath.Clean("/"+p))
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return nil, fmt.Errorf("template %s: %w", name, err)
+		}
+		if err := os.WriteFile(dst, []byte(content), 0o644); err != nil {
+			return nil, fmt.Errorf("template %s: %w", name, err)
+		}
 	}
 	size, err := dirSize(rootfs)
 	if err != nil {

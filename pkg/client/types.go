@@ -441,6 +441,9 @@ type Template struct {
 	Source string `json:"source"`
 	// Env is the default environment of the template's sandboxes.
 	Env map[string]string `json:"env,omitempty"`
+	// StartCmd starts as a background process (tag start-cmd) in every
+	// new sandbox, before ReadyCmd: a server the template provides.
+	StartCmd string `json:"start_cmd,omitempty"`
 	// ReadyCmd runs in every new sandbox before it is handed out.
 	ReadyCmd string `json:"ready_cmd,omitempty"`
 	// From is what a build started from (a template digest) or what was

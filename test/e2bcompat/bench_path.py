@@ -25,9 +25,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "sdk" / "python" / "src"))
 sys.path.insert(0, str(HERE.parent))
 
-import evalbox  # noqa: E402
 from e2b import Sandbox as E2BSandbox  # noqa: E402
 
+import evalbox  # noqa: E402
 from e2bcompat import conftest  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def pct(xs: list[float], p: float) -> float:
 
 def row(name: str, a: list[float], b: list[float]) -> str:
     ma, mb = statistics.median(a), statistics.median(b)
-    return (f"| {name} | {ma:.2f} | {pct(a, 99):.2f} | {mb:.2f} | {pct(b, 99):.2f} | {ma / mb:.2f}× |")
+    return f"| {name} | {ma:.2f} | {pct(a, 99):.2f} | {mb:.2f} | {pct(b, 99):.2f} | {ma / mb:.2f}x |"
 
 
 def main() -> None:
@@ -51,8 +51,9 @@ def main() -> None:
     srv = conftest.start_server()
     try:
         key = srv.new_team(max_sandboxes=8)
-        os.environ.update(E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url, E2B_API_KEY=key,
-                          EVALBOX_API_URL=srv.url, EVALBOX_API_KEY=key)
+        os.environ.update(
+            E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url, E2B_API_KEY=key, EVALBOX_API_URL=srv.url, EVALBOX_API_KEY=key
+        )
         native_kw: dict[str, Any] = {"template": "python", "network": "outbound"}
         if args.runtime:
             native_kw["runtime"] = args.runtime
@@ -101,13 +102,16 @@ def main() -> None:
 
         from importlib.metadata import version
 
-        print(f"e2b {version('e2b')} against evalbox's SDK, "
-              f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, n={args.n}, execs={args.execs}\n")
+        print(
+            f"e2b {version('e2b')} against evalbox's SDK, "
+            f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, n={args.n}, execs={args.execs}\n"
+        )
         print("| what | E2B path p50 ms | p99 | evalbox SDK p50 ms | p99 | E2B / evalbox (p50) |")
         print("|---|---|---|---|---|---|")
         print(row("create → first command → kill", e2b_t, native_t))
         print(row("command round trip (`true`)", e2b_x, native_x))
-        print(f"| native `sh -c true` round trip, for scale | | | {statistics.median(native_sh):.2f} | {pct(native_sh, 99):.2f} | |")
+        sh50, sh99 = statistics.median(native_sh), pct(native_sh, 99)
+        print(f"| native `sh -c true` round trip, for scale | | | {sh50:.2f} | {sh99:.2f} | |")
     finally:
         conftest.stop_server(srv)
 

@@ -41,7 +41,13 @@ class Server:
         """A new team's API key."""
         h = {"Authorization": f"Bearer {self.admin_key}"}
         with httpx.Client(base_url=self.url + "/v1", headers=h) as c:
-            r = c.post("/teams", json={"name": f"e2b-{os.getpid()}-{next(_seq)}", "limits": {"max_sandboxes": max_sandboxes, "max_concurrent_execs": 64}})
+            r = c.post(
+                "/teams",
+                json={
+                    "name": f"e2b-{os.getpid()}-{next(_seq)}",
+                    "limits": {"max_sandboxes": max_sandboxes, "max_concurrent_execs": 64},
+                },
+            )
             r.raise_for_status()
             team = r.json()["id"]
             r = c.post("/keys", json={"team_id": team, "name": "e2b"})
@@ -66,8 +72,18 @@ def start_server() -> Server:
     data_dir = Path(tempfile.mkdtemp(prefix="evalbox-e2b-"))
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    args = [str(BIN_DIR / "evalbox"), "serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
-            "--templates-dir", TEMPLATES_DIR, "--pool", "base:gvisor=2,python:gvisor=2"]
+    args = [
+        str(BIN_DIR / "evalbox"),
+        "serve",
+        "--data-dir",
+        str(data_dir),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--templates-dir",
+        TEMPLATES_DIR,
+        "--pool",
+        "base:gvisor=2,python:gvisor=2",
+    ]
     with open(data_dir / "serve.log", "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
@@ -92,6 +108,9 @@ def stop_server(s: Server) -> None:
     except subprocess.TimeoutExpired:
         s.proc.kill()
         s.proc.wait()
+    if os.environ.get("EVALBOX_KEEP_DATA_DIR"):
+        print(f"kept {s.data_dir}")  # its serve.log, for a failure's post-mortem
+        return
     shutil.rmtree(s.data_dir, ignore_errors=True)
 
 

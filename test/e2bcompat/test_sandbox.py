@@ -55,11 +55,14 @@ def test_commands(key: str) -> None:
     with Sandbox.create(template="python", timeout=120) as sb:
         out: list[str] = []
         err: list[str] = []
-        r = sb.commands.run("echo out; echo err >&2; python3 -c 'print(6*7)'", on_stdout=out.append, on_stderr=err.append)
+        r = sb.commands.run(
+            "echo out; echo err >&2; python3 -c 'print(6*7)'", on_stdout=out.append, on_stderr=err.append
+        )
         assert r.exit_code == 0
         assert r.stdout == "out\n42\n"
         assert r.stderr == "err\n"
-        assert "".join(out) == "out\n42\n" and "".join(err) == "err\n"
+        assert "".join(out) == "out\n42\n"
+        assert "".join(err) == "err\n"
         r = sb.commands.run("pwd; echo $FOO", cwd="/tmp", envs={"FOO": "bar"})
         assert r.stdout == "/tmp\nbar\n"
         with pytest.raises(CommandExitException) as exc:
@@ -108,7 +111,8 @@ def test_stdin(key: str) -> None:
 def test_files(key: str) -> None:
     with Sandbox.create(template="python", timeout=120) as sb:
         info = sb.files.write("/work/e2b/a.txt", "hello")
-        assert info.path == "/work/e2b/a.txt" and info.name == "a.txt"
+        assert info.path == "/work/e2b/a.txt"
+        assert info.name == "a.txt"
         assert sb.files.read("/work/e2b/a.txt") == "hello"
         assert sb.files.read("/work/e2b/a.txt", format="bytes") == bytearray(b"hello")
         assert sb.commands.run("cat /work/e2b/a.txt").stdout == "hello"
@@ -121,7 +125,9 @@ def test_files(key: str) -> None:
         deep = sorted(e.path for e in sb.files.list("/work/e2b", depth=3))
         assert deep == ["/work/e2b/a.txt", "/work/e2b/sub", "/work/e2b/sub/deeper"]
         st = sb.files.get_info("/work/e2b/a.txt")
-        assert st.size == 5 and st.type is not None and st.type.value == "file"
+        assert st.size == 5
+        assert st.type is not None
+        assert st.type.value == "file"
         sb.files.write_files([{"path": "/work/e2b/m1", "data": "1"}, {"path": "/work/e2b/m2", "data": b"\x00\x01"}])
         assert sb.files.read("/work/e2b/m2", format="bytes") == bytearray(b"\x00\x01")
         big = os.urandom(50 << 20)
@@ -129,8 +135,10 @@ def test_files(key: str) -> None:
         assert sb.commands.run("stat -c %s /work/big.bin").stdout.strip() == str(len(big))
         assert bytes(sb.files.read("/work/big.bin", format="bytes")) == big
         moved = sb.files.rename("/work/e2b/m1", "/work/e2b/renamed")
-        assert moved.path == "/work/e2b/renamed" and moved.name == "renamed"
-        assert not sb.files.exists("/work/e2b/m1") and sb.files.read("/work/e2b/renamed") == "1"
+        assert moved.path == "/work/e2b/renamed"
+        assert moved.name == "renamed"
+        assert not sb.files.exists("/work/e2b/m1")
+        assert sb.files.read("/work/e2b/renamed") == "1"
         sb.files.remove("/work/e2b")
         assert not sb.files.exists("/work/e2b/a.txt")
         from e2b.exceptions import FileNotFoundException
@@ -151,11 +159,18 @@ def test_errors(key: str, server: Server) -> None:
             Sandbox.connect(sb.sandbox_id, api_key=other)
         assert not Sandbox.kill(sb.sandbox_id, api_key=other)
         # envd refuses a request without the sandbox's access token.
-        r = httpx.post(server.url + "/process.Process/List", json={},
-                       headers={"E2b-Sandbox-Id": sb.sandbox_id, "E2b-Sandbox-Port": "49983", "Connect-Protocol-Version": "1"})
-        assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
-        r = httpx.post(server.url + "/process.Process/List", json={},
-                       headers={"E2b-Sandbox-Id": sb.sandbox_id, "X-Access-Token": "ebx_forged", "Connect-Protocol-Version": "1"})
+        r = httpx.post(
+            server.url + "/process.Process/List",
+            json={},
+            headers={"E2b-Sandbox-Id": sb.sandbox_id, "E2b-Sandbox-Port": "49983", "Connect-Protocol-Version": "1"},
+        )
+        assert r.status_code == 401
+        assert r.json()["code"] == "unauthenticated"
+        r = httpx.post(
+            server.url + "/process.Process/List",
+            json={},
+            headers={"E2b-Sandbox-Id": sb.sandbox_id, "X-Access-Token": "ebx_forged", "Connect-Protocol-Version": "1"},
+        )
         assert r.status_code == 401
 
 
@@ -166,7 +181,9 @@ def test_tokens_open_one_sandbox(key: str, server: Server) -> None:
     try:
         envd_a = a._envd_access_token
         traffic_a = a.traffic_access_token
-        assert envd_a and traffic_a and envd_a != b._envd_access_token
+        assert envd_a
+        assert traffic_a
+        assert envd_a != b._envd_access_token
 
         def envd(sandbox_id: str, token: str | None) -> httpx.Response:
             h = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49983", "Connect-Protocol-Version": "1"}
@@ -193,7 +210,12 @@ def test_tokens_open_one_sandbox(key: str, server: Server) -> None:
         assert port(b.sandbox_id, "E2B-Traffic-Access-Token", traffic_a).status_code == 401
         assert port(b.sandbox_id, "X-Access-Token", envd_a).status_code == 401
         assert port(a.sandbox_id, "X-Access-Token", envd_a).status_code == 200
-        assert httpx.get(server.url + "/", headers={"E2b-Sandbox-Id": a.sandbox_id, "E2b-Sandbox-Port": "8000"}).status_code == 401
+        assert (
+            httpx.get(
+                server.url + "/", headers={"E2b-Sandbox-Id": a.sandbox_id, "E2b-Sandbox-Port": "8000"}
+            ).status_code
+            == 401
+        )
     finally:
         a.kill()
         b.kill()

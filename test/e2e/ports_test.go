@@ -59,6 +59,9 @@ class H(http.server.SimpleHTTPRequestHandler):
             while not os.path.exists("/tmp/go"):
                 time.sleep(0.05)
             self.wfile.write(b"data: two\n\n"); self.wfile.flush()
+        elif self.path == "/never":
+            # An answer that never comes: the sandbox ends first.
+            time.sleep(3600)
         else:
             super().do_GET()
 http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
@@ -348,9 +351,27 @@ func TestPortURL(t *testing.T) {
 				t.Errorf("the port's root: %d, Location %q", resp.StatusCode, resp.Header.Get("Location"))
 			}
 
-			// Gone with the sandbox.
+			// Gone with the sandbox, also for a request in flight: 410,
+			// not the 502 of a server that closed its connection.
+			type answer struct {
+				resp *http.Response
+				err  error
+			}
+			inFlight := make(chan answer, 1)
+			go func() {
+				req, _ := http.NewRequestWithContext(ctxT(t, 2*time.Minute), "GET", base+"/never", nil)
+				req.Header.Set("Authorization", "Bearer "+key)
+				resp, err := http.DefaultClient.Do(req)
+				inFlight <- answer{resp, err}
+			}()
+			time.Sleep(500 * time.Millisecond)
 			if err := c.DeleteSandbox(context.Background(), sb.ID); err != nil {
 				t.Fatal(err)
+			}
+			if a := <-inFlight; a.err != nil {
+				t.Errorf("a request in flight when its sandbox ends: %v", a.err)
+			} else if got := body(a.resp); a.resp.StatusCode != http.StatusGone || a.resp.Header.Get(client.HeaderError) != client.CodeSandboxNotRunning {
+				t.Errorf("a request in flight when its sandbox ends: %s (%s)", got, a.resp.Header.Get(client.HeaderError))
 			}
 			resp = get(base+"/index.html", key)
 			resp.Body.Close()

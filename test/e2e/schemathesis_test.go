@@ -179,6 +179,15 @@ func TestSchemathesis(t *testing.T) {
 		t.Logf("schemathesis (%s): %v, %s\n%s", name, time.Since(start).Round(time.Second), lastLine(out, "generated"), section(out, "WARNINGS", "SUMMARY"))
 		if err != nil {
 			t.Errorf("schemathesis (%s) failed: %v\n%s", name, err, failures(out))
+			// What the server said of its failures (a 5xx's cause is
+			// logged, not answered).
+			if log, err := os.ReadFile(s.logPath); err == nil {
+				for l := range strings.SplitSeq(string(log), "\n") {
+					if strings.Contains(l, "level=ERROR") || strings.Contains(l, "level=WARN") || strings.Contains(l, "port proxy") {
+						t.Logf("server: %s", l)
+					}
+				}
+			}
 		}
 		if cp, err := c.Capacity(ctx); err == nil {
 			t.Logf("after schemathesis (%s): %d sandboxes hold %d of %d host pids, %d of %d MiB", name, cp.Sandboxes,

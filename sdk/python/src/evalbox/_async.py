@@ -30,8 +30,19 @@ import httpx
 
 from . import _core as core
 from . import _pool
-from .errors import EvalboxError
-from .models import CommandResult, EvalResult, EvalRun, FileInfo, ProcessInfo, SandboxInfo, TemplateInfo
+from .errors import CommandTimeoutError, EvalboxError
+from .models import (
+    CodeContext,
+    CodeResult,
+    CommandResult,
+    EvalResult,
+    EvalRun,
+    Execution,
+    FileInfo,
+    ProcessInfo,
+    SandboxInfo,
+    TemplateInfo,
+)
 
 __all__ = [
     "AsyncClient",
@@ -591,6 +602,69 @@ class AsyncSandbox:
     async def info(self) -> SandboxInfo:
         """The sandbox as the server sees it now."""
         return await self._client._run(core.get_sandbox(self._client._cfg, self.id))
+
+    async def run_code(
+        self,
+        code: str,
+        *,
+        context: CodeContext | str | None = None,
+        language: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+        on_result: Callable[[CodeResult], object] | None = None,
+        timeout: float | None = None,
+    ) -> Execution:
+        """Run Python code in the sandbox's code interpreter. See :meth:`evalbox.Sandbox.run_code`.
+
+        Callbacks may be coroutine functions.
+        """
+        ctx = context.id if isinstance(context, CodeContext) else context
+        body = core.code_body(code, context=ctx, language=language, env=env)
+        resp = await self._client._run(core.run_code(self._client._cfg, self.id, body, timeout))
+        stream = core.CodeStream()
+        callbacks: dict[str, Callable[[Any], object] | None] = {
+            "stdout": on_stdout,
+            "stderr": on_stderr,
+            "result": on_result,
+            "error": None,
+        }
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        try:
+            async for chunk in resp.aiter_bytes():
+                for kind, value in stream.feed(chunk):
+                    cb = callbacks[kind]
+                    if cb is not None:
+                        r = cb(value)
+                        if inspect.isawaitable(r):
+                            await r
+                if deadline is not None and loop.time() > deadline:
+                    raise CommandTimeoutError(f"the code ran past its timeout of {timeout:g}s", code="timeout")
+            return stream.end()
+        except httpx.TransportError as e:
+            raise core.connection_error(e) from e
+        finally:
+            await resp.aclose()  # a cut stream interrupts the cell
+
+    async def create_code_context(self, *, cwd: str | None = None, language: str | None = None) -> CodeContext:
+        """A new kernel of the code interpreter. See :meth:`evalbox.Sandbox.create_code_context`."""
+        cfg = self._client._cfg
+        return await self._client._run(core.create_code_context(cfg, self.id, cwd=cwd, language=language))
+
+    async def list_code_contexts(self) -> builtins.list[CodeContext]:
+        """The code interpreter's kernels."""
+        return await self._client._run(core.list_code_contexts(self._client._cfg, self.id))
+
+    async def restart_code_context(self, context: CodeContext | str) -> None:
+        """Restart a kernel: its state is gone."""
+        cid = context.id if isinstance(context, CodeContext) else context
+        await self._client._run(core.code_context_call(self._client._cfg, self.id, cid, "restart"))
+
+    async def remove_code_context(self, context: CodeContext | str) -> None:
+        """Stop and remove a kernel (not the sandbox's first one)."""
+        cid = context.id if isinstance(context, CodeContext) else context
+        await self._client._run(core.code_context_call(self._client._cfg, self.id, cid, "remove"))
 
     def get_url(self, port: int, *, host_form: bool | None = None) -> str:
         """The URL of ``port`` in the sandbox (ends with ``/``). See :meth:`evalbox.Sandbox.get_url`."""

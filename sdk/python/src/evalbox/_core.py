@@ -48,7 +48,18 @@ from .errors import (
     SandboxNotRunningError,
     error_from_detail,
 )
-from .models import CommandResult, EvalRun, FileInfo, ProcessInfo, SandboxInfo, TemplateInfo
+from .models import (
+    CodeContext,
+    CodeResult,
+    CommandResult,
+    EvalRun,
+    Execution,
+    ExecutionError,
+    FileInfo,
+    ProcessInfo,
+    SandboxInfo,
+    TemplateInfo,
+)
 
 T = TypeVar("T")
 
@@ -842,6 +853,125 @@ def write_stdin(cfg: Config, sandbox_id: str, process_id: str, data: str | bytes
 def kill_process(cfg: Config, sandbox_id: str, process_id: str) -> Op[None]:
     """``DELETE …/processes/{pid}``: SIGKILL the command and its whole tree."""
     yield from request(cfg, Call("DELETE", process_path(sandbox_id, process_id), retry=True))
+
+
+# --- operations: the code interpreter ----------------------------------------
+
+#: The port of the code interpreter's server in a ``code-interpreter`` sandbox.
+INTERPRETER_PORT = 49999
+
+
+def _interpreter_path(sandbox_id: str, suffix: str) -> str:
+    return sandbox_path(sandbox_id, f"/ports/{INTERPRETER_PORT}{suffix}")
+
+
+def code_body(code: str, *, context: str | None, language: str | None, env: Mapping[str, str] | None) -> dict[str, Any]:
+    """The body of ``POST /execute``."""
+    if context is not None and language is not None:
+        raise ValueError("give context or language, not both")
+    body: dict[str, Any] = {"code": code}
+    if context is not None:
+        body["context_id"] = context
+    if language is not None:
+        body["language"] = language
+    if env:
+        body["env_vars"] = dict(env)
+    return body
+
+
+def run_code(cfg: Config, sandbox_id: str, body: Mapping[str, Any], timeout: float | None) -> Op[httpx.Response]:
+    """``POST …/ports/49999/execute``: the open NDJSON stream of a code execution. Never retried."""
+    call = Call(
+        "POST",
+        _interpreter_path(sandbox_id, "/execute"),
+        json=dict(body),
+        accept=NDJSON,
+        stream=True,
+        # The server sends a keepalive line every 5 s while the cell runs.
+        read_timeout=None if timeout is None else timeout + 10,
+    )
+    return (yield from request(cfg, call))
+
+
+def create_code_context(cfg: Config, sandbox_id: str, *, cwd: str | None, language: str | None) -> Op[CodeContext]:
+    """``POST …/ports/49999/contexts``: a new kernel."""
+    body: dict[str, Any] = {}
+    if cwd is not None:
+        body["cwd"] = cwd
+    if language is not None:
+        body["language"] = language
+    resp = yield from request(cfg, Call("POST", _interpreter_path(sandbox_id, "/contexts"), json=body))
+    return CodeContext.from_json(resp.json())
+
+
+def list_code_contexts(cfg: Config, sandbox_id: str) -> Op[list[CodeContext]]:
+    """``GET …/ports/49999/contexts``."""
+    resp = yield from request(cfg, Call("GET", _interpreter_path(sandbox_id, "/contexts"), retry=True))
+    return [CodeContext.from_json(d) for d in resp.json()]
+
+
+def code_context_call(cfg: Config, sandbox_id: str, context: str, action: str) -> Op[None]:
+    """``DELETE …/contexts/{id}`` (action ``remove``) or ``POST …/contexts/{id}/restart``."""
+    path = _interpreter_path(sandbox_id, "/contexts/" + quote(context, safe=""))
+    call = Call("DELETE", path) if action == "remove" else Call("POST", path + "/restart", json={})
+    yield from request(cfg, call)
+
+
+class CodeStream:
+    """Turns the bytes of an ``/execute`` NDJSON stream into its items, and builds the :class:`Execution`.
+
+    ``feed`` returns ``("stdout" | "stderr", str)``, ``("result", CodeResult)`` and
+    ``("error", ExecutionError)`` items, for the callbacks; a stream cut before its
+    ``end_of_execution`` line raises :class:`~evalbox.errors.APIConnectionError` at ``end``.
+    """
+
+    __slots__ = ("_buf", "_done", "execution")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._done = False
+        self.execution = Execution()
+
+    def feed(self, chunk: bytes) -> list[tuple[str, Any]]:
+        lines = (self._buf + chunk).split(b"\n")
+        self._buf = lines.pop()
+        items: list[tuple[str, Any]] = []
+        for line in lines:
+            item = self._line(line)
+            if item is not None:
+                items.append(item)
+        return items
+
+    def end(self) -> Execution:
+        if self._buf.strip():
+            self._line(self._buf)
+        if not self._done:
+            raise APIConnectionError("the code execution's stream ended before its end")
+        return self.execution
+
+    def _line(self, line: bytes) -> tuple[str, Any] | None:
+        if not line.strip() or self._done:
+            return None
+        d = json.loads(line)
+        t = d.get("type")
+        ex = self.execution
+        if t in ("stdout", "stderr"):
+            text = str(d.get("text", ""))
+            (ex.stdout if t == "stdout" else ex.stderr).append(text)
+            return (t, text)
+        if t == "result":
+            r = CodeResult.from_json(d)
+            ex.results.append(r)
+            return ("result", r)
+        if t == "error":
+            err = ExecutionError(str(d.get("name", "")), str(d.get("value", "")), str(d.get("traceback", "")))
+            ex.error = err
+            return ("error", err)
+        if t == "number_of_executions":
+            ex.execution_count = int(d["execution_count"])
+        elif t == "end_of_execution":
+            self._done = True
+        return None
 
 
 # --- operations: files -------------------------------------------------------

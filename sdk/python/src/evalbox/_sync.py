@@ -19,8 +19,19 @@ from typing import IO, Any, Literal, TypeVar, overload
 import httpx
 
 from . import _core as core
-from .errors import EvalboxError
-from .models import CommandResult, EvalResult, EvalRun, FileInfo, ProcessInfo, SandboxInfo, TemplateInfo
+from .errors import CommandTimeoutError, EvalboxError
+from .models import (
+    CodeContext,
+    CodeResult,
+    CommandResult,
+    EvalResult,
+    EvalRun,
+    Execution,
+    FileInfo,
+    ProcessInfo,
+    SandboxInfo,
+    TemplateInfo,
+)
 
 __all__ = [
     "Client",
@@ -610,6 +621,70 @@ class Sandbox:
     def info(self) -> SandboxInfo:
         """The sandbox as the server sees it now (state, expiry, …)."""
         return self._client._run(core.get_sandbox(self._client._cfg, self.id))
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        context: CodeContext | str | None = None,
+        language: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+        on_result: Callable[[CodeResult], object] | None = None,
+        timeout: float | None = None,
+    ) -> Execution:
+        """Run Python code in the sandbox's code interpreter (template ``code-interpreter``), keeping state.
+
+        Each context (:meth:`create_code_context`; by default the sandbox's first one) is a
+        kernel: what one call defines, the next sees. The result holds the cell's displayed
+        values (its last expression as the main result, figures as PNG, DataFrames as HTML),
+        its output, and the exception it raised, if any (an error in the code is a result, not
+        an exception). ``env`` is set for this call only. ``timeout`` (seconds) interrupts the
+        cell and raises :class:`CommandTimeoutError`; the kernel keeps its state.
+        """
+        ctx = context.id if isinstance(context, CodeContext) else context
+        body = core.code_body(code, context=ctx, language=language, env=env)
+        resp = self._client._run(core.run_code(self._client._cfg, self.id, body, timeout))
+        stream = core.CodeStream()
+        callbacks: dict[str, Callable[[Any], object] | None] = {
+            "stdout": on_stdout,
+            "stderr": on_stderr,
+            "result": on_result,
+            "error": None,
+        }
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            for chunk in resp.iter_bytes():
+                for kind, value in stream.feed(chunk):
+                    cb = callbacks[kind]
+                    if cb is not None:
+                        cb(value)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise CommandTimeoutError(f"the code ran past its timeout of {timeout:g}s", code="timeout")
+            return stream.end()
+        except httpx.TransportError as e:
+            raise core.connection_error(e) from e
+        finally:
+            resp.close()  # a cut stream interrupts the cell
+
+    def create_code_context(self, *, cwd: str | None = None, language: str | None = None) -> CodeContext:
+        """A new kernel of the code interpreter, with its own state (``cwd``: its working directory)."""
+        return self._client._run(core.create_code_context(self._client._cfg, self.id, cwd=cwd, language=language))
+
+    def list_code_contexts(self) -> builtins.list[CodeContext]:
+        """The code interpreter's kernels."""
+        return self._client._run(core.list_code_contexts(self._client._cfg, self.id))
+
+    def restart_code_context(self, context: CodeContext | str) -> None:
+        """Restart a kernel: its state is gone."""
+        cid = context.id if isinstance(context, CodeContext) else context
+        self._client._run(core.code_context_call(self._client._cfg, self.id, cid, "restart"))
+
+    def remove_code_context(self, context: CodeContext | str) -> None:
+        """Stop and remove a kernel (not the sandbox's first one)."""
+        cid = context.id if isinstance(context, CodeContext) else context
+        self._client._run(core.code_context_call(self._client._cfg, self.id, cid, "remove"))
 
     def get_url(self, port: int, *, host_form: bool | None = None) -> str:
         """The URL of ``port`` in the sandbox (ends with ``/``): the server listening there.

@@ -236,6 +236,8 @@ class TemplateInfo:
     """``builtin``, ``build`` or ``import``."""
     env: dict[str, str] = field(default_factory=dict)
     """Default environment of its sandboxes."""
+    start_cmd: str = ""
+    """Starts as a background process (tag ``start-cmd``) in every new sandbox, before ``ready_cmd``."""
     ready_cmd: str = ""
     """Runs in every new sandbox before it is handed out."""
     from_: str = ""
@@ -264,6 +266,7 @@ class TemplateInfo:
             user=d.get("user", ""),
             source=d["source"],
             env=dict(d.get("env") or {}),
+            start_cmd=d.get("start_cmd", ""),
             ready_cmd=d.get("ready_cmd", ""),
             from_=d.get("from", ""),
             layers=tuple(d.get("layers") or ()),
@@ -445,3 +448,81 @@ def parse_time(s: str) -> datetime:
     if tz.upper() == "Z":
         return dt.replace(tzinfo=timezone.utc)
     return dt.replace(tzinfo=datetime.strptime(tz.replace(":", ""), "%z").tzinfo)
+
+
+# --- the code interpreter (template code-interpreter) ----------------------------------------------
+
+_RESULT_FORMATS = ("text", "html", "markdown", "svg", "png", "jpeg", "pdf", "latex", "json", "javascript")
+
+
+@dataclass(frozen=True, slots=True)
+class CodeResult:
+    """One displayed value of a :meth:`Sandbox.run_code`: the cell's last expression (``is_main_result``) or a
+    ``display()`` (a matplotlib figure, for one). Each format present is set; images are base64 strings."""
+
+    is_main_result: bool = False
+    text: str | None = None
+    html: str | None = None
+    markdown: str | None = None
+    svg: str | None = None
+    png: str | None = None
+    jpeg: str | None = None
+    pdf: str | None = None
+    latex: str | None = None
+    json: Any = None
+    javascript: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Formats of other MIME types, by type."""
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CodeResult:
+        return cls(
+            is_main_result=bool(d.get("is_main_result")),
+            extra=dict(d.get("extra") or {}),
+            **{k: d[k] for k in _RESULT_FORMATS if k in d},
+        )
+
+    def formats(self) -> list[str]:
+        """The formats this result has, e.g. ``["text", "png"]``."""
+        return [k for k in _RESULT_FORMATS if getattr(self, k) is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionError:
+    """The exception a cell raised: its class name, message and formatted traceback."""
+
+    name: str
+    value: str
+    traceback: str
+
+
+@dataclass(slots=True)
+class Execution:
+    """What a :meth:`Sandbox.run_code` produced: its results, its output (chunks as they came) and its error."""
+
+    results: list[CodeResult] = field(default_factory=list)
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    error: ExecutionError | None = None
+    execution_count: int | None = None
+
+    @property
+    def text(self) -> str | None:
+        """The text of the main result (the cell's last expression), if it has one."""
+        for r in self.results:
+            if r.is_main_result:
+                return r.text
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class CodeContext:
+    """A kernel of the code interpreter: its own state, working directory and language."""
+
+    id: str
+    language: str
+    cwd: str
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CodeContext:
+        return cls(id=str(d["id"]), language=str(d["language"]), cwd=str(d["cwd"]))
