@@ -247,6 +247,18 @@ func TestMembershipSurvivesOutage(t *testing.T) {
 	var lapses atomic.Int32
 	hb := startHeartbeat(t, leases, HeartbeatConfig{NodeID: "node-o", LeaseDuration: testLease, OnLapse: func() { lapses.Add(1) }}, testCapacity(0))
 	evs.next(t, func(e Event) bool { return e.Type == NodeAdded })
+	// A renewal after the create: the heartbeat has heard that it holds
+	// the Lease (a create whose answer the outage cuts off leaves it
+	// never having held one, and so with nothing to lapse).
+	for end := time.Now().Add(deadline); ; time.Sleep(50 * time.Millisecond) {
+		l, err := leases.Get(context.Background(), "node-o", metav1.GetOptions{})
+		if err == nil && l.Spec.RenewTime != nil && l.Spec.AcquireTime != nil && l.Spec.RenewTime.After(l.Spec.AcquireTime.Time) {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the heartbeat did not renew its Lease: %v", err)
+		}
+	}
 
 	env.StopServers(t)
 	if e := evs.next(t, func(e Event) bool { return e.Type != NodeUpdated }); e.Type != NodeExpired {
