@@ -20,7 +20,7 @@ const maxCachedStmts = 256
 // PostgreSQL needs none: pgx caches its statements itself.
 type stmtCache struct {
 	db *sql.DB
-	mu sync.Mutex
+	mu sync.RWMutex
 	m  map[string]*sql.Stmt
 }
 
@@ -31,6 +31,14 @@ func newStmtCache(db *sql.DB) *stmtCache {
 // get returns q's statement, prepared on first use; nil when the cache is
 // full or q does not prepare (then running it unprepared reports why).
 func (c *stmtCache) get(ctx context.Context, q string) *sql.Stmt {
+	// Every read of the Store comes here: the common case, a hit, shares
+	// the lock.
+	c.mu.RLock()
+	st, ok := c.m[q]
+	c.mu.RUnlock()
+	if ok {
+		return st
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if st, ok := c.m[q]; ok {

@@ -235,6 +235,3 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 
 // errorf is apierr.Errorf.
 func errorf(code, format string, args ...any) error { return apierr.Errorf(code, format, args...) }
-
-// asError is errors.As for *apierr.Error.
-func asError(err error, e **apierr.Error) bool { return errors.As(err, e) }

@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"errors"
 	"math"
 	"net/http"
 	"net/url"
@@ -320,9 +321,8 @@ func (h *Handler) connectSandbox(w http.ResponseWriter, r *http.Request, p auth.
 
 // notRunningIsGone answers an ended sandbox as E2B does: not found.
 func notRunningIsGone(err error) error {
-	if apierr.Code(err) == client.CodeSandboxNotRunning {
-		var e *apierr.Error
-		_ = asError(err, &e)
+	var e *apierr.Error
+	if errors.As(err, &e) && e.Code == client.CodeSandboxNotRunning {
 		return errorf(client.CodeNotFound, "%s", e.Message)
 	}
 	return err
