@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -116,6 +117,12 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 			pr.Out.Header.Del("Authorization")
 			pr.Out.Header.Del(client.HeaderTrafficToken)
 			stripCookie(pr.Out.Header)
+			if pr.Out.ContentLength > 0 {
+				// Its end is known: the transport's read past it
+				// (which finds the end) need not reach the server's
+				// body, which the handler's return closes.
+				pr.Out.Body = &sizedBody{r: pr.Out.Body, left: pr.Out.ContentLength}
+			}
 		},
 		Transport:     tr,
 		FlushInterval: -1, // streams and events as they come
@@ -246,6 +253,21 @@ func (s *Server) portServe(w http.ResponseWriter, r *http.Request, id, portStr, 
 		}
 	}
 	// The dial tells an ended sandbox (410) from a running one.
+	s.proxyPort(w, r, t)
+}
+
+// proxyPort sends r to t's port and its answer back.
+//
+// The request runs full duplex: the sandbox's server may answer while
+// its request's body still comes, as over a direct connection. Without
+// it, net/http's server discards and closes the request's body when the
+// answer's header goes out; the transport, still sending that body (its
+// last read, which looks for bytes past Content-Length, comes after the
+// server has sent it on), then fails the request and closes the
+// connection under the answer's body, which the caller sees cut short.
+func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, t *portTarget) {
+	// Not every writer can (HTTP/2's is full duplex already).
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	s.ports.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), portTargetKey{}, t)))
 }
 
@@ -267,7 +289,7 @@ func (s *Server) endedMidRequest(ctx context.Context, t *portTarget, err error) 
 // the sandbox.
 func (s *Server) servePortAs(w http.ResponseWriter, r *http.Request, teamID, id string, port int) {
 	t := &portTarget{id: id, port: port, team: teamID, secure: r.TLS != nil}
-	s.ports.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), portTargetKey{}, t)))
+	s.proxyPort(w, r, t)
 }
 
 // portRoot sends /v1/sandboxes/{id}/ports/{port} to its directory, so that
@@ -391,6 +413,30 @@ var portBufferPool = sync.Pool{New: func() any { b := make([]byte, portBufferSiz
 
 func (portBuffers) Get() []byte  { return *portBufferPool.Get().(*[]byte) }
 func (portBuffers) Put(b []byte) { portBufferPool.Put(&b) }
+
+// sizedBody is a request body of a known length, which ends after it
+// without reading further.
+type sizedBody struct {
+	r    io.ReadCloser
+	left int64
+}
+
+func (b *sizedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	if err == io.EOF && b.left > 0 {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+func (b *sizedBody) Close() error { return b.r.Close() }
 
 // portNetConn is a sandbox port's connection as the transport wants it.
 // Deadlines are not kept: the transport closes the connection when it is

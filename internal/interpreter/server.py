@@ -258,6 +258,10 @@ def normalize(language: str | None) -> str:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # An answer is several small writes (its header, then a line per
+    # event): with Nagle's algorithm each waits for the last one's ACK,
+    # which the client delays up to 40 ms.
+    disable_nagle_algorithm = True
     server_version = "evalbox-interpreter"
     contexts: Contexts
 

@@ -19,10 +19,14 @@ import (
 // portServer is the server the port tests run in a sandbox: files from
 // /tmp/www, /headers (the request's headers as JSON), and /events (Server-
 // Sent Events: one, then another once /tmp/go exists, so that a client
-// that got the first before the second proves nothing was buffered).
+// that got the first before the second proves nothing was buffered); a
+// POST is answered in chunks (on /duplex, the first before the body is
+// read).
 const portServer = `
-import http.server, json, os, time
+import hashlib, http.server, json, os, time
 class H(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
     def __init__(self, *a, **k):
         super().__init__(*a, directory="/tmp/www", **k)
     def log_message(self, *a):
@@ -54,6 +58,7 @@ class H(http.server.SimpleHTTPRequestHandler):
         elif self.path == "/events":
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(b"data: one\n\n"); self.wfile.flush()
             while not os.path.exists("/tmp/go"):
@@ -64,12 +69,33 @@ class H(http.server.SimpleHTTPRequestHandler):
             time.sleep(3600)
         else:
             super().do_GET()
+    def chunk(self, b):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
+        self.wfile.flush()
+    def do_POST(self):
+        n = int(self.headers["Content-Length"])
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if self.path == "/duplex":
+            # The answer starts before the body is read (the client
+            # sends it only once it saw this first line).
+            self.chunk(b"ready\n")
+        body = self.rfile.read(n)
+        if self.path == "/duplex":
+            self.chunk(b"got %d %s\n" % (len(body), hashlib.sha256(body).hexdigest().encode()))
+        else:
+            for i in range(5):
+                self.chunk(b"%d %d\n" % (i, len(body)))
+        self.wfile.write(b"0\r\n\r\n")
 http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
 `
 
 // TestPortURL: a server in a sandbox, reached through its port URL (path
 // form) on both runtimes, with network none: files, a 64 MiB download
-// whole, events unbuffered, the API key kept from the sandbox; refused
+// whole, 200 chunked answers on one connection each whole, an answer that
+// starts before its request's body is sent (full duplex), events
+// unbuffered, the API key kept from the sandbox; refused
 // without a key, 404 for another team, 502 port_closed on a port with
 // nothing on it, 400 for a bad port, and 410 once the sandbox ended.
 func TestPortURL(t *testing.T) {
@@ -181,9 +207,59 @@ func TestPortURL(t *testing.T) {
 				t.Errorf("Port on a closed port: %v", err)
 			}
 
+			// Many answers in chunks on one connection, each whole.
+			keepAlive := &http.Client{Transport: &http.Transport{}}
+			defer keepAlive.CloseIdleConnections()
+			payload := strings.Repeat("x", 1000)
+			for i := range 200 {
+				req, _ := http.NewRequestWithContext(ctxT(t, time.Minute), "POST", base+"/chunks", strings.NewReader(payload))
+				req.Header.Set("Authorization", "Bearer "+key)
+				resp, err := keepAlive.Do(req)
+				if err != nil {
+					t.Fatalf("chunked answer %d: %v", i, err)
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if want := "0 1000\n1 1000\n2 1000\n3 1000\n4 1000\n"; err != nil || string(b) != want {
+					t.Fatalf("chunked answer %d: %q, %v; want %q", i, b, err, want)
+				}
+			}
+			// Full duplex: the answer starts before the request's body
+			// is sent, and goes on after it.
+			pr, pw := io.Pipe()
+			upload := strings.Repeat("0123456789abcdef", 1<<12) // 64 KiB
+			req, _ := http.NewRequestWithContext(ctxT(t, time.Minute), "POST", base+"/duplex", pr)
+			req.ContentLength = int64(len(upload))
+			req.Header.Set("Authorization", "Bearer "+key)
+			// The body goes once the answer began, or after a while
+			// (a proxy that waits for it before answering fails then).
+			began := make(chan struct{})
+			go func() {
+				select {
+				case <-began:
+				case <-time.After(5 * time.Second):
+				}
+				io.WriteString(pw, upload)
+				pw.Close()
+			}()
+			resp, err = keepAlive.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := bufio.NewReader(resp.Body)
+			if line, err := r.ReadString('\n'); err != nil || line != "ready\n" {
+				t.Fatalf("full duplex, before the body: %q, %v", line, err)
+			}
+			close(began)
+			sum := sha256.Sum256([]byte(upload))
+			if line, err := r.ReadString('\n'); err != nil || line != fmt.Sprintf("got %d %x\n", len(upload), sum) {
+				t.Errorf("full duplex, after the body: %q, %v", line, err)
+			}
+			resp.Body.Close()
+
 			// Events as they come: the second waits for /tmp/go.
 			resp = get(base+"/events", key)
-			r := bufio.NewReader(resp.Body)
+			r = bufio.NewReader(resp.Body)
 			if line, err := r.ReadString('\n'); err != nil || line != "data: one\n" {
 				t.Fatalf("first event: %q %v", line, err)
 			}
