@@ -112,6 +112,8 @@ type Config struct {
 	// requests whose Host is {port}-{id}.{SandboxDomain} (wildcard DNS
 	// pointing at this server) go to that sandbox port.
 	SandboxDomain string
+	// E2BFilesDir keeps the uploads of the E2B template build API.
+	E2BFilesDir string
 	// DefaultLimits are given to teams created without limits.
 	DefaultLimits client.Limits
 	// OutputBudget bounds the memory of command output held for buffered
@@ -130,8 +132,12 @@ func New(cfg Config) *Server {
 	}
 	s.trials = trial.New(cfg.Service, s.log)
 	s.ports = s.newPortProxy()
-	s.e2b = e2b.New(e2b.Config{Sandboxes: cfg.Service, Auth: cfg.Auth, Secrets: cfg.Store,
-		Ports: s.servePortAs, Domain: s.domain, Logger: s.log})
+	e2bCfg := e2b.Config{Sandboxes: cfg.Service, Auth: cfg.Auth, Secrets: cfg.Store,
+		Ports: s.servePortAs, Domain: s.domain, Logger: s.log, NoBuilds: cfg.NoTemplateBuilds, FilesDir: cfg.E2BFilesDir}
+	if cfg.Templates != nil {
+		e2bCfg.Templates = cfg.Templates
+	}
+	s.e2b = e2b.New(e2bCfg)
 	s.routes()
 	return s
 }

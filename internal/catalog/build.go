@@ -632,6 +632,22 @@ func (s *Service) GetBuild(ctx context.Context, teamID, name, id string) (client
 	return b, err
 }
 
+// OpenLog opens the log of a build of the team's template name as it is
+// now (a running build's grows).
+func (s *Service) OpenLog(ctx context.Context, teamID, name, id string) (io.ReadCloser, error) {
+	if _, err := s.GetBuild(ctx, teamID, name, id); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(s.logPath(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return io.NopCloser(strings.NewReader("")), nil // queued: nothing written yet
+	}
+	return f, err
+}
+
+// MaxContextBytes is the largest build context a build takes.
+func (s *Service) MaxContextBytes() int64 { return s.cfg.MaxContextBytes }
+
 // FollowLog sends the log of a build to emit, from its start: all of it
 // for a finished build, and as it is written for one that runs, until it
 // ends. It returns the build as it ended.

@@ -328,7 +328,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	apiCfg := api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
 		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: runtimesOf(ctx, nodes), Pools: nodes, Capacity: nodes, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log,
-		SandboxDomain: cfg.SandboxDomain}
+		SandboxDomain: cfg.SandboxDomain, E2BFilesDir: filepath.Join(cfg.DataDir, "e2b-uploads")}
 	if fleetMode {
 		apiCfg.RuntimesNow = func() []string { return runtimesOf(context.Background(), nodes) }
 		apiCfg.NoTemplateBuilds = noBuildsOnFleet

@@ -245,7 +245,12 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 				return res, &StepError{Step: n, Kind: kind, Err: fmt.Errorf("reading the build context: %w", err)}
 			}
 			chain = digestOf("step", chain, kind, src, st.Copy.Dst, cfg.Workdir, sum)
-			logf("#%d/%d copy %s %s", n, len(spec.Steps), st.Copy.Src, st.Copy.Dst)
+			attrs := ""
+			if st.Copy.Owner != "" || st.Copy.Mode != "" {
+				chain = digestOf("copy-attrs", chain, st.Copy.Owner, st.Copy.Mode)
+				attrs = fmt.Sprintf(" (owner %q, mode %q)", st.Copy.Owner, st.Copy.Mode)
+			}
+			logf("#%d/%d copy %s %s%s", n, len(spec.Steps), st.Copy.Src, st.Copy.Dst, attrs)
 		default:
 			return res, &StepError{Step: n, Kind: "?", Err: errors.New("invalid step")}
 		}
@@ -272,7 +277,11 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 
 	defaults := from.Defaults
 	defaults.Env, defaults.Workdir, defaults.User = cfg.Env, cfg.Workdir, cfg.User
-	defaults.ReadyCmd = spec.ReadyCmd
+	if spec.StartCmd != "" || spec.ReadyCmd != "" {
+		// The pair is the spec's, or From's: a start command and the
+		// check that it is up go together.
+		defaults.StartCmd, defaults.ReadyCmd = spec.StartCmd, spec.ReadyCmd
+	}
 	if spec.CPU > 0 {
 		defaults.CPU = spec.CPU
 	}
@@ -315,8 +324,15 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 	}
 	logf("flattened in %s: %s (%s of its own)", time.Since(start).Round(time.Millisecond), humanSize(size), humanSize(own))
 	if spec.ReadyCmd != "" {
+		// As a sandbox will: the start command in the background, then
+		// the check.
+		check := spec.ReadyCmd
+		if spec.StartCmd != "" {
+			logf("start_cmd %s", oneLine(spec.StartCmd))
+			check = "(" + spec.StartCmd + "\n) </dev/null >/dev/null 2>&1 &\n" + spec.ReadyCmd
+		}
 		logf("ready_cmd %s", oneLine(spec.ReadyCmd))
-		r, err := b.run.RunBuildStep(ctx, RunStep{ID: sandboxID(req.ID, 0), RootFS: rootfs, Shell: spec.ReadyCmd,
+		r, err := b.run.RunBuildStep(ctx, RunStep{ID: sandboxID(req.ID, 0), RootFS: rootfs, Shell: check,
 			Env: envList(cfg.Env), Workdir: cfg.Workdir, User: cfg.User, Network: client.NetworkNone, Output: logw})
 		if err != nil {
 			return res, &StepError{Kind: "ready_cmd", Err: err}
@@ -368,7 +384,8 @@ func (b *Builder) step(ctx context.Context, req BuildRequest, n int, st client.T
 	}
 	if kind == StepCopy {
 		src, _ := contextPath(st.Copy.Src)
-		if err := buildCopyLayer(layerDir, root, req.ContextDir, src, st.Copy.Dst, cfg.Workdir); err != nil {
+		attrs := &copyAttrs{owner: st.Copy.Owner, mode: st.Copy.Mode}
+		if err := buildCopyLayer(layerDir, root, req.ContextDir, src, st.Copy.Dst, cfg.Workdir, attrs); err != nil {
 			return &StepError{Step: n, Kind: kind, Err: err}
 		}
 		return nil

@@ -3,22 +3,148 @@ package template
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 )
+
+// copyAttrs are a copy step's owner and mode, applied to what it copies.
+type copyAttrs struct {
+	owner    string // "user" or "user:group", names or ids; "" = root
+	mode     string // octal; "" = the files' own
+	uid, gid int
+	perm     fs.FileMode
+}
+
+// resolve reads the owner's ids from root's /etc/passwd and /etc/group
+// (read inside root: their symlinks never lead out of it).
+func (a *copyAttrs) resolve(root string) error {
+	if a.mode != "" {
+		m, err := ParseMode(a.mode)
+		if err != nil {
+			return err
+		}
+		a.perm = m
+	}
+	if a.owner == "" {
+		return nil
+	}
+	user, group, hasGroup := strings.Cut(a.owner, ":")
+	uid, pgid, err := lookupID(root, "/etc/passwd", user)
+	if err != nil {
+		return fmt.Errorf("owner %s: %w", a.owner, err)
+	}
+	a.uid, a.gid = uid, pgid
+	if hasGroup {
+		if a.gid, _, err = lookupID(root, "/etc/group", group); err != nil {
+			return fmt.Errorf("owner %s: %w", a.owner, err)
+		}
+	} else if pgid < 0 {
+		a.gid = uid // a numeric uid that has no passwd entry: its own number
+	}
+	return nil
+}
+
+// lookupID finds name (or a number) in a passwd- or group-style file of
+// root: its id and, for passwd, its primary group (-1 when the number is
+// not listed).
+func lookupID(root, file, name string) (id, gid int, err error) {
+	if n, err := strconv.Atoi(name); err == nil {
+		id, gid = n, -1
+	}
+	resolved, err := resolveIn(root, file)
+	if err != nil {
+		return 0, 0, err
+	}
+	f, err := os.OpenFile(filepath.Join(root, resolved), os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		if gid == -1 && errors.Is(err, fs.ErrNotExist) {
+			return id, gid, nil
+		}
+		return 0, 0, fmt.Errorf("reading %s: %w", file, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, 8<<20))
+	if err != nil {
+		return 0, 0, fmt.Errorf("reading %s: %w", file, err)
+	}
+	numeric := gid == -1
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) < 3 {
+			continue
+		}
+		n, err := strconv.Atoi(f[2])
+		if err != nil || (numeric && n != id) || (!numeric && f[0] != name) {
+			continue
+		}
+		g := -1
+		if len(f) >= 4 {
+			if v, err := strconv.Atoi(f[3]); err == nil {
+				g = v
+			}
+		}
+		return n, g, nil
+	}
+	if numeric {
+		return id, -1, nil
+	}
+	return 0, 0, fmt.Errorf("no %q in the template's %s", name, file)
+}
+
+// apply gives p the owner and mode (a symlink: the owner only).
+func (a *copyAttrs) apply(p string, fi fs.FileInfo) error {
+	if a.owner != "" {
+		if err := os.Lchown(p, a.uid, a.gid); err != nil {
+			return err
+		}
+	}
+	if a.mode != "" && fi.Mode()&fs.ModeSymlink == 0 {
+		return os.Chmod(p, a.perm)
+	}
+	return nil
+}
+
+// applyTree applies a to p and everything under it.
+func (a *copyAttrs) applyTree(p string) error {
+	return filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		return a.apply(q, fi)
+	})
+}
 
 // buildCopyLayer makes, in the empty directory layer, the layer of a copy
 // step: src of the build context ctxDir placed at dst. dst is resolved in
 // root, the merged view of the layers below (its symlinks followed inside
 // root, as the sandbox would); a relative dst is relative to workdir.
 // Directories on the way that exist below keep their metadata; new ones
-// are root's, 0755. Copied files are owned by root and keep their mode.
-func buildCopyLayer(layer, root, ctxDir, src, dst, workdir string) error {
+// are root's, 0755. Copied files are owned by root and keep their mode,
+// unless attrs says otherwise (nil: nothing).
+func buildCopyLayer(layer, root, ctxDir, src, dst, workdir string, attrs *copyAttrs) error {
+	if attrs != nil && attrs.owner == "" && attrs.mode == "" {
+		attrs = nil
+	}
+	if attrs != nil {
+		if err := attrs.resolve(root); err != nil {
+			return err
+		}
+	}
+	// With attributes to set, files are copied, never linked: a link
+	// would share its inode (and the change) with the context and with
+	// other steps' layers.
+	link := attrs == nil
 	srcPath := filepath.Join(ctxDir, src)
 	sst, err := os.Lstat(srcPath)
 	if err != nil {
@@ -57,9 +183,41 @@ func buildCopyLayer(layer, root, ctxDir, src, dst, workdir string) error {
 				return err
 			}
 		}
-		return copyTree(srcPath, filepath.Join(layer, target))
+		if err := copyTree(srcPath, filepath.Join(layer, target), link); err != nil {
+			return err
+		}
+		if attrs == nil {
+			return nil
+		}
+		// What was copied: the directory itself when the step made it,
+		// and its content.
+		if !exists {
+			fi, err := os.Lstat(filepath.Join(layer, target))
+			if err != nil {
+				return err
+			}
+			if err := attrs.apply(filepath.Join(layer, target), fi); err != nil {
+				return err
+			}
+		}
+		entries, err := os.ReadDir(srcPath)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if err := attrs.applyTree(filepath.Join(layer, target, e.Name())); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	return copyEntry(srcPath, filepath.Join(layer, target), sst)
+	if err := copyEntry(srcPath, filepath.Join(layer, target), sst, link); err != nil {
+		return err
+	}
+	if attrs != nil {
+		return attrs.apply(filepath.Join(layer, target), sst)
+	}
+	return nil
 }
 
 // resolveIn resolves the absolute path p inside root the way the sandbox
@@ -142,8 +300,8 @@ func makeParents(layer, root, dir string) error {
 }
 
 // copyTree copies the content of the directory src into the existing
-// directory dst.
-func copyTree(src, dst string) error {
+// directory dst; regular files are hard links when link is set.
+func copyTree(src, dst string, link bool) error {
 	entries, err := os.ReadDir(src)
 	if err != nil {
 		return err
@@ -154,7 +312,7 @@ func copyTree(src, dst string) error {
 		if err != nil {
 			return err
 		}
-		if err := copyEntry(s, d, fi); err != nil {
+		if err := copyEntry(s, d, fi, link); err != nil {
 			return err
 		}
 	}
@@ -162,8 +320,9 @@ func copyTree(src, dst string) error {
 }
 
 // copyEntry copies one context entry to dst as root's: a directory with
-// its content, a regular file, or a symlink.
-func copyEntry(src, dst string, fi fs.FileInfo) error {
+// its content, a regular file (a hard link when link is set and it can
+// be), or a symlink.
+func copyEntry(src, dst string, fi fs.FileInfo, link bool) error {
 	// A file that exists in the layer already (copied by this step) is
 	// replaced.
 	if old, err := os.Lstat(dst); err == nil && !(old.IsDir() && fi.IsDir()) {
@@ -176,7 +335,7 @@ func copyEntry(src, dst string, fi fs.FileInfo) error {
 		if err := os.Mkdir(dst, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return err
 		}
-		if err := copyTree(src, dst); err != nil {
+		if err := copyTree(src, dst, link); err != nil {
 			return err
 		}
 		return chmodTimes(dst, fi)
@@ -193,8 +352,10 @@ func copyEntry(src, dst string, fi fs.FileInfo) error {
 		}
 		// Context files are root's already (ExtractContext) and removed
 		// after the build: a hard link is the copy, when it can be made.
-		if err := os.Link(src, dst); err == nil {
-			return nil
+		if link {
+			if err := os.Link(src, dst); err == nil {
+				return nil
+			}
 		}
 		return copyFile(src, dst, st)
 	}

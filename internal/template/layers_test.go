@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -157,7 +158,7 @@ func TestCopyLayer(t *testing.T) {
 
 	// A directory through a symlink of the root: lands in usr/lib.
 	layer := t.TempDir()
-	if err := buildCopyLayer(layer, root, ctx, "pkg", "/lib/pkg", "/"); err != nil {
+	if err := buildCopyLayer(layer, root, ctx, "pkg", "/lib/pkg", "/", nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := dropFirstLine(describe(t, layer)); got != strings.Join([]string{
@@ -170,7 +171,7 @@ func TestCopyLayer(t *testing.T) {
 	// directory's metadata; a relative dst is relative to the workdir.
 	for _, dst := range []string{"/app/", "/app", "."} {
 		layer := t.TempDir()
-		if err := buildCopyLayer(layer, root, ctx, "one.txt", dst, "/app"); err != nil {
+		if err := buildCopyLayer(layer, root, ctx, "one.txt", dst, "/app", nil); err != nil {
 			t.Fatal(err)
 		}
 		if got := dropFirstLine(describe(t, layer)); got != "app 40750 1000:1000\n"+`app/one.txt 100644 0:0 "1"`+"\n" {
@@ -179,14 +180,56 @@ func TestCopyLayer(t *testing.T) {
 	}
 	// A file to a new name; a directory onto a file is refused.
 	layer = t.TempDir()
-	if err := buildCopyLayer(layer, root, ctx, "one.txt", "/new/dir/renamed.txt", "/"); err != nil {
+	if err := buildCopyLayer(layer, root, ctx, "one.txt", "/new/dir/renamed.txt", "/", nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(layer, "new/dir/renamed.txt")); err != nil {
 		t.Error(err)
 	}
-	if err := buildCopyLayer(t.TempDir(), root, ctx, "pkg", "/etc/f", "/"); err == nil {
+	if err := buildCopyLayer(t.TempDir(), root, ctx, "pkg", "/etc/f", "/", nil); err == nil {
 		t.Error("copying a directory onto a file succeeded")
+	}
+}
+
+// TestCopyLayerOwnerMode: a copy step's owner (names from the template's
+// passwd and group, read inside it; numbers as they are) and mode go to
+// what it copied, not to the directories it passed through, and never to
+// the context's file (no hard link is shared).
+func TestCopyLayerOwnerMode(t *testing.T) {
+	needRoot(t)
+	root, ctx, outside := t.TempDir(), t.TempDir(), t.TempDir()
+	mkTree(t, root, map[string]string{"app/": "", "etc/group": "root:x:0:\nstaff:x:50:\napp:x:1001:\n"})
+	// The template's passwd is a symlink: it is read inside the root,
+	// never from the host.
+	mkTree(t, outside, map[string]string{"passwd": "app:x:4242:4242::/:/bin/sh\n"})
+	mkTree(t, root, map[string]string{"etc/passwd": "->/etc/passwd.real", "etc/passwd.real": "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n"})
+	mkTree(t, ctx, map[string]string{"pkg/a.py": "a", "pkg/sub/b.py": "b", "one.txt": "1"})
+
+	layer := t.TempDir()
+	if err := buildCopyLayer(layer, root, ctx, "pkg", "/app/pkg", "/", &copyAttrs{owner: "app", mode: "0640"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := dropFirstLine(describe(t, layer)); got != strings.Join([]string{
+		"app 40755 0:0", "app/pkg 40640 1000:1001", `app/pkg/a.py 100640 1000:1001 "a"`,
+		"app/pkg/sub 40640 1000:1001", `app/pkg/sub/b.py 100640 1000:1001 "b"`, ""}, "\n") {
+		t.Errorf("a directory with owner app and mode 0640:\n%s", got)
+	}
+	if fi, err := os.Stat(filepath.Join(ctx, "pkg/a.py")); err != nil || fi.Mode().Perm() != 0o644 || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("the context's file changed: %v %v", fi.Mode(), err)
+	}
+	for owner, want := range map[string]string{"app:staff": "1000:50", "7:8": "7:8", "4321": "4321:4321", "root:app": "0:1001"} {
+		layer := t.TempDir()
+		if err := buildCopyLayer(layer, root, ctx, "one.txt", "/app/", "/", &copyAttrs{owner: owner}); err != nil {
+			t.Fatalf("owner %s: %v", owner, err)
+		}
+		if got := dropFirstLine(describe(t, layer)); got != "app 40755 0:0\n"+`app/one.txt 100644 `+want+` "1"`+"\n" {
+			t.Errorf("owner %s:\n%s", owner, got)
+		}
+	}
+	for _, owner := range []string{"nobody", "app:nogroup"} {
+		if err := buildCopyLayer(t.TempDir(), root, ctx, "one.txt", "/app/", "/", &copyAttrs{owner: owner}); err == nil {
+			t.Errorf("owner %s, who is not in the template: no error", owner)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package template
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"path"
 	"regexp"
 	"slices"
@@ -25,7 +26,7 @@ const (
 
 var stepKinds = []string{StepRun, StepCopy, StepEnv, StepWorkdir, StepUser}
 
-var specFields = []string{"from", "steps", "cpu", "memory_mb", "disk_mb", "ready_cmd", "network"}
+var specFields = []string{"from", "steps", "cpu", "memory_mb", "disk_mb", "start_cmd", "ready_cmd", "network"}
 
 // Limits of a build spec.
 const (
@@ -64,6 +65,8 @@ func ParseSpec(b []byte) (client.TemplateSpec, error) {
 		switch k {
 		case "from":
 			spec.From, err = scalarString(v, "from")
+		case "start_cmd":
+			spec.StartCmd, err = scalarString(v, "start_cmd")
 		case "ready_cmd":
 			spec.ReadyCmd, err = scalarString(v, "ready_cmd")
 		case "network":
@@ -156,8 +159,12 @@ func parseSteps(n *yaml.Node) ([]client.TemplateStep, error) {
 						st.Copy.Src, err = scalarString(v.Content[j+1], where+": copy.src")
 					case "dst":
 						st.Copy.Dst, err = scalarString(v.Content[j+1], where+": copy.dst")
+					case "owner":
+						st.Copy.Owner, err = scalarString(v.Content[j+1], where+": copy.owner")
+					case "mode":
+						st.Copy.Mode, err = scalarString(v.Content[j+1], where+": copy.mode")
 					default:
-						err = specErrorf("%s: copy has src and dst, not %q", where, key)
+						err = specErrorf("%s: copy has src, dst, owner and mode, not %q", where, key)
 					}
 					if err != nil {
 						return nil, err
@@ -238,6 +245,9 @@ func ValidateSpec(spec client.TemplateSpec) error {
 	if strings.ContainsRune(spec.ReadyCmd, 0) || len(spec.ReadyCmd) > maxRunBytes {
 		return specErrorf("ready_cmd has a NUL byte or is over %d bytes", maxRunBytes)
 	}
+	if strings.ContainsRune(spec.StartCmd, 0) || len(spec.StartCmd) > maxRunBytes {
+		return specErrorf("start_cmd has a NUL byte or is over %d bytes", maxRunBytes)
+	}
 	for i, st := range spec.Steps {
 		if err := validateStep(st); err != nil {
 			return specErrorf("step %d: %v", i+1, err)
@@ -282,8 +292,39 @@ func validateStep(st client.TemplateStep) error {
 		if st.Copy.Dst == "" || strings.ContainsRune(st.Copy.Dst, 0) || len(st.Copy.Dst) > 4096 {
 			return errors.New("copy: dst is required")
 		}
+		if st.Copy.Owner != "" {
+			u, g, _ := strings.Cut(st.Copy.Owner, ":")
+			if !userRE.MatchString(u) || (strings.Contains(st.Copy.Owner, ":") && !userRE.MatchString(g)) {
+				return fmt.Errorf("copy: owner %q is not user or user:group (names or numeric ids)", st.Copy.Owner)
+			}
+		}
+		if st.Copy.Mode != "" {
+			if _, err := ParseMode(st.Copy.Mode); err != nil {
+				return fmt.Errorf("copy: %w", err)
+			}
+		}
 	}
 	return nil
+}
+
+// ParseMode reads a copy step's mode: octal permission bits, "644" to
+// "7777".
+func ParseMode(m string) (fs.FileMode, error) {
+	v, err := strconv.ParseUint(m, 8, 32)
+	if err != nil || len(m) < 3 || len(m) > 5 || v > 0o7777 {
+		return 0, fmt.Errorf("mode %q is not octal permission bits (e.g. 0644)", m)
+	}
+	fm := fs.FileMode(v & 0o777)
+	if v&0o4000 != 0 {
+		fm |= fs.ModeSetuid
+	}
+	if v&0o2000 != 0 {
+		fm |= fs.ModeSetgid
+	}
+	if v&0o1000 != 0 {
+		fm |= fs.ModeSticky
+	}
+	return fm, nil
 }
 
 // contextPath checks a copy source: a clean path relative to the build

@@ -21,10 +21,12 @@ steps:
   - workdir: /app
   - copy: {src: ./harness, dst: /opt/harness}
   - copy: "data/x.txt x.txt"
+  - copy: {src: bin, dst: /usr/local/bin/, owner: "app:staff", mode: "0755"}
   - user: runner
 cpu: 1.5
 memory_mb: 1024
 disk_mb: 2048
+start_cmd: python3 -m http.server 8000
 ready_cmd: python3 -c 'import numpy'
 network: none
 `))
@@ -32,18 +34,20 @@ network: none
 		t.Fatal(err)
 	}
 	want := client.TemplateSpec{From: "python", CPU: 1.5, MemoryMB: 1024, DiskMB: 2048, ReadyCmd: "python3 -c 'import numpy'",
-		Network: "none", Steps: []client.TemplateStep{
+		StartCmd: "python3 -m http.server 8000",
+		Network:  "none", Steps: []client.TemplateStep{
 			{Run: "pip install numpy"},
 			{Env: map[string]string{"A": "1", "B": "two", "C": "true"}},
 			{Workdir: "/app"},
 			{Copy: &client.CopyStep{Src: "./harness", Dst: "/opt/harness"}},
 			{Copy: &client.CopyStep{Src: "data/x.txt", Dst: "x.txt"}},
+			{Copy: &client.CopyStep{Src: "bin", Dst: "/usr/local/bin/", Owner: "app:staff", Mode: "0755"}},
 			{User: "runner"},
 		}}
 	if got, w := describeSpec(spec), describeSpec(want); got != w {
 		t.Errorf("got  %s\nwant %s", got, w)
 	}
-	if got := CopySources(spec); !slices.Equal(got, []string{"harness", "data/x.txt"}) {
+	if got := CopySources(spec); !slices.Equal(got, []string{"harness", "data/x.txt", "bin"}) {
 		t.Errorf("CopySources = %v", got)
 	}
 	// JSON is YAML.
@@ -54,14 +58,14 @@ network: none
 
 func describeSpec(s client.TemplateSpec) string {
 	var b strings.Builder
-	b.WriteString(s.From + " " + s.ReadyCmd + " " + s.Network)
+	b.WriteString(s.From + " " + s.StartCmd + " " + s.ReadyCmd + " " + s.Network)
 	for _, st := range s.Steps {
 		b.WriteString(" | " + StepKind(st) + ":" + st.Run + st.Workdir + st.User)
 		for _, k := range sortedKeys(st.Env) {
 			b.WriteString(k + "=" + st.Env[k] + ",")
 		}
 		if st.Copy != nil {
-			b.WriteString(st.Copy.Src + ">" + st.Copy.Dst)
+			b.WriteString(st.Copy.Src + ">" + st.Copy.Dst + " " + st.Copy.Owner + " " + st.Copy.Mode)
 		}
 	}
 	return b.String()
@@ -75,21 +79,25 @@ func TestParseSpecErrors(t *testing.T) {
 		"steps:\n  - run: true":           "from is required",
 		"from: ../x":                      `from: "../x" is not a template name`,
 		"from: base\nsteps:\n  - frob: x": `step 1 (line 3): unknown step kind "frob" (want one of run, copy, env, workdir, user)`,
-		"from: base\nsteps:\n  - run: a\n    env: {A: 1}":         "step 1 (line 3): a step is a mapping with exactly one key",
-		"from: base\nsteps:\n  - run: ''":                         "step 1: run: the value is empty",
-		"from: base\nsteps:\n  - workdir: rel":                    `step 1: workdir "rel" must be an absolute path`,
-		"from: base\nsteps:\n  - user: 'a b'":                     `step 1: user "a b" is not a user name`,
-		"from: base\nsteps:\n  - copy: {src: ../x, dst: /x}":      `step 1: copy: src "../x" is outside the build context`,
-		"from: base\nsteps:\n  - copy: {src: /etc, dst: /x}":      `src "/etc" is an absolute path`,
-		"from: base\nsteps:\n  - copy: {src: a}":                  "step 1: copy: dst is required",
-		"from: base\nsteps:\n  - copy: {src: a, dst: b, mode: 1}": `copy has src and dst, not "mode"`,
-		"from: base\nsteps:\n  - env: {'A=B': x}":                 `env: "A=B" is not a variable name`,
-		"from: base\nnetwork: bridge":                             `network must be "outbound" or "none"`,
-		"from: base\ncpu: lots":                                   "line 2: cpu must be a number",
-		"from: base\nsteps: {run: x}":                             "steps must be a list",
-		"from: [base]":                                            "from must be a string",
-		"from: base\nsteps:\n  - run: [a, b]":                     "run must be a string",
-		"from: base\nsteps: [":                                    "not valid YAML",
+		"from: base\nsteps:\n  - run: a\n    env: {A: 1}":                     "step 1 (line 3): a step is a mapping with exactly one key",
+		"from: base\nsteps:\n  - run: ''":                                     "step 1: run: the value is empty",
+		"from: base\nsteps:\n  - workdir: rel":                                `step 1: workdir "rel" must be an absolute path`,
+		"from: base\nsteps:\n  - user: 'a b'":                                 `step 1: user "a b" is not a user name`,
+		"from: base\nsteps:\n  - copy: {src: ../x, dst: /x}":                  `step 1: copy: src "../x" is outside the build context`,
+		"from: base\nsteps:\n  - copy: {src: /etc, dst: /x}":                  `src "/etc" is an absolute path`,
+		"from: base\nsteps:\n  - copy: {src: a}":                              "step 1: copy: dst is required",
+		"from: base\nsteps:\n  - copy: {src: a, dst: b, chmod: 1}":            `copy has src, dst, owner and mode, not "chmod"`,
+		"from: base\nsteps:\n  - copy: {src: a, dst: b, mode: 1}":             `mode "1" is not octal permission bits`,
+		"from: base\nsteps:\n  - copy: {src: a, dst: b, mode: \"0999\"}":      `mode "0999" is not octal`,
+		"from: base\nsteps:\n  - copy: {src: a, dst: b, owner: \"a:b:c\"}":    `owner "a:b:c" is not user or user:group`,
+		"from: base\nsteps:\n  - copy: {src: a, dst: b, owner: \"Bad Name\"}": `owner "Bad Name" is not user`,
+		"from: base\nsteps:\n  - env: {'A=B': x}":                             `env: "A=B" is not a variable name`,
+		"from: base\nnetwork: bridge":                                         `network must be "outbound" or "none"`,
+		"from: base\ncpu: lots":                                               "line 2: cpu must be a number",
+		"from: base\nsteps: {run: x}":                                         "steps must be a list",
+		"from: [base]":                                                        "from must be a string",
+		"from: base\nsteps:\n  - run: [a, b]":                                 "run must be a string",
+		"from: base\nsteps: [":                                                "not valid YAML",
 	} {
 		_, err := ParseSpec([]byte(spec))
 		var se *SpecError

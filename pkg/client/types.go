@@ -484,8 +484,12 @@ type TemplateSpec struct {
 	CPU      float64 `json:"cpu,omitempty"`
 	MemoryMB int     `json:"memory_mb,omitempty"`
 	DiskMB   int     `json:"disk_mb,omitempty"`
-	// ReadyCmd runs (sh -c) at the end of the build and in every new
-	// sandbox before it is handed out; it must exit 0.
+	// StartCmd starts (sh -c) as a background process (tag start-cmd) of
+	// every new sandbox, before ReadyCmd. With neither set, those of From
+	// are kept.
+	StartCmd string `json:"start_cmd,omitempty"`
+	// ReadyCmd runs (sh -c) at the end of the build (after StartCmd) and
+	// in every new sandbox before it is handed out; it must exit 0.
 	ReadyCmd string `json:"ready_cmd,omitempty"`
 	// Network of the run steps: outbound (default, for package installs)
 	// or none.
@@ -509,10 +513,15 @@ type TemplateStep struct {
 // to its root) to Dst in the template (absolute, or relative to the
 // workdir). A directory's content is copied into Dst; a file lands at Dst,
 // or inside it when Dst ends with "/" or is a directory. Copied files are
-// owned by root and keep their modes.
+// owned by root (or Owner) and keep their modes (or take Mode).
 type CopyStep struct {
 	Src string `json:"src"`
 	Dst string `json:"dst"`
+	// Owner is "user" or "user:group" (names in the template or numeric
+	// ids; the group defaults to the user's), as COPY --chown.
+	Owner string `json:"owner,omitempty"`
+	// Mode is octal permission bits ("0644") for everything copied.
+	Mode string `json:"mode,omitempty"`
 }
 
 // BuildTemplateRequest is the body of POST /v1/templates (JSON), or its

@@ -1032,3 +1032,73 @@ func TestTemplatesAcrossRestart(t *testing.T) {
 		t.Errorf("template built after the restarts: %+v %v", res, err)
 	}
 }
+
+// serverSpec: a copy step's owner and mode, and a start command with the
+// check that it is up.
+const serverSpec = `
+from: python
+steps:
+  - run: useradd -m app
+  - copy: {src: data, dst: /srv/data, owner: app, mode: "0750"}
+  - copy: {src: data/a.txt, dst: /srv/plain.txt}
+start_cmd: python3 -m http.server 8000 --directory /srv
+ready_cmd: timeout 30 sh -c 'until python3 -c "import socket; socket.create_connection((\"127.0.0.1\", 8000))" 2>/dev/null; do sleep 0.1; done'
+`
+
+// TestTemplateOwnerModeStartCmd: a copy step's owner and mode on what it
+// copied (not the directories above); a start command running in every
+// sandbox on both runtimes, checked at the end of the build and before
+// each sandbox is handed out; kept by a template built from it; and a
+// start command whose check fails fails the build.
+func TestTemplateOwnerModeStartCmd(t *testing.T) {
+	t.Parallel()
+	c, _, _ := newTeam(t, srv, client.Limits{MaxSandboxes: 4, MaxConcurrentExec: 8})
+	dir := writeContextDir(t)
+	deleteTemplateAtEnd(t, c, "with-server")
+	b, log := buildAndWait(t, c, "with-server", mustParse(t, serverSpec), contextTar(t, dir, "data"))
+	if b.State != client.BuildStateSucceeded {
+		t.Fatalf("build: %+v\n%s", b, log)
+	}
+	for _, want := range []string{`(owner "app", mode "0750")`, "start_cmd python3 -m http.server"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("build log lacks %q:\n%s", want, log)
+		}
+	}
+	tm, err := c.GetTemplate(ctxT(t, time.Minute), "with-server")
+	if err != nil || tm.StartCmd != "python3 -m http.server 8000 --directory /srv" || tm.ReadyCmd == "" {
+		t.Fatalf("template: %+v, %v", tm, err)
+	}
+	deleteTemplateAtEnd(t, c, "with-server-child")
+	child, log := buildAndWait(t, c, "with-server-child", mustParse(t, "from: with-server\nsteps:\n  - run: echo child > /srv/child.txt\n"), nil)
+	if child.State != client.BuildStateSucceeded {
+		t.Fatalf("child build: %+v\n%s", child, log)
+	}
+	fetch := `python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8000/%s').read().decode().strip())"`
+	for _, rt := range runtimes {
+		sb := mustCreate(t, c, client.CreateSandboxRequest{Template: "with-server", Runtime: rt})
+		res := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: "stat -c '%n %a %U:%G' /srv /srv/data /srv/data/a.txt /srv/data/sub /srv/data/sub/b.txt /srv/plain.txt && " +
+			fmt.Sprintf(fetch, "data/a.txt")})
+		want := "/srv 755 root:root\n/srv/data 750 app:app\n/srv/data/a.txt 750 app:app\n/srv/data/sub 750 app:app\n/srv/data/sub/b.txt 750 app:app\n/srv/plain.txt 644 root:root\nalpha\n"
+		if res.ExitCode != 0 || res.Stdout != want {
+			t.Errorf("%s: %q (stderr %q), want %q", rt, res.Stdout, res.Stderr, want)
+		}
+		procs, err := c.ListProcesses(ctxT(t, time.Minute), sb.ID)
+		if err != nil || !slices.ContainsFunc(procs, func(p client.Process) bool { return p.Tag == "start-cmd" && p.Running }) {
+			t.Errorf("%s: the start command's process: %+v, %v", rt, procs, err)
+		}
+		sb = mustCreate(t, c, client.CreateSandboxRequest{Template: "with-server-child", Runtime: rt})
+		if res := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: fmt.Sprintf(fetch, "child.txt")}); res.Stdout != "child\n" {
+			t.Errorf("%s: the child template's server: %q %q", rt, res.Stdout, res.Stderr)
+		}
+	}
+
+	// A start command that never answers its check: the build fails at
+	// the check, and no template is kept.
+	bad, log := buildAndWait(t, c, "with-dead-server", mustParse(t, "from: python\nstart_cmd: exit 1\nready_cmd: python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8000))\"\n"), nil)
+	if bad.State != client.BuildStateFailed || !strings.Contains(bad.Error, "ready_cmd") {
+		t.Errorf("a dead start command: %+v\n%s", bad, log)
+	}
+	if _, err := c.GetTemplate(ctxT(t, time.Minute), "with-dead-server"); !client.IsNotFound(err) {
+		t.Errorf("the failed build's template: %v", err)
+	}
+}

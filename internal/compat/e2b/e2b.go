@@ -89,6 +89,13 @@ type Config struct {
 	// Ports serves a request to a port of a sandbox other than envd's,
 	// for the team (the port proxy of port URLs).
 	Ports func(w http.ResponseWriter, r *http.Request, teamID, id string, port int)
+	// Templates is the template catalog, for the build API (nil: none).
+	Templates Templates
+	// NoBuilds, when set, is why this server builds no templates (a
+	// fleet whose replicas do not store them): builds are refused with it.
+	NoBuilds string
+	// FilesDir keeps the build API's uploads ("" with Templates nil).
+	FilesDir string
 	// Domain is the sandbox domain of port URLs' host form, returned as
 	// the sandboxes' domain ("" = none: the SDKs then need
 	// E2B_SANDBOX_URL).
@@ -106,6 +113,9 @@ type Handler struct {
 
 	envdOnce sync.Once
 	envd     *http.ServeMux // envdMux
+
+	builds builds     // the template builds requested
+	files  *fileCache // their uploads
 }
 
 // New returns a Handler.
@@ -114,6 +124,12 @@ func New(cfg Config) *Handler {
 	if h.log == nil {
 		h.log = slog.Default()
 	}
+	h.files = &fileCache{dir: cfg.FilesDir, max: func() int64 {
+		if cfg.Templates == nil {
+			return 0
+		}
+		return cfg.Templates.MaxContextBytes()
+	}}
 	return h
 }
 
@@ -131,6 +147,7 @@ func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("POST /sandboxes/{id}/pause", a(h.notYet("pausing a sandbox (snapshots are a later issue)")))
 	mux.HandleFunc("POST /sandboxes/{id}/resume", a(h.notYet("resuming a sandbox (snapshots are a later issue)")))
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", a(h.metrics))
+	h.registerTemplates(mux)
 }
 
 // IsSandboxRequest reports whether r is sandbox traffic of the

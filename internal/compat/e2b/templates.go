@@ -1,0 +1,694 @@
+package e2b
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// Templates is what the layer needs of the template catalog.
+type Templates interface {
+	List(ctx context.Context, teamID string) (client.TemplateList, error)
+	Get(ctx context.Context, teamID, name string) (client.Template, error)
+	Delete(ctx context.Context, teamID, name string) error
+	Build(ctx context.Context, teamID, name string, spec client.TemplateSpec, contextTar io.Reader) (client.TemplateBuild, error)
+	GetBuild(ctx context.Context, teamID, name, id string) (client.TemplateBuild, error)
+	OpenLog(ctx context.Context, teamID, name, id string) (io.ReadCloser, error)
+	MaxContextBytes() int64
+}
+
+// The template build API (Template.build of the SDKs, Harbor's -e e2b):
+//
+//	POST /v3/templates {name, tags, cpuCount, memoryMB}    → a build, waiting
+//	GET  /templates/{id}/files/{hash}                      → {present, url}
+//	PUT  {url} (the COPY step's files, a tar, gzipped or not)
+//	POST /v2/templates/{id}/builds/{bid} {fromImage | fromTemplate, steps, startCmd, readyCmd}
+//	GET  /templates/{id}/builds/{bid}/status?logsOffset=   → polled
+//
+// The build is one of evalbox's (catalog.Build) from a spec this layer
+// writes: the template ID is the evalbox template's name, the COPY steps'
+// uploads make its build context (one directory per files hash), and each
+// E2B step is one or more spec steps (stepMap keeps which, for the failed
+// step the SDK points at in its traceback).
+
+// pendingTTL is how long a requested build waits for its start, and an
+// uploaded file for a build that uses it.
+const pendingTTL = time.Hour
+
+// e2bBuild is a build the SDK asked for: waiting for its start, then the
+// evalbox build it became.
+type e2bBuild struct {
+	team, name string
+	cpu        float64
+	memoryMB   int
+	created    time.Time
+
+	evalboxID string // once started
+	// stepMap[i] is the E2B step (1-based) of the spec's step i+1.
+	stepMap []int
+	// failed is why a start was refused after the build was accepted
+	// (nothing: the start's answer said it).
+	failed string
+}
+
+// builds holds the requested builds, by E2B build ID.
+type builds struct {
+	mu sync.Mutex
+	m  map[string]*e2bBuild
+}
+
+func (b *builds) put(id string, e *e2bBuild) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		b.m = map[string]*e2bBuild{}
+	}
+	now := time.Now()
+	for k, v := range b.m {
+		if v.evalboxID == "" && now.Sub(v.created) > pendingTTL {
+			delete(b.m, k) // never started
+		} else if now.Sub(v.created) > 7*24*time.Hour {
+			delete(b.m, k)
+		}
+	}
+	b.m[id] = e
+}
+
+func (b *builds) get(team, name, id string) (*e2bBuild, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.m[id]
+	if !ok || e.team != team || e.name != name {
+		return nil, false
+	}
+	return e, true
+}
+
+// templateName maps an E2B template name ("name" or "name:tag") to an
+// evalbox template name: the default tag only (evalbox keeps one build per
+// name).
+func templateName(ref string) (string, error) {
+	name, tag, hasTag := strings.Cut(ref, ":")
+	if hasTag && tag != "default" && tag != "latest" {
+		return "", errorf(client.CodeNotImplemented, "template %q: evalbox keeps one build per name; tags other than default are not supported yet", ref)
+	}
+	if t, ok := templateAliases[name]; ok {
+		return t, nil
+	}
+	if name == "" || strings.ContainsAny(name, "/ ") || name != strings.ToLower(name) || len(name) > 63 {
+		return "", errorf(client.CodeBadRequest, "template name %q: want 1–63 of a-z 0-9 . _ - (an evalbox template name)", ref)
+	}
+	return name, nil
+}
+
+// registerTemplates adds the template routes.
+func (h *Handler) registerTemplates(mux *http.ServeMux) {
+	a := h.authed
+	mux.HandleFunc("POST /v3/templates", a(h.requestBuild))
+	mux.HandleFunc("GET /templates/{id}/files/{hash}", a(h.fileUploadLink))
+	mux.HandleFunc("PUT "+uploadPath+"{team}/{hash}", h.uploadFile)
+	mux.HandleFunc("POST /v2/templates/{id}/builds/{bid}", a(h.startBuild))
+	mux.HandleFunc("GET /templates/{id}/builds/{bid}/status", a(h.buildStatus))
+	mux.HandleFunc("GET /templates/aliases/{alias}", a(h.templateAlias))
+	mux.HandleFunc("GET /templates", a(h.listTemplates))
+	mux.HandleFunc("DELETE /templates/{id}", a(h.deleteTemplate))
+}
+
+// templatesOff answers when the server has no template builds.
+func (h *Handler) templatesOff(w http.ResponseWriter) bool {
+	if h.cfg.NoBuilds != "" {
+		h.writeError(w, errorf(client.CodeNotImplemented, "%s", h.cfg.NoBuilds))
+		return true
+	}
+	if h.cfg.Templates == nil {
+		h.writeError(w, errorf(client.CodeNotImplemented, "this server has no template catalog"))
+		return true
+	}
+	return false
+}
+
+type buildRequest struct {
+	Name     string   `json:"name"`
+	Alias    string   `json:"alias"`
+	Tags     []string `json:"tags"`
+	CPUCount *float64 `json:"cpuCount"`
+	MemoryMB *int     `json:"memoryMB"`
+}
+
+type buildRequested struct {
+	TemplateID string   `json:"templateID"`
+	BuildID    string   `json:"buildID"`
+	Public     bool     `json:"public"`
+	Names      []string `json:"names"`
+	Tags       []string `json:"tags"`
+	Aliases    []string `json:"aliases"`
+}
+
+// requestBuild is POST /v3/templates: a build of the template, to be
+// started once its files are uploaded.
+func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if h.templatesOff(w) {
+		return
+	}
+	var req buildRequest
+	if err := decode(w, r, &req); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	ref := cmp(req.Name, req.Alias)
+	if ref == "" {
+		h.writeError(w, errorf(client.CodeBadRequest, "name is required"))
+		return
+	}
+	name, err := templateName(ref)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	for _, t := range req.Tags {
+		if t != "default" && t != "latest" {
+			h.writeError(w, errorf(client.CodeNotImplemented, "tag %q: evalbox keeps one build per name; tags other than default are not supported yet", t))
+			return
+		}
+	}
+	e := &e2bBuild{team: p.TeamID, name: name, created: time.Now()}
+	if req.CPUCount != nil {
+		if *req.CPUCount <= 0 {
+			h.writeError(w, errorf(client.CodeBadRequest, "cpuCount %g: want a positive number", *req.CPUCount))
+			return
+		}
+		e.cpu = *req.CPUCount
+	}
+	if req.MemoryMB != nil {
+		if *req.MemoryMB <= 0 {
+			h.writeError(w, errorf(client.CodeBadRequest, "memoryMB %d: want a positive number", *req.MemoryMB))
+			return
+		}
+		e.memoryMB = *req.MemoryMB
+	}
+	id := newBuildID()
+	h.builds.put(id, e)
+	writeJSON(w, http.StatusAccepted, buildRequested{TemplateID: name, BuildID: id, Names: []string{name},
+		Tags: []string{"default"}, Aliases: []string{name}})
+}
+
+func cmp(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func newBuildID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// buildStart is the body of POST /v2/templates/{id}/builds/{bid}.
+type buildStart struct {
+	FromImage         string      `json:"fromImage"`
+	FromTemplate      string      `json:"fromTemplate"`
+	FromImageRegistry any         `json:"fromImageRegistry"`
+	Force             bool        `json:"force"`
+	Steps             []buildStep `json:"steps"`
+	StartCmd          string      `json:"startCmd"`
+	ReadyCmd          string      `json:"readyCmd"`
+}
+
+type buildStep struct {
+	Type      string   `json:"type"`
+	Args      []string `json:"args"`
+	FilesHash string   `json:"filesHash"`
+	Force     bool     `json:"force"`
+}
+
+// startBuild is POST /v2/templates/{id}/builds/{bid}: the build runs.
+func (h *Handler) startBuild(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if h.templatesOff(w) {
+		return
+	}
+	e, ok := h.builds.get(p.TeamID, r.PathValue("id"), r.PathValue("bid"))
+	if !ok {
+		h.writeError(w, errorf(client.CodeNotFound, "build %s of template %s not found", r.PathValue("bid"), r.PathValue("id")))
+		return
+	}
+	var req buildStart
+	if err := decode(w, r, &req); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	h.builds.mu.Lock()
+	started := e.evalboxID != ""
+	h.builds.mu.Unlock()
+	if started {
+		h.writeError(w, errorf(client.CodeConflict, "build %s has started already", r.PathValue("bid")))
+		return
+	}
+	spec, stepMap, hashes, err := h.translateBuild(r.Context(), p.TeamID, e, req)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	var ctxTar io.Reader
+	if len(hashes) > 0 {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(h.files.writeContext(pw, p.TeamID, hashes)) }()
+		defer pr.Close()
+		ctxTar = pr
+	}
+	b, err := h.cfg.Templates.Build(r.Context(), p.TeamID, e.name, spec, ctxTar)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	h.builds.mu.Lock()
+	e.evalboxID, e.stepMap = b.ID, stepMap
+	h.builds.mu.Unlock()
+	w.WriteHeader(http.StatusAccepted)
+}
+
+// translateBuild writes the evalbox spec of an E2B build, the E2B step of
+// each of its steps, and the files hashes its context needs.
+func (h *Handler) translateBuild(ctx context.Context, team string, e *e2bBuild, req buildStart) (client.TemplateSpec, []int, []string, error) {
+	var spec client.TemplateSpec
+	if req.FromImageRegistry != nil {
+		return spec, nil, nil, errorf(client.CodeNotImplemented, "fromImageRegistry: evalbox pulls no images from registries here; import the image (evalbox template import) and name it in fromImage")
+	}
+	from, err := h.resolveFrom(ctx, team, req.FromImage, req.FromTemplate)
+	if err != nil {
+		return spec, nil, nil, err
+	}
+	spec = client.TemplateSpec{From: from.Name, CPU: e.cpu, MemoryMB: e.memoryMB, StartCmd: req.StartCmd}
+	if req.ReadyCmd != "" {
+		spec.ReadyCmd = readyLoop(req.ReadyCmd)
+	}
+	user, workdir := cmp(from.User, "root"), cmp(from.Workdir, "/")
+	var stepMap []int
+	var hashes []string
+	add := func(i int, st client.TemplateStep) {
+		spec.Steps = append(spec.Steps, st)
+		stepMap = append(stepMap, i)
+	}
+	for n, st := range req.Steps {
+		i := n + 1
+		bad := func(format string, a ...any) error {
+			return errorf(client.CodeBadRequest, "step %d (%s): %s", i, st.Type, fmt.Sprintf(format, a...))
+		}
+		switch strings.ToUpper(st.Type) {
+		case "RUN":
+			if len(st.Args) < 1 || strings.TrimSpace(st.Args[0]) == "" {
+				return spec, nil, nil, bad("want a command")
+			}
+			if len(st.Args) > 1 && st.Args[1] != "" && st.Args[1] != user {
+				add(i, client.TemplateStep{User: st.Args[1]})
+				add(i, client.TemplateStep{Run: st.Args[0]})
+				add(i, client.TemplateStep{User: user})
+			} else {
+				add(i, client.TemplateStep{Run: st.Args[0]})
+			}
+		case "ENV":
+			if len(st.Args) == 0 || len(st.Args)%2 != 0 {
+				return spec, nil, nil, bad("want name, value pairs")
+			}
+			env := map[string]string{}
+			for j := 0; j < len(st.Args); j += 2 {
+				env[st.Args[j]] = st.Args[j+1]
+			}
+			add(i, client.TemplateStep{Env: env})
+		case "WORKDIR":
+			if len(st.Args) != 1 || st.Args[0] == "" {
+				return spec, nil, nil, bad("want a directory")
+			}
+			d := st.Args[0]
+			if !path.IsAbs(d) {
+				d = path.Join(workdir, d) // as E2B: relative to the current one
+			}
+			workdir = path.Clean(d)
+			add(i, client.TemplateStep{Workdir: workdir})
+		case "USER":
+			if len(st.Args) != 1 || st.Args[0] == "" {
+				return spec, nil, nil, bad("want a user")
+			}
+			user = st.Args[0]
+			add(i, client.TemplateStep{User: user})
+		case "COPY":
+			if len(st.Args) < 2 {
+				return spec, nil, nil, bad("want a source and a destination")
+			}
+			if !validHash(st.FilesHash) {
+				return spec, nil, nil, bad("filesHash %q: want the SDK's hex hash of the files", st.FilesHash)
+			}
+			if !h.files.present(team, st.FilesHash) {
+				return spec, nil, nil, bad("its files (hash %s) were not uploaded, or were dropped (uploads are kept %s)", st.FilesHash, pendingTTL)
+			}
+			if !slices.Contains(hashes, st.FilesHash) {
+				hashes = append(hashes, st.FilesHash)
+			}
+			c := &client.CopyStep{Src: path.Join(st.FilesHash, globBase(st.Args[0])), Dst: st.Args[1]}
+			// E2B's files are the current user's unless an owner is given.
+			if len(st.Args) > 2 && st.Args[2] != "" {
+				c.Owner = st.Args[2]
+			} else if user != "root" && user != "0" {
+				c.Owner = user
+			}
+			if len(st.Args) > 3 {
+				c.Mode = st.Args[3]
+			}
+			add(i, client.TemplateStep{Copy: c})
+		default:
+			return spec, nil, nil, bad("evalbox does not know this step type (want RUN, COPY, ENV, WORKDIR or USER)")
+		}
+	}
+	// Every E2B template has the user "user" (the SDKs' Dockerfile
+	// builds end with USER user): a build that names it gets it.
+	if usesE2BUser(spec.Steps) {
+		first := []client.TemplateStep{{Run: addE2BUser}}
+		if u := cmp(from.User, "root"); u != "root" && u != "0" {
+			first = []client.TemplateStep{{User: "root"}, {Run: addE2BUser}, {User: u}}
+		}
+		spec.Steps = append(first, spec.Steps...)
+		stepMap = append(make([]int, len(first)), stepMap...) // E2B's step 0: its base
+	}
+	return spec, stepMap, hashes, nil
+}
+
+// addE2BUser makes E2B's default user where the template lacks it.
+const addE2BUser = "id -u user >/dev/null 2>&1 || useradd -m -s /bin/bash user 2>/dev/null || useradd -m user 2>/dev/null || adduser -D user"
+
+func usesE2BUser(steps []client.TemplateStep) bool {
+	for _, st := range steps {
+		if st.User == "user" || (st.Copy != nil && (st.Copy.Owner == "user" || strings.HasPrefix(st.Copy.Owner, "user:"))) {
+			return true
+		}
+	}
+	return false
+}
+
+// readyLoop runs an E2B ready command until it succeeds, as E2B does (its
+// helpers, such as wait_for_port, check once), for at most 120 s.
+func readyLoop(cmd string) string {
+	return "i=0; until ( " + cmd + "\n) >/dev/null 2>&1; do i=$((i+1)); if [ $i -ge 1200 ]; then echo 'the ready command did not succeed within 120 s' >&2; exit 1; fi; sleep 0.1; done"
+}
+
+// globBase is the part of a COPY source before its first glob (the SDK
+// sends the files a glob matched, under their paths).
+func globBase(src string) string {
+	var kept []string
+	for _, c := range strings.Split(path.Clean(src), "/") {
+		if strings.ContainsAny(c, "*?[{") {
+			break
+		}
+		kept = append(kept, c)
+	}
+	if len(kept) == 0 {
+		return "."
+	}
+	return path.Join(kept...)
+}
+
+// resolveFrom finds the template a build starts from: fromTemplate names
+// one; fromImage names a template, or an image the team imported.
+func (h *Handler) resolveFrom(ctx context.Context, team, image, tmpl string) (client.Template, error) {
+	switch {
+	case tmpl != "" && image != "":
+		return client.Template{}, errorf(client.CodeBadRequest, "fromImage and fromTemplate: give one")
+	case tmpl != "":
+		name, err := templateName(tmpl)
+		if err != nil {
+			return client.Template{}, err
+		}
+		t, err := h.cfg.Templates.Get(ctx, team, name)
+		if err != nil {
+			return client.Template{}, errorf(client.CodeBadRequest, "fromTemplate %q: no such template", tmpl)
+		}
+		return t, nil
+	case image == "":
+		return client.Template{}, errorf(client.CodeBadRequest, "fromImage or fromTemplate is required")
+	}
+	if name, err := templateName(image); err == nil {
+		if t, err := h.cfg.Templates.Get(ctx, team, name); err == nil {
+			return t, nil
+		}
+	}
+	list, err := h.cfg.Templates.List(ctx, team)
+	if err != nil {
+		return client.Template{}, err
+	}
+	want := normalizeImage(image)
+	for _, t := range list.Templates {
+		if t.Source != "import" {
+			continue
+		}
+		ref, _, _ := strings.Cut(t.From, "@")
+		if normalizeImage(ref) == want {
+			return t, nil
+		}
+	}
+	return client.Template{}, errorf(client.CodeBadRequest,
+		"fromImage %q: this server pulls no images; import it first (evalbox template import --name NAME --ref %s IMAGE.tar), or start from a template (fromTemplate: base, python, node, code-interpreter or one of yours)", image, image)
+}
+
+// normalizeImage writes an image reference the way Docker reads it:
+// docker.io/library/python:3.12 and python:3.12 are one; no tag is latest.
+func normalizeImage(ref string) string {
+	ref = strings.TrimPrefix(strings.TrimPrefix(ref, "docker.io/"), "index.docker.io/")
+	ref = strings.TrimPrefix(ref, "library/")
+	last := ref[strings.LastIndexByte(ref, '/')+1:]
+	if !strings.Contains(last, ":") && !strings.Contains(ref, "@") {
+		ref += ":latest"
+	}
+	return ref
+}
+
+// Build states as E2B names them.
+const (
+	statusWaiting  = "waiting"
+	statusBuilding = "building"
+	statusReady    = "ready"
+	statusError    = "error"
+)
+
+type logEntry struct {
+	Timestamp time.Time `json:"timestamp"`
+	Level     string    `json:"level"`
+	Message   string    `json:"message"`
+}
+
+type statusReason struct {
+	Message    string     `json:"message"`
+	Step       string     `json:"step,omitempty"`
+	LogEntries []logEntry `json:"logEntries,omitempty"`
+}
+
+type buildInfo struct {
+	TemplateID string        `json:"templateID"`
+	BuildID    string        `json:"buildID"`
+	Status     string        `json:"status"`
+	Logs       []string      `json:"logs"`
+	LogEntries []logEntry    `json:"logEntries"`
+	Reason     *statusReason `json:"reason,omitempty"`
+}
+
+// maxLogEntries is the most log entries one status answer carries (the
+// SDK asks for more until it gets none).
+const maxLogEntries = 100
+
+// buildStatus is GET /templates/{id}/builds/{bid}/status: the state, and
+// the log's lines from logsOffset on.
+func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if h.templatesOff(w) {
+		return
+	}
+	name, bid := r.PathValue("id"), r.PathValue("bid")
+	e, ok := h.builds.get(p.TeamID, name, bid)
+	if !ok {
+		h.writeError(w, errorf(client.CodeNotFound, "build %s of template %s not found", bid, name))
+		return
+	}
+	offset, limit := 0, maxLogEntries
+	for k, dst := range map[string]*int{"logsOffset": &offset, "limit": &limit} {
+		if v := r.URL.Query().Get(k); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				h.writeError(w, errorf(client.CodeBadRequest, "%s %q: want a number ≥ 0", k, v))
+				return
+			}
+			*dst = n
+		}
+	}
+	limit = min(limit, maxLogEntries)
+	h.builds.mu.Lock()
+	id, stepMap := e.evalboxID, e.stepMap
+	h.builds.mu.Unlock()
+	out := buildInfo{TemplateID: name, BuildID: bid, Status: statusWaiting, Logs: []string{}, LogEntries: []logEntry{}}
+	if id == "" {
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	b, err := h.cfg.Templates.GetBuild(r.Context(), p.TeamID, name, id)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	done := false
+	switch b.State {
+	case client.BuildStateQueued:
+		out.Status = statusWaiting
+	case client.BuildStateRunning:
+		out.Status = statusBuilding
+	case client.BuildStateSucceeded:
+		out.Status, done = statusReady, true
+	default:
+		out.Status, done = statusError, true
+	}
+	lines, err := h.readLog(r.Context(), p.TeamID, name, id, offset, limit, done)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	now := time.Now().UTC()
+	for _, l := range lines {
+		out.LogEntries = append(out.LogEntries, logEntry{Timestamp: now, Level: "info", Message: l})
+	}
+	if out.Status == statusError {
+		reason := &statusReason{Message: cmp(b.Error, "the build failed")}
+		if b.FailedStep > 0 && b.FailedStep <= len(stepMap) {
+			reason.Step = strconv.Itoa(stepMap[b.FailedStep-1])
+		} else if strings.Contains(b.Error, "ready_cmd") {
+			reason.Step = "finalize"
+		}
+		out.Reason = reason
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// readLog returns up to limit whole lines of a build's log after the
+// first offset (a running build's last line only once it ends).
+func (h *Handler) readLog(ctx context.Context, team, name, id string, offset, limit int, done bool) ([]string, error) {
+	f, err := h.cfg.Templates.OpenLog(ctx, team, name, id)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	br := bufio.NewReaderSize(f, 64<<10)
+	var out []string
+	for n := 0; len(out) < limit; n++ {
+		line, err := br.ReadString('\n')
+		if err == io.EOF && (line == "" || !done) {
+			break
+		}
+		if err != nil && err != io.EOF {
+			return nil, err
+		}
+		if n >= offset {
+			out = append(out, strings.TrimRight(line, "\r\n"))
+		}
+		if err == io.EOF {
+			break
+		}
+	}
+	return out, nil
+}
+
+type aliasInfo struct {
+	TemplateID string `json:"templateID"`
+	Public     bool   `json:"public"`
+}
+
+// templateAlias is GET /templates/aliases/{alias}: whether the team has
+// the template (Template.exists).
+func (h *Handler) templateAlias(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if h.cfg.Templates == nil {
+		h.templatesOff(w)
+		return
+	}
+	name, err := templateName(r.PathValue("alias"))
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	t, err := h.cfg.Templates.Get(r.Context(), p.TeamID, name)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, aliasInfo{TemplateID: t.Name, Public: t.Source == "builtin"})
+}
+
+type listedTemplate struct {
+	TemplateID  string    `json:"templateID"`
+	BuildID     string    `json:"buildID"`
+	CPUCount    float64   `json:"cpuCount"`
+	MemoryMB    int       `json:"memoryMB"`
+	DiskSizeMB  int       `json:"diskSizeMB"`
+	Public      bool      `json:"public"`
+	Aliases     []string  `json:"aliases"`
+	Names       []string  `json:"names"`
+	CreatedAt   time.Time `json:"createdAt"`
+	UpdatedAt   time.Time `json:"updatedAt"`
+	CreatedBy   any       `json:"createdBy"`
+	LastSpawned any       `json:"lastSpawnedAt"`
+	SpawnCount  int       `json:"spawnCount"`
+	BuildCount  int       `json:"buildCount"`
+	EnvdVersion string    `json:"envdVersion"`
+	BuildStatus string    `json:"buildStatus"`
+}
+
+// listTemplates is GET /templates: the built-ins and the team's.
+func (h *Handler) listTemplates(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if h.cfg.Templates == nil {
+		h.templatesOff(w)
+		return
+	}
+	list, err := h.cfg.Templates.List(r.Context(), p.TeamID)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	out := make([]listedTemplate, 0, len(list.Templates))
+	for _, t := range list.Templates {
+		names := []string{t.Name}
+		for alias, name := range templateAliases {
+			if name == t.Name {
+				names = append(names, alias)
+			}
+		}
+		out = append(out, listedTemplate{TemplateID: t.Name, BuildID: cmp(t.BuildID, t.Digest), CPUCount: t.CPU, MemoryMB: t.MemoryMB,
+			DiskSizeMB: t.DiskMB, Public: t.Source == "builtin", Aliases: names, Names: names, CreatedAt: t.BuiltAt, UpdatedAt: t.BuiltAt,
+			BuildCount: 1, EnvdVersion: EnvdVersion, BuildStatus: statusReady})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// deleteTemplate is DELETE /templates/{id}.
+func (h *Handler) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if h.cfg.Templates == nil {
+		h.templatesOff(w)
+		return
+	}
+	name, err := templateName(r.PathValue("id"))
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	if err := h.cfg.Templates.Delete(r.Context(), p.TeamID, name); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
