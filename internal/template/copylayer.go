@@ -55,19 +55,20 @@ func (a *copyAttrs) resolve(root string) error {
 // root: its id and, for passwd, its primary group (-1 when the number is
 // not listed).
 func lookupID(root, file, name string) (id, gid int, err error) {
-	if n, err := strconv.Atoi(name); err == nil {
-		id, gid = n, -1
+	if n, err := strconv.ParseUint(name, 10, 32); err == nil {
+		if n > maxID {
+			return 0, 0, fmt.Errorf("id %s is over %d", name, maxID)
+		}
+		id, gid = int(n), -1
+	} else if strings.Trim(name, "0123456789") == "" {
+		return 0, 0, fmt.Errorf("id %s is over %d", name, maxID)
 	}
-	resolved, err := resolveIn(root, file)
-	if err != nil {
-		return 0, 0, err
-	}
-	f, err := os.OpenFile(filepath.Join(root, resolved), os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	f, err := openInRoot(root, strings.TrimPrefix(file, "/"))
 	if err != nil {
 		if gid == -1 && errors.Is(err, fs.ErrNotExist) {
 			return id, gid, nil
 		}
-		return 0, 0, fmt.Errorf("reading %s: %w", file, err)
+		return 0, 0, fmt.Errorf("reading the template's %s: %w", file, unwrapPath(err))
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, 8<<20))
@@ -96,6 +97,19 @@ func lookupID(root, file, name string) (id, gid int, err error) {
 		return id, -1, nil
 	}
 	return 0, 0, fmt.Errorf("no %q in the template's %s", name, file)
+}
+
+// maxID is the largest uid or gid (2^32-1 means "no change" to chown).
+const maxID = 1<<32 - 2
+
+// unwrapPath drops the host path a *fs.PathError carries (the caller
+// names the file as the sandbox sees it).
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // apply gives p the owner and mode (a symlink: the owner only).

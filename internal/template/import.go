@@ -86,6 +86,28 @@ func (r *Registry) AddImport(dir, name, from, manifestDigest string, cfg ImageCo
 	return r.Get(digest)
 }
 
+// openInRoot opens the regular file name of the root filesystem rootfs:
+// its symlinks resolve inside rootfs, never on the host; it does not block
+// (a FIFO there is refused, not waited on).
+func openInRoot(rootfs, name string) (*os.File, error) {
+	root, err := unix.Open(rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(root)
+	fd, err := unix.Openat2(root, name, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV})
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("/%s is not a regular file", name)
+	}
+	return f, nil
+}
+
 // imageUser maps an image's User ("", "name", "uid", "name:group",
 // "uid:gid") onto what the agent takes: a name or uid. Without a user the
 // image runs as root: "root" when /etc/passwd knows it, else uid 0.
@@ -94,23 +116,11 @@ func imageUser(rootfs, u string) string {
 	if u != "" {
 		return u
 	}
-	// The image's own symlinks resolve inside its root, never on the host.
-	root, err := unix.Open(rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	f, err := openInRoot(rootfs, "etc/passwd")
 	if err != nil {
 		return "0"
 	}
-	defer unix.Close(root)
-	// Non-blocking (a FIFO), a regular file only, and a bounded read.
-	fd, err := unix.Openat2(root, "etc/passwd", &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV})
-	if err != nil {
-		return "0"
-	}
-	f := os.NewFile(uintptr(fd), "passwd")
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return "0"
-	}
 	sc := bufio.NewScanner(io.LimitReader(f, 1<<20))
 	for sc.Scan() {
 		if strings.HasPrefix(sc.Text(), "root:") {

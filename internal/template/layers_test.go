@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -230,6 +231,32 @@ func TestCopyLayerOwnerMode(t *testing.T) {
 		if err := buildCopyLayer(t.TempDir(), root, ctx, "one.txt", "/app/", "/", &copyAttrs{owner: owner}); err == nil {
 			t.Errorf("owner %s, who is not in the template: no error", owner)
 		}
+	}
+	// Set-id bits are never applied, whatever reaches the layer builder;
+	// ids past 2^32-2 are refused.
+	for _, a := range []*copyAttrs{{mode: "4755"}, {owner: "4294967295"}, {owner: "99999999999"}} {
+		if err := buildCopyLayer(t.TempDir(), root, ctx, "one.txt", "/app/", "/", a); err == nil {
+			t.Errorf("%+v: no error", *a)
+		}
+	}
+	// A FIFO as the template's group file: refused at once, not waited on.
+	if err := os.Remove(filepath.Join(root, "etc/group")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(root, "etc/group"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- buildCopyLayer(t.TempDir(), root, ctx, "one.txt", "/app/", "/", &copyAttrs{owner: "app:staff"})
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("a FIFO group file: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a FIFO group file blocks the copy")
 	}
 }
 

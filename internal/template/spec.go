@@ -308,19 +308,17 @@ func validateStep(st client.TemplateStep) error {
 }
 
 // ParseMode reads a copy step's mode: octal permission bits, "644" to
-// "7777".
+// "1777". Set-uid and set-gid bits are refused: no build plants a set-id
+// program (tarx.go).
 func ParseMode(m string) (fs.FileMode, error) {
 	v, err := strconv.ParseUint(m, 8, 32)
 	if err != nil || len(m) < 3 || len(m) > 5 || v > 0o7777 {
 		return 0, fmt.Errorf("mode %q is not octal permission bits (e.g. 0644)", m)
 	}
+	if v&0o6000 != 0 {
+		return 0, fmt.Errorf("mode %q sets set-uid or set-gid bits, which builds do not plant", m)
+	}
 	fm := fs.FileMode(v & 0o777)
-	if v&0o4000 != 0 {
-		fm |= fs.ModeSetuid
-	}
-	if v&0o2000 != 0 {
-		fm |= fs.ModeSetgid
-	}
 	if v&0o1000 != 0 {
 		fm |= fs.ModeSticky
 	}

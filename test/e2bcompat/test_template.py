@@ -108,6 +108,8 @@ def test_build_failures(key: str) -> None:
     # An image this server never imported: a clear refusal, not a pull.
     with pytest.raises(BuildException, match="import"):
         Template.build(Template().from_image("python:3.12-slim").run_cmd("true"), "e2b-pull")
+    with pytest.raises(BuildException, match="built-in template"):
+        Template.build(Template().from_template("base"), "python")
     with pytest.raises(BuildException, match="tags other than default"):
         Template.build(Template().from_template("base"), "e2b-tagged:v2")
 

@@ -15,7 +15,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/template"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -57,12 +59,18 @@ type e2bBuild struct {
 	created    time.Time
 
 	evalboxID string // once started
-	// stepMap[i] is the E2B step (1-based) of the spec's step i+1.
-	stepMap []int
-	// failed is why a start was refused after the build was accepted
-	// (nothing: the start's answer said it).
-	failed string
+	// stepMap[i] is the E2B step (1-based; 0: evalbox's, before them)
+	// of the spec's step i+1.
+	stepMap  []int
+	starting bool // a start is being checked
+	// logLines and logOff: where the log's line logLines starts, so that
+	// each poll reads only what is new.
+	logLines int
+	logOff   int64
 }
+
+// maxPendingBuilds bounds a team's builds requested and not started.
+const maxPendingBuilds = 64
 
 // builds holds the requested builds, by E2B build ID.
 type builds struct {
@@ -70,21 +78,29 @@ type builds struct {
 	m  map[string]*e2bBuild
 }
 
-func (b *builds) put(id string, e *e2bBuild) {
+func (b *builds) put(id string, e *e2bBuild) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.m == nil {
 		b.m = map[string]*e2bBuild{}
 	}
 	now := time.Now()
+	pending := 0
 	for k, v := range b.m {
-		if v.evalboxID == "" && now.Sub(v.created) > pendingTTL {
+		switch {
+		case v.evalboxID == "" && now.Sub(v.created) > pendingTTL:
 			delete(b.m, k) // never started
-		} else if now.Sub(v.created) > 7*24*time.Hour {
+		case now.Sub(v.created) > 7*24*time.Hour:
 			delete(b.m, k)
+		case v.evalboxID == "" && v.team == e.team:
+			pending++
 		}
 	}
+	if pending >= maxPendingBuilds {
+		return apierr.Errorf(client.CodeRateLimited, "the team has %d template builds requested and not started", pending)
+	}
 	b.m[id] = e
+	return nil
 }
 
 func (b *builds) get(team, name, id string) (*e2bBuild, bool) {
@@ -168,7 +184,7 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request, p auth.Pr
 		h.writeError(w, err)
 		return
 	}
-	ref := cmp(req.Name, req.Alias)
+	ref := firstNonEmpty(req.Name, req.Alias)
 	if ref == "" {
 		h.writeError(w, errorf(client.CodeBadRequest, "name is required"))
 		return
@@ -176,6 +192,15 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request, p auth.Pr
 	name, err := templateName(ref)
 	if err != nil {
 		h.writeError(w, err)
+		return
+	}
+	// Refused now, before the SDK uploads its files.
+	if !template.ValidName(name) {
+		h.writeError(w, errorf(client.CodeBadRequest, "template name %q: want 1–63 of a-z 0-9 . _ -, starting with a letter or digit", ref))
+		return
+	}
+	if template.IsBuiltin(name) {
+		h.writeError(w, errorf(client.CodeBadRequest, "%s is a built-in template; choose another name", ref))
 		return
 	}
 	for _, t := range req.Tags {
@@ -200,12 +225,15 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request, p auth.Pr
 		e.memoryMB = *req.MemoryMB
 	}
 	id := newBuildID()
-	h.builds.put(id, e)
+	if err := h.builds.put(id, e); err != nil {
+		h.writeError(w, err)
+		return
+	}
 	writeJSON(w, http.StatusAccepted, buildRequested{TemplateID: name, BuildID: id, Names: []string{name},
 		Tags: []string{"default"}, Aliases: []string{name}})
 }
 
-func cmp(a, b string) string {
+func firstNonEmpty(a, b string) string {
 	if a != "" {
 		return a
 	}
@@ -253,12 +281,18 @@ func (h *Handler) startBuild(w http.ResponseWriter, r *http.Request, p auth.Prin
 		return
 	}
 	h.builds.mu.Lock()
-	started := e.evalboxID != ""
+	busy := e.evalboxID != "" || e.starting
+	e.starting = !busy
 	h.builds.mu.Unlock()
-	if started {
+	if busy {
 		h.writeError(w, errorf(client.CodeConflict, "build %s has started already", r.PathValue("bid")))
 		return
 	}
+	defer func() {
+		h.builds.mu.Lock()
+		e.starting = false
+		h.builds.mu.Unlock()
+	}()
 	spec, stepMap, hashes, err := h.translateBuild(r.Context(), p.TeamID, e, req)
 	if err != nil {
 		h.writeError(w, err)
@@ -297,7 +331,7 @@ func (h *Handler) translateBuild(ctx context.Context, team string, e *e2bBuild, 
 	if req.ReadyCmd != "" {
 		spec.ReadyCmd = readyLoop(req.ReadyCmd)
 	}
-	user, workdir := cmp(from.User, "root"), cmp(from.Workdir, "/")
+	user, workdir := firstNonEmpty(from.User, "root"), firstNonEmpty(from.Workdir, "/")
 	var stepMap []int
 	var hashes []string
 	add := func(i int, st client.TemplateStep) {
@@ -378,7 +412,7 @@ func (h *Handler) translateBuild(ctx context.Context, team string, e *e2bBuild, 
 	// builds end with USER user): a build that names it gets it.
 	if usesE2BUser(spec.Steps) {
 		first := []client.TemplateStep{{Run: addE2BUser}}
-		if u := cmp(from.User, "root"); u != "root" && u != "0" {
+		if u := firstNonEmpty(from.User, "root"); u != "root" && u != "0" {
 			first = []client.TemplateStep{{User: "root"}, {Run: addE2BUser}, {User: u}}
 		}
 		spec.Steps = append(first, spec.Steps...)
@@ -556,7 +590,7 @@ func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request, p auth.Pri
 	default:
 		out.Status, done = statusError, true
 	}
-	lines, err := h.readLog(r.Context(), p.TeamID, name, id, offset, limit, done)
+	lines, err := h.readLog(r.Context(), e, p.TeamID, name, id, offset, limit, done)
 	if err != nil {
 		h.writeError(w, err)
 		return
@@ -566,9 +600,12 @@ func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request, p auth.Pri
 		out.LogEntries = append(out.LogEntries, logEntry{Timestamp: now, Level: "info", Message: l})
 	}
 	if out.Status == statusError {
-		reason := &statusReason{Message: cmp(b.Error, "the build failed")}
+		reason := &statusReason{Message: firstNonEmpty(b.Error, "the build failed")}
 		if b.FailedStep > 0 && b.FailedStep <= len(stepMap) {
-			reason.Step = strconv.Itoa(stepMap[b.FailedStep-1])
+			reason.Step = "base" // evalbox's own first steps
+			if n := stepMap[b.FailedStep-1]; n > 0 {
+				reason.Step = strconv.Itoa(n)
+			}
 		} else if strings.Contains(b.Error, "ready_cmd") {
 			reason.Step = "finalize"
 		}
@@ -577,32 +614,70 @@ func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request, p auth.Pri
 	writeJSON(w, http.StatusOK, out)
 }
 
+// maxLogLine is the longest log line an entry carries (the rest is cut).
+const maxLogLine = 16 << 10
+
 // readLog returns up to limit whole lines of a build's log after the
-// first offset (a running build's last line only once it ends).
-func (h *Handler) readLog(ctx context.Context, team, name, id string, offset, limit int, done bool) ([]string, error) {
+// first offset (a running build's last line only once it ends). Where the
+// last answer ended is kept: a poll reads what is new, not the whole log.
+func (h *Handler) readLog(ctx context.Context, e *e2bBuild, team, name, id string, offset, limit int, done bool) ([]string, error) {
 	f, err := h.cfg.Templates.OpenLog(ctx, team, name, id)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	br := bufio.NewReaderSize(f, 64<<10)
+	line0, off := 0, int64(0)
+	h.builds.mu.Lock()
+	if s, ok := f.(io.Seeker); ok && e.logLines > 0 && e.logLines <= offset {
+		if _, err := s.Seek(e.logOff, io.SeekStart); err == nil {
+			line0, off = e.logLines, e.logOff
+		}
+	}
+	h.builds.mu.Unlock()
+	br := bufio.NewReaderSize(f, maxLogLine)
 	var out []string
-	for n := 0; len(out) < limit; n++ {
-		line, err := br.ReadString('\n')
+	n := line0
+	for len(out) < limit {
+		line, long, err := readLine(br)
 		if err == io.EOF && (line == "" || !done) {
 			break
 		}
 		if err != nil && err != io.EOF {
 			return nil, err
 		}
+		off += long
 		if n >= offset {
-			out = append(out, strings.TrimRight(line, "\r\n"))
+			out = append(out, line)
 		}
+		n++
 		if err == io.EOF {
 			break
 		}
 	}
+	h.builds.mu.Lock()
+	if n > e.logLines {
+		e.logLines, e.logOff = n, off
+	}
+	h.builds.mu.Unlock()
 	return out, nil
+}
+
+// readLine reads one line (without its end), at most maxLogLine bytes of
+// it kept, and how many bytes it took; io.EOF with a line that has no end.
+func readLine(br *bufio.Reader) (string, int64, error) {
+	var kept []byte
+	var took int64
+	for {
+		chunk, err := br.ReadSlice('\n')
+		took += int64(len(chunk))
+		if room := maxLogLine - len(kept); room > 0 {
+			kept = append(kept, chunk[:min(len(chunk), room)]...)
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		return strings.TrimRight(string(kept), "\r\n"), took, err
+	}
 }
 
 type aliasInfo struct {
@@ -668,7 +743,7 @@ func (h *Handler) listTemplates(w http.ResponseWriter, r *http.Request, p auth.P
 				names = append(names, alias)
 			}
 		}
-		out = append(out, listedTemplate{TemplateID: t.Name, BuildID: cmp(t.BuildID, t.Digest), CPUCount: t.CPU, MemoryMB: t.MemoryMB,
+		out = append(out, listedTemplate{TemplateID: t.Name, BuildID: firstNonEmpty(t.BuildID, t.Digest), CPUCount: t.CPU, MemoryMB: t.MemoryMB,
 			DiskSizeMB: t.DiskMB, Public: t.Source == "builtin", Aliases: names, Names: names, CreatedAt: t.BuiltAt, UpdatedAt: t.BuiltAt,
 			BuildCount: 1, EnvdVersion: EnvdVersion, BuildStatus: statusReady})
 	}

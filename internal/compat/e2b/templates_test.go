@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -165,9 +167,16 @@ func TestUploads(t *testing.T) {
 	c := &fileCache{dir: dir, max: func() int64 { return 4096 }}
 	hash := "00112233445566778899aabbccddeeff"
 	for name, body := range map[string][]byte{
-		"not a tar":  []byte("hello"),
-		"escape":     tarOf(t, map[string]string{"../x": "x"}),
-		"absolute":   tarOf(t, map[string]string{"/etc/x": "x"}),
+		"not a tar": []byte("hello"),
+		"escape":    tarOf(t, map[string]string{"../x": "x"}),
+		"absolute":  tarOf(t, map[string]string{"/etc/x": "x"}),
+		"link to the root": func() []byte {
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			tw.WriteHeader(&tar.Header{Name: "l", Typeflag: tar.TypeLink, Linkname: "."})
+			tw.Close()
+			return buf.Bytes()
+		}(),
 		"over limit": tarOf(t, map[string]string{"big": string(make([]byte, 8192))}),
 	} {
 		if err := c.put("team", hash, bytes.NewReader(body), -1); err == nil {
@@ -199,6 +208,14 @@ func TestUploads(t *testing.T) {
 	if want := []string{hash + "/", hash + "/a/b.txt", hash + "/c"}; !sameSet(names, want) {
 		t.Errorf("context %v, want %v", names, want)
 	}
+	// The first upload of a hash stays: a second PUT cannot replace it.
+	if err := c.put("team", hash, bytes.NewReader(tarOf(t, map[string]string{"evil": "x"})), -1); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := c.writeContext(&out, "team", []string{hash}); err != nil || bytes.Contains(out.Bytes(), []byte("evil")) {
+		t.Errorf("a second upload replaced the first (%v)", err)
+	}
 	// Expired uploads are gone.
 	old := time.Now().Add(-2 * pendingTTL)
 	os.Chtimes(c.path("team", hash), old, old)
@@ -224,4 +241,19 @@ func sameSet(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+func TestReadLine(t *testing.T) {
+	long := strings.Repeat("x", maxLogLine+100)
+	br := bufio.NewReaderSize(strings.NewReader("one\r\n"+long+"\nlast"), maxLogLine)
+	for _, want := range []struct {
+		line string
+		took int64
+		eof  bool
+	}{{"one", 5, false}, {long[:maxLogLine], int64(len(long) + 1), false}, {"last", 4, true}} {
+		line, took, err := readLine(br)
+		if line != want.line || took != want.took || (err == io.EOF) != want.eof {
+			t.Errorf("readLine = %d bytes, took %d, %v; want %d bytes, took %d", len(line), took, err, len(want.line), want.took)
+		}
+	}
 }

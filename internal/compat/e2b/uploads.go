@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -43,7 +44,9 @@ func validHash(h string) bool { return hashRE.MatchString(h) }
 type fileCache struct {
 	dir string
 	max func() int64
-	mu  sync.Mutex
+
+	mu       sync.Mutex
+	inFlight map[string]int // uploads running, by team
 }
 
 func (c *fileCache) path(team, hash string) string {
@@ -65,13 +68,26 @@ func (c *fileCache) present(team, hash string) bool {
 	return true
 }
 
+// maxUploadsInFlight bounds a team's uploads at once (each may write up
+// to a build context's limit before it is checked against the rest).
+const maxUploadsInFlight = 4
+
 // put stores an upload of size bytes (-1: unknown) from r, checking that
-// it is a tar archive (gzipped or not) whose names stay inside it.
+// it is a tar archive (gzipped or not) whose names stay inside it. The
+// first upload of a hash wins: a later one (the same files, or not) is
+// read and dropped, so that an upload URL cannot replace what builds use.
 func (c *fileCache) put(team, hash string, r io.Reader, size int64) error {
+	if c.dir == "" {
+		return errorf(client.CodeNotImplemented, "this server keeps no template uploads")
+	}
 	max := c.max()
 	if size > max {
 		return errorf(client.CodePayloadTooLarge, "the upload is %d bytes; a build context is at most %d", size, max)
 	}
+	if !c.enter(team) {
+		return apierr.Errorf(client.CodeRateLimited, "the team has %d uploads running; wait for one to end", maxUploadsInFlight)
+	}
+	defer c.leave(team)
 	dir := filepath.Join(c.dir, team)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("e2b: uploads: %w", err)
@@ -101,20 +117,43 @@ func (c *fileCache) put(team, hash string, r io.Reader, size int64) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	fi, err := os.Stat(tmp.Name())
-	if err != nil {
+	final := c.path(team, hash)
+	if fi, err := os.Stat(final); err == nil && time.Since(fi.ModTime()) <= pendingTTL {
+		return nil // the first upload stays
+	}
+	_ = os.Remove(final) // expired
+	if err := os.Link(tmp.Name(), final); err != nil {
 		return fmt.Errorf("e2b: uploads: %w", err)
 	}
-	c.evict(dir, max-fi.Size())
-	if err := os.Rename(tmp.Name(), c.path(team, hash)); err != nil {
-		return fmt.Errorf("e2b: uploads: %w", err)
-	}
+	c.evict(dir, max, final)
 	return nil
 }
 
-// evict removes a team's expired uploads, then its oldest until the rest
-// take at most keep bytes.
-func (c *fileCache) evict(dir string, keep int64) {
+// enter counts an upload of the team in, if it has room.
+func (c *fileCache) enter(team string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inFlight == nil {
+		c.inFlight = map[string]int{}
+	}
+	if c.inFlight[team] >= maxUploadsInFlight {
+		return false
+	}
+	c.inFlight[team]++
+	return true
+}
+
+func (c *fileCache) leave(team string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inFlight[team]--; c.inFlight[team] <= 0 {
+		delete(c.inFlight, team)
+	}
+}
+
+// evict removes a team's expired uploads and stale temporary files, then
+// its oldest uploads (never keep) until they take at most max bytes.
+func (c *fileCache) evict(dir string, max int64, keep string) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return
@@ -127,22 +166,24 @@ func (c *fileCache) evict(dir string, keep int64) {
 	var files []file
 	var total int64
 	for _, e := range entries {
-		if !strings.HasSuffix(e.Name(), ".tar") || strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
 		fi, err := e.Info()
 		if err != nil {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())
 		if time.Since(fi.ModTime()) > pendingTTL {
-			_ = os.Remove(p)
+			_ = os.Remove(p) // expired, or a temporary file a crash left
 			continue
 		}
-		files = append(files, file{p, fi.Size(), fi.ModTime()})
+		if !strings.HasSuffix(e.Name(), ".tar") || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
 		total += fi.Size()
+		if p != keep {
+			files = append(files, file{p, fi.Size(), fi.ModTime()})
+		}
 	}
-	for total > keep && len(files) > 0 {
+	for total > max && len(files) > 0 {
 		oldest := 0
 		for i, f := range files {
 			if f.mod.Before(files[oldest].mod) {
@@ -191,8 +232,8 @@ func eachEntry(r io.Reader, fn func(hdr *tar.Header, name string, body io.Reader
 			return err
 		}
 		if hdr.Typeflag == tar.TypeLink {
-			if _, err := cleanName(hdr.Linkname); err != nil {
-				return err
+			if ln, err := cleanName(hdr.Linkname); err != nil || ln == "" {
+				return fmt.Errorf("hard link %q to %q: not a file of the archive", hdr.Name, hdr.Linkname)
 			}
 		}
 		if err := fn(hdr, name, tr); err != nil {
