@@ -44,7 +44,7 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		Service: sandbox.Config{DefaultTimeout: c.DefaultTimeout, MaxTimeout: c.MaxTimeout, MaxFileBytes: c.MaxFileBytes,
 			ExecWait: execWait(c.ExecWait), Pids: c.Pids},
 		Capacity:  nodeCapacity(c.NodeFlags),
-		EgressDNS: c.EgressDNS, AllowPrivate: c.AllowPrivate, SandboxDomain: c.SandboxDomain,
+		EgressDNS: c.EgressDNS, AllowPrivate: c.AllowPrivate, SandboxDomain: c.SandboxDomain, PublicURL: c.PublicURL,
 		Catalog:       catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
 		OutputMemory:  int64(c.OutputMemoryMB) << 20,
 		HTTP:          server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},

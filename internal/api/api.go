@@ -114,6 +114,9 @@ type Config struct {
 	SandboxDomain string
 	// E2BFilesDir keeps the uploads of the E2B template build API.
 	E2BFilesDir string
+	// PublicURL, when set, is the server's URL as clients reach it: the
+	// upload URLs the E2B layer hands out are built on it.
+	PublicURL string
 	// DefaultLimits are given to teams created without limits.
 	DefaultLimits client.Limits
 	// OutputBudget bounds the memory of command output held for buffered
@@ -133,7 +136,7 @@ func New(cfg Config) *Server {
 	s.trials = trial.New(cfg.Service, s.log)
 	s.ports = s.newPortProxy()
 	e2bCfg := e2b.Config{Sandboxes: cfg.Service, Auth: cfg.Auth, Secrets: cfg.Store,
-		Ports: s.servePortAs, Domain: s.domain, Logger: s.log, NoBuilds: cfg.NoTemplateBuilds, FilesDir: cfg.E2BFilesDir}
+		Ports: s.servePortAs, Domain: s.domain, Logger: s.log, NoBuilds: cfg.NoTemplateBuilds, FilesDir: cfg.E2BFilesDir, PublicURL: cfg.PublicURL}
 	if cfg.Templates != nil {
 		e2bCfg.Templates = cfg.Templates
 	}

@@ -457,7 +457,8 @@ func TestServe(t *testing.T) {
 		"--max-builds", "3", "--build-timeout", "10m", "--build-network", "none", "--exec-wait", "30",
 		"--output-memory-mb", "256", "--http-read-header-timeout", "3", "--http-idle-timeout", "1m", "--max-storage-mb", "512",
 		"--registry-allow", "registry.internal:5000,ghcr.io", "--replica-id", "api-1", "--eval-lease", "5s",
-		"--pids", "512", "--host-pids", "16996", "--host-reserve-memory-mb", "4096", "--memory-overcommit", "3.5").ok(t)
+		"--pids", "512", "--host-pids", "16996", "--host-reserve-memory-mb", "4096", "--memory-overcommit", "3.5",
+		"--public-url", "https://evalbox.example.com").ok(t)
 	want := ServeConfig{
 		NodeFlags: NodeFlags{DataDir: "/tmp/ebx", RunscPath: "/bin/runsc", AgentPath: "/bin/agent", TemplatesDir: "/tmp/tmpl",
 			HostPids: 16996, HostReserveMemoryMB: 4096, MemoryOvercommit: 3.5, LogLevel: -4, Logger: got.Logger},
@@ -469,7 +470,7 @@ func TestServe(t *testing.T) {
 		RegistryAllow: []string{"registry.internal:5000", "ghcr.io"},
 		Pids:          512,
 		ReplicaID:     "api-1", EvalLease: 5 * time.Second,
-		Nodes: "local", Namespace: "evalbox",
+		Nodes: "local", Namespace: "evalbox", PublicURL: "https://evalbox.example.com",
 	}
 	if got.Logger == nil || !got.Logger.Enabled(context.Background(), -4) {
 		t.Error("no debug logger")
@@ -539,6 +540,7 @@ func TestServe(t *testing.T) {
 		{"--database", "mysql://u@h/db"}, {"--database", "sqlite:"}, {"--database", "host=db password=pw"},
 		{"--pids", "10"}, {"--host-pids", "-1"}, {"--host-reserve-memory-mb", "-5"}, {"--memory-overcommit", "0.5"},
 		{"--host-pids", "20000", "--host-reserve-pids", "100"},
+		{"--public-url", "evalbox.example.com"}, {"--public-url", "https://h/x"}, {"--public-url", "ftp://h"},
 	} {
 		if r := runCLI(t, "", append([]string{"serve"}, a...)...); r.code != 2 {
 			t.Errorf("serve %v: exit %d %q", a, r.code, r.stderr)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -100,6 +101,10 @@ type ServeConfig struct {
 	// SandboxDomain serves the host form of port URLs:
 	// {port}-{id}.{SandboxDomain} (wildcard DNS pointing at the server).
 	SandboxDomain string
+	// PublicURL is the server's URL as its clients reach it (behind a
+	// TLS-terminating proxy): the URLs it hands out are built on it. ""
+	// = the request's scheme and Host.
+	PublicURL string
 }
 
 // PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
@@ -213,6 +218,12 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			if d := cfg.SandboxDomain; d != "" && len(validation.IsDNS1123Subdomain(strings.TrimSuffix(d, "."))) > 0 {
 				return usagef(cmd, "--sandbox-domain %q: want a DNS name such as sandboxes.example.com", d)
 			}
+			if u := cfg.PublicURL; u != "" {
+				pu, err := url.Parse(u)
+				if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" || (pu.Path != "" && pu.Path != "/") || pu.RawQuery != "" {
+					return usagef(cmd, "--public-url %q: want http(s)://HOST[:PORT], without a path", u)
+				}
+			}
 			if cfg.BuildNetwork != "outbound" && cfg.BuildNetwork != "none" {
 				return usagef(cmd, "--build-network %q: want outbound or none", cfg.BuildNetwork)
 			}
@@ -297,6 +308,7 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.StringVar(&cfg.NodeTLSCert, "node-tls-cert", "", "this replica's certificate toward the node agents: its client certificate for their mutual TLS, and --node-listen's (with --node-tls-key)")
 	f.StringVar(&cfg.NodeTLSKey, "node-tls-key", "", "the key of --node-tls-cert")
 	f.StringVar(&cfg.NodeTLSServerName, "node-tls-server-name", "", "the name every node's certificate is checked against (default: each node's address; with --node-tls-ca)")
+	f.StringVar(&cfg.PublicURL, "public-url", "", "the server's URL as clients reach it, e.g. https://evalbox.example.com behind a TLS proxy (the URLs it hands out are built on it; default: each request's scheme and Host)")
 	f.StringVar(&cfg.SandboxDomain, "sandbox-domain", "", "serve port URLs of the host form {port}-{id}.DOMAIN too (point wildcard DNS *.DOMAIN at this server)")
 	f.StringVar(&cfg.NodeListen, "node-listen", "", "serve the node agents' template fetches on this address, over TLS with --node-tls-cert/--node-tls-key (mutual with --node-tls-ca), instead of on --listen")
 	f.Var(&defTimeout, "default-timeout", "sandbox TTL when a create request gives none (seconds or a duration)")

@@ -80,6 +80,8 @@ type Config struct {
 	EgressDNS     []netip.AddrPort
 	AllowPrivate  []netip.Prefix
 	SandboxDomain string
+	// PublicURL is the server's URL as clients reach it (api.Config).
+	PublicURL string
 	// OutputMemory bounds, in bytes, the command output the server holds
 	// for buffered answers and eval runs at any one time (0: 1 GiB).
 	OutputMemory int64
@@ -328,7 +330,8 @@ func Run(ctx context.Context, cfg Config) error {
 
 	apiCfg := api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
 		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: runtimesOf(ctx, nodes), Pools: nodes, Capacity: nodes, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log,
-		SandboxDomain: cfg.SandboxDomain, E2BFilesDir: filepath.Join(cfg.DataDir, "e2b-uploads")}
+		SandboxDomain: cfg.SandboxDomain, E2BFilesDir: filepath.Join(cfg.DataDir, "e2b-uploads"),
+		PublicURL: cfg.PublicURL}
 	if fleetMode {
 		apiCfg.RuntimesNow = func() []string { return runtimesOf(context.Background(), nodes) }
 		apiCfg.NoTemplateBuilds = noBuildsOnFleet

@@ -96,6 +96,9 @@ type Config struct {
 	NoBuilds string
 	// FilesDir keeps the build API's uploads ("" with Templates nil).
 	FilesDir string
+	// PublicURL is the server's URL as the SDKs reach it, for the upload
+	// URLs ("": the request's scheme and Host).
+	PublicURL string
 	// Domain is the sandbox domain of port URLs' host form, returned as
 	// the sandboxes' domain ("" = none: the SDKs then need
 	// E2B_SANDBOX_URL).

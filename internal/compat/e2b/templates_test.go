@@ -5,16 +5,22 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -254,6 +260,56 @@ func TestReadLine(t *testing.T) {
 		line, took, err := readLine(br)
 		if line != want.line || took != want.took || (err == io.EOF) != want.eof {
 			t.Errorf("readLine = %d bytes, took %d, %v; want %d bytes, took %d", len(line), took, err, len(want.line), want.took)
+		}
+	}
+}
+
+type fixedSecret struct{}
+
+func (fixedSecret) ServerSecret(context.Context, string) ([]byte, error) {
+	return []byte("0123456789abcdef0123456789abcdef"), nil
+}
+
+// TestUploadLink: the upload URL is built on the request's scheme and
+// Host, or on the public URL the server was given (behind a TLS proxy);
+// its signature opens that team's upload of that hash, until it expires.
+func TestUploadLink(t *testing.T) {
+	hash := strings.Repeat("ab", 32)
+	for public, want := range map[string]string{"": "http://10.0.0.5:8700/e2b/uploads/team_a/" + hash,
+		"https://evalbox.example.com": "https://evalbox.example.com/e2b/uploads/team_a/" + hash} {
+		h := New(Config{Templates: &fakeTemplates{}, FilesDir: t.TempDir(), Secrets: fixedSecret{}, PublicURL: public})
+		r := httptest.NewRequest("GET", "/templates/x/files/"+hash, nil)
+		r.Host = "10.0.0.5:8700"
+		r.SetPathValue("hash", hash)
+		w := httptest.NewRecorder()
+		h.fileUploadLink(w, r, auth.Principal{TeamID: "team_a"})
+		var link fileUpload
+		if err := json.Unmarshal(w.Body.Bytes(), &link); err != nil || w.Code != http.StatusCreated || link.Present {
+			t.Fatalf("public %q: %d %s", public, w.Code, w.Body)
+		}
+		u, err := url.Parse(link.URL)
+		if err != nil || u.Scheme+"://"+u.Host+u.Path != want {
+			t.Errorf("public %q: upload URL %s, want %s…", public, link.URL, want)
+		}
+		put := func(path, query string) int {
+			r := httptest.NewRequest("PUT", path+"?"+query, bytes.NewReader(tarOf(t, map[string]string{"a": "a"})))
+			parts := strings.Split(strings.TrimPrefix(path, uploadPath), "/")
+			r.SetPathValue("team", parts[0])
+			r.SetPathValue("hash", parts[1])
+			w := httptest.NewRecorder()
+			h.uploadFile(w, r)
+			return w.Code
+		}
+		q := u.Query()
+		if code := put(uploadPath+"team_b/"+hash, u.RawQuery); code != http.StatusUnauthorized {
+			t.Errorf("another team's path: %d", code)
+		}
+		q.Set("exp", strconv.FormatInt(time.Now().Add(2*uploadTTL).Unix(), 10))
+		if code := put(u.Path, q.Encode()); code != http.StatusUnauthorized {
+			t.Errorf("a later expiry, same signature: %d", code)
+		}
+		if code := put(u.Path, u.RawQuery); code != http.StatusOK {
+			t.Errorf("the URL as given: %d", code)
 		}
 	}
 }

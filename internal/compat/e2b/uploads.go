@@ -338,12 +338,14 @@ func (h *Handler) fileUploadLink(w http.ResponseWriter, r *http.Request, p auth.
 		return
 	}
 	exp := strconv.FormatInt(time.Now().Add(uploadTTL).Unix(), 10)
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
 	q := url.Values{"exp": {exp}, "sig": {derive(key, purposeUpload, p.TeamID, hash, exp)}}
-	u := url.URL{Scheme: scheme, Host: r.Host, Path: uploadPath + p.TeamID + "/" + hash, RawQuery: q.Encode()}
+	u := url.URL{Scheme: "http", Host: r.Host, Path: uploadPath + p.TeamID + "/" + hash, RawQuery: q.Encode()}
+	if r.TLS != nil {
+		u.Scheme = "https"
+	}
+	if pu, err := url.Parse(h.cfg.PublicURL); err == nil && h.cfg.PublicURL != "" {
+		u.Scheme, u.Host = pu.Scheme, pu.Host // behind a proxy: as clients reach the server
+	}
 	writeJSON(w, http.StatusCreated, fileUpload{URL: u.String()})
 }
 
