@@ -400,3 +400,46 @@ func TestConcurrentInstallOneJump(t *testing.T) {
 		}
 	}
 }
+
+// TestAttachSkipsARunOfTakenNames: another server on the host holds a run
+// of link names (its allocator counts from the same start): an Attach
+// skips them all, however many, and gets the next free name and block.
+func TestAttachSkipsARunOfTakenNames(t *testing.T) {
+	networktest.Setup(t)
+	ctx := context.Background()
+	pool := netip.MustParsePrefix("10.233.0.0/24")
+	scope := fmt.Sprintf("nettest-run-%d", os.Getpid())
+	first := networktest.Manager(t, network.Config{Scope: scope, Pool: pool, DNS: []netip.Addr{}})
+	other := networktest.Manager(t, network.Config{Scope: scope + "-other", Pool: pool, DNS: []netip.Addr{}})
+	g1, err := first.Links("drv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := other.Links("drv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const held = 8 // more than the 3 an Attach once skipped
+	var leases []*network.Lease
+	for i := range held {
+		l, err := g1.Attach(ctx, fmt.Sprintf("sb-%d", i), newNetns(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g1.Detach(l)
+		leases = append(leases, l)
+	}
+	l, err := g2.Attach(ctx, "sb-other", newNetns(t))
+	if err != nil {
+		t.Fatalf("Attach next to %d taken names: %v", held, err)
+	}
+	defer g2.Detach(l)
+	for _, h := range leases {
+		if h.HostLink() == l.HostLink() || h.Prefix() == l.Prefix() {
+			t.Fatalf("the other instance got %s/%v, taken by the first", l.HostLink(), l.Prefix())
+		}
+	}
+	if n := other.BlocksInUse(); n != held+1 {
+		t.Errorf("the other instance has %d blocks marked, want %d (the skipped ones and its own)", n, held+1)
+	}
+}

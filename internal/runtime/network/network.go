@@ -321,6 +321,10 @@ type Lease struct {
 	detached bool
 }
 
+// maxTakenLinks is how many taken link names an Attach skips before it
+// gives up (each skipped block stays marked used).
+const maxTakenLinks = 1024
+
 // HostLink is the name of the host end of the sandbox's link.
 func (l *Lease) HostLink() string { return l.hostIf }
 
@@ -359,10 +363,12 @@ func (l *Links) Attach(ctx context.Context, id string, ns netns.NsHandle) (_ *Le
 		switch {
 		case err == nil:
 			lease = &Lease{id: id, idx: idx, block: block, hostIf: name}
-		case errors.Is(err, unix.EEXIST) && attempt < 3:
+		case errors.Is(err, unix.EEXIST) && attempt < maxTakenLinks:
 			// A link of an earlier run or of another instance (Sweep
 			// removes the former): leave the block marked as used and
-			// take another.
+			// take another. Another server on the host holds a run of
+			// them (its own allocator counts from the same start), so
+			// many may be taken in a row.
 			m.log.Warn("network: veth name taken, skipping its block", "link", name)
 		default:
 			m.alloc.release(idx)
