@@ -117,11 +117,16 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 			pr.Out.Header.Del("Authorization")
 			pr.Out.Header.Del(client.HeaderTrafficToken)
 			stripCookie(pr.Out.Header)
-			if pr.Out.ContentLength > 0 {
-				// Its end is known: the transport's read past it
+			if pr.Out.Body != nil && pr.Out.Body != http.NoBody {
+				// When its end is known, the transport's read past it
 				// (which finds the end) need not reach the server's
-				// body, which the handler's return closes.
-				pr.Out.Body = &sizedBody{r: pr.Out.Body, left: pr.Out.ContentLength}
+				// body, which the handler's return closes; and the
+				// transport does not close it (sizedBody).
+				left := pr.Out.ContentLength
+				if left <= 0 {
+					left = -1
+				}
+				pr.Out.Body = &sizedBody{r: pr.Out.Body, left: left}
 			}
 		},
 		Transport:     tr,
@@ -149,6 +154,14 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			// The request runs full duplex (proxyPort), so net/http
+			// does not consume its body before the answer, as it does
+			// by default: read what is left of a small one, or the
+			// connection, which the client keeps for its next request,
+			// is closed (and reset) under it after this answer.
+			if r.Body != nil { // r is the outgoing request: nil without a body
+				_, _ = io.CopyN(io.Discard, r.Body, 256<<10)
+			}
 			t := targetOf(r.Context())
 			if !errors.As(err, new(*apierr.Error)) && !errors.Is(err, context.Canceled) {
 				// What broke between the proxy and the sandbox's
@@ -414,15 +427,22 @@ var portBufferPool = sync.Pool{New: func() any { b := make([]byte, portBufferSiz
 func (portBuffers) Get() []byte  { return *portBufferPool.Get().(*[]byte) }
 func (portBuffers) Put(b []byte) { portBufferPool.Put(&b) }
 
-// sizedBody is a request body of a known length, which ends after it
-// without reading further.
+// sizedBody is the body of a proxied request: of a known length (left ≥
+// 0), it ends after it without reading further. Close does not close the
+// server's body: the transport closes it when a dial fails, and a body
+// closed before its end costs the client its connection (net/http's
+// server does not reuse it), where the error answer can read what is
+// left and keep it; the server closes it when the handler returns.
 type sizedBody struct {
-	r    io.ReadCloser
-	left int64
+	r    io.Reader
+	left int64 // -1: unknown
 }
 
 func (b *sizedBody) Read(p []byte) (int, error) {
-	if b.left <= 0 {
+	if b.left < 0 {
+		return b.r.Read(p)
+	}
+	if b.left == 0 {
 		return 0, io.EOF
 	}
 	if int64(len(p)) > b.left {
@@ -436,7 +456,7 @@ func (b *sizedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (b *sizedBody) Close() error { return b.r.Close() }
+func (b *sizedBody) Close() error { return nil }
 
 // portNetConn is a sandbox port's connection as the transport wants it.
 // Deadlines are not kept: the transport closes the connection when it is

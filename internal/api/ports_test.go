@@ -50,9 +50,26 @@ func TestSizedBody(t *testing.T) {
 		t.Errorf("a body shorter than its length: %v, want unexpected EOF", err)
 	}
 
+	// Close leaves the server's body to the server (closing it before its
+	// end would cost the client its connection).
+	rc := &closeCounter{Reader: strings.NewReader("x")}
+	if err := (&sizedBody{r: rc, left: -1}).Close(); err != nil || rc.closed {
+		t.Errorf("Close closed the server's body (%v)", err)
+	}
+	if got, _ := io.ReadAll(&sizedBody{r: strings.NewReader("unknown length"), left: -1}); string(got) != "unknown length" {
+		t.Errorf("a body of unknown length: %q", got)
+	}
+
 	// A read asks the wrapped body for no more than what is left.
 	long := &sizedBody{r: io.NopCloser(strings.NewReader("abcdefgh")), left: 3}
 	if got, err := io.ReadAll(long); err != nil || string(got) != "abc" {
 		t.Errorf("a body longer than its length: %q, %v", got, err)
 	}
 }
+
+type closeCounter struct {
+	io.Reader
+	closed bool
+}
+
+func (c *closeCounter) Close() error { c.closed = true; return nil }

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -224,6 +225,33 @@ func TestPortURL(t *testing.T) {
 					t.Fatalf("chunked answer %d: %q, %v; want %q", i, b, err, want)
 				}
 			}
+			// evalbox's own answer to a request with a body (nothing on
+			// the port) leaves the connection usable for the next one.
+			conn, err := net.Dial("tcp", srv.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cr := bufio.NewReader(conn)
+			for i, req := range []string{
+				"POST /v1/sandboxes/" + sb.ID + "/ports/8001/x HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer " + key + "\r\nContent-Length: 5\r\n\r\nhello",
+				"GET /v1/sandboxes/" + sb.ID + "/ports/8000/index.html HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer " + key + "\r\n\r\n",
+			} {
+				conn.SetDeadline(time.Now().Add(time.Minute))
+				if _, err := io.WriteString(conn, req); err != nil {
+					t.Fatalf("request %d on one connection: %v", i, err)
+				}
+				resp, err := http.ReadResponse(cr, nil)
+				if err != nil {
+					t.Fatalf("answer %d on one connection: %v", i, err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if want := []int{http.StatusBadGateway, http.StatusOK}[i]; resp.StatusCode != want || (i == 0 && resp.Close) {
+					t.Fatalf("answer %d on one connection: %d (close %v), want %d on a connection kept", i, resp.StatusCode, resp.Close, want)
+				}
+			}
+			conn.Close()
+
 			// Full duplex: the answer starts before the request's body
 			// is sent, and goes on after it.
 			pr, pw := io.Pipe()
