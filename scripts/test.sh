@@ -84,7 +84,28 @@ if [ ! -d "$js_cache/node_modules/e2b" ]; then
   (cd "$js_cache" && npm ci --no-audit --no-fund --loglevel=error)
 fi
 ln -sfn "$js_cache/node_modules" test/e2bcompat/js/node_modules
-(cd test/e2bcompat && EVALBOX_BIN_DIR="$PWD/../../bin" "$e2b_venv/bin/pytest" -q -W error -p no:cacheprovider .)
+(cd test/e2bcompat && EVALBOX_BIN_DIR="$PWD/../../bin" "$e2b_venv/bin/pytest" -q -W error -p no:cacheprovider --ignore=harbor .)
+
+# Harbor's E2B environment (harbor run -e e2b: a template build from a
+# Dockerfile, the oracle and nop agents, a restart, --force-build), pinned
+# by test/e2bcompat/harbor/constraints.txt, in a venv of Python >= 3.12
+# (Harbor's floor: pyenv's on these machines) cached by the constraints'
+# hash.
+echo "== Harbor (test/e2bcompat/harbor): harbor run -e e2b from PyPI against a real evalbox serve"
+harbor_python=
+for py in python3.13 python3.12 $(ls -d "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.1[23]*/bin/python 2>/dev/null | sort -rV); do
+  if command -v "$py" >/dev/null && "$py" -c 'import sys, venv; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+    harbor_python=$py; break
+  fi
+done
+[ -n "$harbor_python" ] || { echo "test: Harbor needs Python >= 3.12 (python3.12, python3.13 or a pyenv version); none found" >&2; exit 1; }
+harbor_venv=/var/cache/evalbox/venv-harbor-$(sha256sum test/e2bcompat/harbor/constraints.txt | cut -c1-16)
+if [ ! -x "$harbor_venv/bin/harbor" ]; then
+  rm -rf "$harbor_venv"
+  "$harbor_python" -m venv "$harbor_venv"
+  "$harbor_venv/bin/pip" install -q --disable-pip-version-check -r test/e2bcompat/harbor/constraints.txt
+fi
+(cd test/e2bcompat && EVALBOX_BIN_DIR="$PWD/../../bin" "$harbor_venv/bin/pytest" -q -W error -p no:cacheprovider harbor)
 
 # The end-to-end suite runs a race-enabled server next to the real agent
 # and runsc.

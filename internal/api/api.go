@@ -199,6 +199,8 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("POST /v1/templates/import", a(s.importTemplate))
 	s.mux.HandleFunc("GET /v1/templates/{name}", a(s.getTemplate))
 	s.mux.HandleFunc("DELETE /v1/templates/{name}", a(s.deleteTemplate))
+	s.mux.HandleFunc("GET /v1/templates/{name}/tags", a(s.templateTags))
+	s.mux.HandleFunc("POST /v1/templates/{name}/tags", a(s.tagTemplate))
 	s.mux.HandleFunc("GET /v1/templates/{name}/builds/{id}", a(s.getBuild))
 	s.mux.HandleFunc("GET /v1/templates/{name}/builds/{id}/logs", a(s.buildLogs))
 	s.mux.HandleFunc("GET /v1/pools", a(s.listPools))

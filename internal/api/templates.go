@@ -10,6 +10,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/template"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -32,6 +33,33 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p auth.Prin
 	writeJSON(w, http.StatusOK, t)
 }
 
+func (s *Server) templateTags(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	tags, err := s.templates.Tags(r.Context(), p.TeamID, r.PathValue("name"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, client.TemplateTagList{Tags: tags})
+}
+
+func (s *Server) tagTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var req client.TagTemplateRequest
+	if err := decode(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Target == "" || len(req.Tags) == 0 {
+		writeError(w, errorf(client.CodeBadRequest, "target and tags are required"))
+		return
+	}
+	name := r.PathValue("name")
+	if _, err := s.templates.Tag(r.Context(), p.TeamID, name, req.Target, req.Tags); err != nil {
+		writeError(w, err)
+		return
+	}
+	s.templateTags(w, r, p)
+}
+
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	if err := s.templates.Delete(r.Context(), p.TeamID, r.PathValue("name")); err != nil {
 		writeError(w, err)
@@ -45,27 +73,28 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 type buildRequest struct {
 	Name string          `json:"name"`
 	Spec json.RawMessage `json:"spec"`
+	Tags []string        `json:"tags"`
 }
 
 // parseBuildRequest decodes a build request (JSON).
-func parseBuildRequest(body io.Reader) (string, client.TemplateSpec, error) {
+func parseBuildRequest(body io.Reader) (buildRequest, client.TemplateSpec, error) {
 	var req buildRequest
 	dec := json.NewDecoder(io.LimitReader(body, maxJSONBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		if errors.Is(err, io.EOF) {
-			return "", client.TemplateSpec{}, errorf(client.CodeBadRequest, "request body is empty; expected {\"name\", \"spec\"}")
+			return req, client.TemplateSpec{}, errorf(client.CodeBadRequest, "request body is empty; expected {\"name\", \"spec\"}")
 		}
-		return "", client.TemplateSpec{}, errorf(client.CodeBadRequest, "invalid JSON body: %s", strings.TrimPrefix(err.Error(), "json: "))
+		return req, client.TemplateSpec{}, errorf(client.CodeBadRequest, "invalid JSON body: %s", strings.TrimPrefix(err.Error(), "json: "))
 	}
 	if len(req.Spec) == 0 || string(req.Spec) == "null" {
-		return "", client.TemplateSpec{}, errorf(client.CodeBadRequest, "spec is required")
+		return req, client.TemplateSpec{}, errorf(client.CodeBadRequest, "spec is required")
 	}
 	spec, err := template.ParseSpec(req.Spec)
 	if err != nil {
-		return "", client.TemplateSpec{}, errorf(client.CodeBadRequest, "spec: %v", err)
+		return req, client.TemplateSpec{}, errorf(client.CodeBadRequest, "spec: %v", err)
 	}
-	return req.Name, spec, nil
+	return req, spec, nil
 }
 
 // buildTemplate starts a build: a JSON BuildTemplateRequest, or a
@@ -81,12 +110,12 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Pr
 	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	switch mt {
 	case "", client.ContentTypeJSON:
-		name, spec, err := parseBuildRequest(http.MaxBytesReader(w, r.Body, maxJSONBody))
+		req, spec, err := parseBuildRequest(http.MaxBytesReader(w, r.Body, maxJSONBody))
 		if err != nil {
 			writeError(w, err)
 			return
 		}
-		s.startBuild(w, r, p, name, spec, nil)
+		s.startBuild(w, r, p, req, spec, nil)
 	case "multipart/form-data":
 		mr, err := r.MultipartReader()
 		if err != nil {
@@ -98,7 +127,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Pr
 			writeError(w, errorf(client.CodeBadRequest, "the first part of the multipart body must be \"request\" (the JSON build request)"))
 			return
 		}
-		name, spec, err := parseBuildRequest(part)
+		req, spec, err := parseBuildRequest(part)
 		if err != nil {
 			writeError(w, err)
 			return
@@ -116,14 +145,14 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Pr
 		default:
 			ctxTar = part
 		}
-		s.startBuild(w, r, p, name, spec, ctxTar)
+		s.startBuild(w, r, p, req, spec, ctxTar)
 	default:
 		writeError(w, errorf(client.CodeBadRequest, "Content-Type must be application/json or multipart/form-data, got %q", mt))
 	}
 }
 
-func (s *Server) startBuild(w http.ResponseWriter, r *http.Request, p auth.Principal, name string, spec client.TemplateSpec, ctxTar io.Reader) {
-	b, err := s.templates.Build(r.Context(), p.TeamID, name, spec, ctxTar)
+func (s *Server) startBuild(w http.ResponseWriter, r *http.Request, p auth.Principal, req buildRequest, spec client.TemplateSpec, ctxTar io.Reader) {
+	b, err := s.templates.Build(r.Context(), p.TeamID, req.Name, spec, ctxTar, catalog.BuildOptions{Tags: req.Tags})
 	if err != nil {
 		writeError(w, err)
 		return

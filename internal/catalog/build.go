@@ -24,6 +24,8 @@ import (
 // signal its log followers wait on.
 type activeBuild struct {
 	id, teamID, name string
+	tags             []string // what the build names when it succeeds
+	key              buildKey // in Service.pending
 	max              int64
 	// res holds the team's storage for the build's uploads and files,
 	// until the template is stored (Persist) or the build ends.
@@ -98,14 +100,28 @@ type job func(ctx context.Context, a *activeBuild, b *client.TemplateBuild) (*te
 
 // begin registers a new build of (team, name): a conflict if one is
 // active. The caller calls start or abandon.
-func (s *Service) begin(teamID, name, kind string, steps int) (*client.TemplateBuild, *activeBuild, error) {
-	b := &client.TemplateBuild{ID: store.NewID("bld"), Template: name, Kind: kind, State: client.BuildStateQueued,
+func (s *Service) begin(teamID, name, kind string, steps int, opts BuildOptions) (*client.TemplateBuild, *activeBuild, error) {
+	tags, err := checkTags(opts.Tags)
+	if err != nil {
+		return nil, nil, err
+	}
+	id := opts.ID
+	if id == "" {
+		id = store.NewID("bld")
+	} else if _, ok := store.IDBytes("bld", id); !ok {
+		return nil, nil, fmt.Errorf("catalog: build id %q is not one NewBuildID made", id)
+	}
+	b := &client.TemplateBuild{ID: id, Template: name, Kind: kind, State: client.BuildStateQueued,
 		Steps: steps, CreatedAt: time.Now().UTC()}
 	f, err := os.OpenFile(s.logPath(b.ID), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return nil, nil, errorf(client.CodeConflict, "build %s exists already", b.ID)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("catalog: build log: %w", err)
 	}
-	a := &activeBuild{id: b.ID, teamID: teamID, name: name, max: s.cfg.MaxLogBytes, f: f, changed: make(chan struct{})}
+	key := buildKey{teamID, name, strings.Join(tags, ",")}
+	a := &activeBuild{id: b.ID, teamID: teamID, name: name, tags: tags, key: key, max: s.cfg.MaxLogBytes, f: f, changed: make(chan struct{})}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -113,11 +129,10 @@ func (s *Service) begin(teamID, name, kind string, steps int) (*client.TemplateB
 		os.Remove(s.logPath(b.ID))
 		return nil, nil, errorf(client.CodeUnavailable, "the server is shutting down")
 	}
-	key := [2]string{teamID, name}
 	if other, ok := s.pending[key]; ok {
 		f.Close()
 		os.Remove(s.logPath(b.ID))
-		return nil, nil, errorf(client.CodeConflict, "template %s is being built already (build %s)", name, other)
+		return nil, nil, errorf(client.CodeConflict, "template %s is being built already (build %s)", refOf(name, tags), other)
 	}
 	s.pending[key] = b.ID
 	s.active[b.ID] = a
@@ -127,7 +142,7 @@ func (s *Service) begin(teamID, name, kind string, steps int) (*client.TemplateB
 // abandon undoes begin for a build refused before it was recorded.
 func (s *Service) abandon(a *activeBuild) {
 	s.mu.Lock()
-	delete(s.pending, [2]string{a.teamID, a.name})
+	delete(s.pending, a.key)
 	delete(s.active, a.id)
 	s.mu.Unlock()
 	a.finish()
@@ -158,7 +173,7 @@ func (s *Service) run(b client.TemplateBuild, a *activeBuild, work job) {
 	ctx := s.ctx
 	defer func() {
 		s.mu.Lock()
-		delete(s.pending, [2]string{a.teamID, a.name})
+		delete(s.pending, a.key)
 		delete(s.active, a.id)
 		s.mu.Unlock()
 		a.finish()
@@ -215,11 +230,10 @@ func (s *Service) run(b client.TemplateBuild, a *activeBuild, work job) {
 		}
 		return
 	}
-	var old string
+	var olds []string
 	err = s.persist(context.WithoutCancel(ctx), a, t, func() error {
 		var err error
-		old, err = s.store.PutTemplate(context.WithoutCancel(ctx), store.TemplateRow{TeamID: a.teamID, Name: a.name,
-			Digest: t.Digest, Source: t.Source, BuildID: b.ID})
+		olds, err = s.name(context.WithoutCancel(ctx), a.teamID, a.name, a.tags, t, b.ID)
 		return err
 	})
 	var qe *quota.StorageError
@@ -234,12 +248,14 @@ func (s *Service) run(b client.TemplateBuild, a *activeBuild, work job) {
 		s.collect(context.WithoutCancel(ctx), t.Digest)
 		return
 	}
-	if old != t.Digest {
-		s.collect(context.WithoutCancel(ctx), old)
+	for _, old := range olds {
+		if old != t.Digest {
+			s.collect(context.WithoutCancel(ctx), old)
+		}
 	}
 	done := time.Now().UTC()
 	b.State, b.Digest, b.FinishedAt = client.BuildStateSucceeded, t.Digest, &done
-	a.logf("template %s: %s", a.name, t.Digest)
+	a.logf("template %s: %s", refOf(a.name, a.tags), t.Digest)
 	if err := s.store.UpdateBuild(context.WithoutCancel(ctx), b); err != nil {
 		s.log.Error("record build", "build", b.ID, "err", err)
 	}
@@ -253,14 +269,12 @@ func (s *Service) run(b client.TemplateBuild, a *activeBuild, work job) {
 // already.
 func (s *Service) persist(ctx context.Context, a *activeBuild, t *template.Template, write func() error) error {
 	charge := template.StorageBytes(t)
-	rows, err := s.store.ListTemplates(ctx, a.teamID)
+	digests, err := s.teamDigests(ctx, a.teamID)
 	if err != nil {
 		return err
 	}
-	for _, r := range rows {
-		if r.Digest == t.Digest {
-			charge = 0
-		}
+	if digests[t.Digest] {
+		charge = 0
 	}
 	return a.res.Persist(charge, write)
 }
@@ -286,7 +300,7 @@ var (
 // can before answering — the name, the spec, the template it starts from,
 // the context and its copy sources — and returns the queued build; the
 // build itself runs in the background (FollowLog streams its log).
-func (s *Service) Build(ctx context.Context, teamID, name string, spec client.TemplateSpec, contextTar io.Reader) (client.TemplateBuild, error) {
+func (s *Service) Build(ctx context.Context, teamID, name string, spec client.TemplateSpec, contextTar io.Reader, opts BuildOptions) (client.TemplateBuild, error) {
 	if err := checkName(name); err != nil {
 		return client.TemplateBuild{}, err
 	}
@@ -304,6 +318,11 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 	if network == client.NetworkOutbound && s.cfg.BuildNetwork == client.NetworkNone {
 		return client.TemplateBuild{}, errorf(client.CodeBadRequest, "this server runs builds without network (network: none)")
 	}
+	if tags, err := checkTags(opts.Tags); err != nil {
+		return client.TemplateBuild{}, err
+	} else if err := s.tagRoom(ctx, teamID, name, tags); err != nil {
+		return client.TemplateBuild{}, err
+	}
 	from, release, err := s.Acquire(ctx, teamID, spec.From)
 	if err != nil {
 		if isNotFound(err) {
@@ -317,7 +336,7 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 		release()
 		return client.TemplateBuild{}, err
 	}
-	b, a, err := s.begin(teamID, name, client.BuildKindBuild, len(spec.Steps))
+	b, a, err := s.begin(teamID, name, client.BuildKindBuild, len(spec.Steps), opts)
 	if err != nil {
 		res.Release()
 		release()
@@ -491,7 +510,7 @@ func (s *Service) Import(ctx context.Context, teamID, name, ref, image string, a
 	if err != nil {
 		return client.TemplateBuild{}, err
 	}
-	b, a, err := s.begin(teamID, name, client.BuildKindImport, 0)
+	b, a, err := s.begin(teamID, name, client.BuildKindImport, 0, BuildOptions{})
 	if err != nil {
 		res.Release()
 		return client.TemplateBuild{}, err

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -37,6 +38,10 @@ type Store interface {
 	TemplateDigests(ctx context.Context) (map[string]bool, error)
 	DigestInUse(ctx context.Context, digest string) (bool, error)
 	CountRunningByTemplate(ctx context.Context, teamID, name string) (int, error)
+	PutTag(ctx context.Context, t store.TagRow) (string, error)
+	GetTag(ctx context.Context, teamID, template, tag string) (store.TagRow, error)
+	ListTags(ctx context.Context, teamID, template string) ([]store.TagRow, error)
+	DeleteTag(ctx context.Context, teamID, template, tag string) (string, error)
 	InsertBuild(ctx context.Context, teamID string, b client.TemplateBuild) (client.TemplateBuild, error)
 	UpdateBuild(ctx context.Context, b client.TemplateBuild) error
 	GetBuild(ctx context.Context, teamID, id string) (client.TemplateBuild, error)
@@ -144,7 +149,7 @@ type Service struct {
 
 	mu      sync.Mutex
 	active  map[string]*activeBuild // queued or running, by build id
-	pending map[[2]string]string    // (team, name) → build id of an active build
+	pending map[buildKey]string     // → build id of an active build
 	pins    map[string]int          // digests a create or build is using
 	closed  bool
 }
@@ -170,7 +175,7 @@ func New(cfg Config, st Store, reg *template.Registry, runner template.Runner, i
 		cfg: cfg, store: st, reg: reg, builder: template.NewBuilder(reg, runner, log), oci: importer, log: log,
 		teamSlots: quota.NewLimiter(), allSlots: quota.NewLimiter(),
 		ctx: ctx, cancel: cancel,
-		active: map[string]*activeBuild{}, pending: map[[2]string]string{}, pins: map[string]int{},
+		active: map[string]*activeBuild{}, pending: map[buildKey]string{}, pins: map[string]int{},
 	}, nil
 }
 
@@ -234,9 +239,13 @@ func errorf(code, format string, a ...any) *apierr.Error {
 // Acquire resolves a team's template for a new sandbox or a build and
 // keeps its files until release is called (a delete of the name meanwhile
 // removes the name only): a built-in (built now if it never was), or one
-// of the team's own. teamID "" resolves built-ins only.
-func (s *Service) Acquire(ctx context.Context, teamID, name string) (*template.Template, func(), error) {
-	if template.IsBuiltin(name) {
+// of the team's own, by name, "name:tag" or "name:<build id>". teamID ""
+// resolves built-ins only.
+func (s *Service) Acquire(ctx context.Context, teamID, ref string) (*template.Template, func(), error) {
+	if name, tag := template.SplitRef(ref); template.IsBuiltin(name) {
+		if tag != template.DefaultTag {
+			return nil, nil, notFound(name, tag)
+		}
 		t, err := s.reg.Get(name)
 		if errors.Is(err, template.ErrNotFound) {
 			// Built on first use.
@@ -247,24 +256,18 @@ func (s *Service) Acquire(ctx context.Context, teamID, name string) (*template.T
 		}
 		return t, func() {}, nil
 	}
-	if !template.ValidName(name) || teamID == "" {
-		return nil, nil, errorf(client.CodeNotFound, "template %q not found", name)
-	}
-	row, err := s.store.GetTemplate(ctx, teamID, name)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, nil, errorf(client.CodeNotFound, "template %q not found", name)
-	}
+	p, err := s.resolve(ctx, teamID, ref)
 	if err != nil {
 		return nil, nil, err
 	}
 	// Pin first: collect detaches a digest only while it holds s.mu and
 	// sees no pin, so after this either the files stay, or Get misses them.
-	release := s.pin(row.Digest)
-	t, err := s.reg.Get(row.Digest)
+	release := s.pin(p.digest)
+	t, err := s.reg.Get(p.digest)
 	if err != nil {
 		release()
 		if errors.Is(err, template.ErrNotFound) {
-			return nil, nil, errorf(client.CodeNotFound, "template %q not found", name)
+			return nil, nil, notFound(p.name, p.tag)
 		}
 		return nil, nil, err
 	}
@@ -319,20 +322,15 @@ func (s *Service) collect(ctx context.Context, digest string) {
 }
 
 // StoredBytes is what a team's templates count against its storage limit:
-// template.StorageBytes of each digest its names point at, once.
+// template.StorageBytes of each digest its names and tags point at, once.
 func (s *Service) StoredBytes(ctx context.Context, teamID string) (int64, error) {
-	rows, err := s.store.ListTemplates(ctx, teamID)
+	digests, err := s.teamDigests(ctx, teamID)
 	if err != nil {
-		return 0, fmt.Errorf("catalog: %w", err)
+		return 0, err
 	}
-	seen := map[string]bool{}
 	var n int64
-	for _, r := range rows {
-		if seen[r.Digest] {
-			continue
-		}
-		seen[r.Digest] = true
-		t, err := s.reg.Get(r.Digest)
+	for d := range digests {
+		t, err := s.reg.Get(d)
 		if err != nil {
 			// Its files are gone (they count nothing).
 			continue
@@ -374,8 +372,8 @@ func apiTemplate(name string, t *template.Template, buildID string) client.Templ
 	}
 }
 
-// List returns the built-ins and the team's templates, by name, and the
-// disk the template store uses.
+// List returns the built-ins and the team's templates, by name (a tag
+// "name:tag" after its name), and the disk the template store uses.
 func (s *Service) List(ctx context.Context, teamID string) (client.TemplateList, error) {
 	out := client.TemplateList{Templates: []client.Template{}}
 	builtins, err := s.reg.List()
@@ -391,6 +389,14 @@ func (s *Service) List(ctx context.Context, teamID string) (client.TemplateList,
 	if err != nil {
 		return out, err
 	}
+	tags, err := s.store.ListTags(ctx, teamID, "")
+	if err != nil {
+		return out, err
+	}
+	for _, tr := range tags {
+		rows = append(rows, store.TemplateRow{Name: tr.Template + ":" + tr.Tag, Digest: tr.Digest, BuildID: tr.BuildID})
+	}
+	slices.SortStableFunc(rows, func(a, b store.TemplateRow) int { return strings.Compare(a.Name, b.Name) })
 	for _, r := range rows {
 		t, err := s.reg.Get(r.Digest)
 		if err != nil {
@@ -405,9 +411,13 @@ func (s *Service) List(ctx context.Context, teamID string) (client.TemplateList,
 	return out, nil
 }
 
-// Get returns one template of the team (or a built-in).
-func (s *Service) Get(ctx context.Context, teamID, name string) (client.Template, error) {
-	if template.IsBuiltin(name) {
+// Get returns one template of the team (or a built-in), by name or
+// "name:tag".
+func (s *Service) Get(ctx context.Context, teamID, ref string) (client.Template, error) {
+	if name, tag := template.SplitRef(ref); template.IsBuiltin(name) {
+		if tag != template.DefaultTag {
+			return client.Template{}, notFound(name, tag)
+		}
 		t, err := s.reg.Get(name)
 		if errors.Is(err, template.ErrNotFound) {
 			return client.Template{}, errorf(client.CodeNotFound, "built-in template %q is not built yet (it is built on first use, or by `evalbox template init`)", name)
@@ -417,36 +427,42 @@ func (s *Service) Get(ctx context.Context, teamID, name string) (client.Template
 		}
 		return apiTemplate(name, t, ""), nil
 	}
-	row, err := s.store.GetTemplate(ctx, teamID, name)
-	if errors.Is(err, store.ErrNotFound) {
-		return client.Template{}, errorf(client.CodeNotFound, "template %q not found", name)
-	}
+	p, err := s.resolve(ctx, teamID, ref)
 	if err != nil {
 		return client.Template{}, err
 	}
-	t, err := s.reg.Get(row.Digest)
+	t, err := s.reg.Get(p.digest)
 	if err != nil {
 		return client.Template{}, err
 	}
-	return apiTemplate(name, t, row.BuildID), nil
+	return apiTemplate(ref, t, p.buildID), nil
 }
 
-// Delete removes the team's template name, and its files once nothing
-// else uses them. Built-ins cannot be deleted (forbidden); a template that
-// running sandboxes use, or that is being rebuilt, is a conflict.
-func (s *Service) Delete(ctx context.Context, teamID, name string) error {
+// Delete removes the team's template name with all its tags ("name:tag":
+// that tag only, as Untag), and its files once nothing else uses them.
+// Built-ins cannot be deleted (forbidden); a template that running
+// sandboxes use, or that is being built, is a conflict.
+func (s *Service) Delete(ctx context.Context, teamID, ref string) error {
+	name, tag := template.SplitRef(ref)
 	if template.IsBuiltin(name) {
 		return errorf(client.CodeForbidden, "%s is a built-in template: it cannot be deleted (`evalbox template init` rebuilds built-ins)", name)
 	}
+	if strings.Contains(ref, ":") {
+		return s.Untag(ctx, teamID, name, []string{tag})
+	}
 	s.mu.Lock()
-	id, building := s.pending[[2]string{teamID, name}]
+	var id string
+	for k, v := range s.pending {
+		if k.team == teamID && k.name == name {
+			id = v
+		}
+	}
 	s.mu.Unlock()
-	if building {
+	if id != "" {
 		return errorf(client.CodeConflict, "template %s is being built (build %s); wait for it to end", name, id)
 	}
-	if _, err := s.store.GetTemplate(ctx, teamID, name); errors.Is(err, store.ErrNotFound) {
-		return errorf(client.CodeNotFound, "template %q not found", name)
-	} else if err != nil {
+	tags, err := s.Tags(ctx, teamID, name)
+	if err != nil {
 		return err
 	}
 	n, err := s.store.CountRunningByTemplate(ctx, teamID, name)
@@ -456,15 +472,29 @@ func (s *Service) Delete(ctx context.Context, teamID, name string) error {
 	if n > 0 {
 		return errorf(client.CodeConflict, "template %s is used by %d running sandbox(es); delete them first", name, n)
 	}
-	digest, err := s.store.DeleteTemplate(ctx, teamID, name)
-	if errors.Is(err, store.ErrNotFound) {
+	var digests []string
+	for _, t := range tags {
+		var d string
+		if t.Tag == template.DefaultTag {
+			d, err = s.store.DeleteTemplate(ctx, teamID, name)
+		} else {
+			d, err = s.store.DeleteTag(ctx, teamID, name, t.Tag)
+		}
+		if errors.Is(err, store.ErrNotFound) {
+			continue // removed meanwhile
+		}
+		if err != nil {
+			return err
+		}
+		digests = append(digests, d)
+	}
+	if len(digests) == 0 {
 		return errorf(client.CodeNotFound, "template %q not found", name)
 	}
-	if err != nil {
-		return err
+	s.log.Info("template deleted", "team", teamID, "template", name, "tags", len(tags))
+	for _, d := range slices.Compact(slices.Sorted(slices.Values(digests))) {
+		s.collect(ctx, d)
 	}
-	s.log.Info("template deleted", "team", teamID, "template", name, "digest", digest)
-	s.collect(ctx, digest)
 	return nil
 }
 

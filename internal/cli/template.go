@@ -24,7 +24,7 @@ func newTemplateCmd(a *app) *cobra.Command {
 		Short:   "Build, import, list and delete templates",
 	})
 	cmd.AddCommand(newTemplateLsCmd(a), newTemplateGetCmd(a), newTemplateBuildCmd(a), newTemplateImportCmd(a),
-		newTemplateLogsCmd(a), newTemplateRmCmd(a), newTemplateInitCmd())
+		newTemplateLogsCmd(a), newTemplateRmCmd(a), newTemplateTagsCmd(a), newTemplateTagCmd(a), newTemplateInitCmd())
 	return cmd
 }
 
@@ -79,9 +79,9 @@ func newTemplateGetCmd(a *app) *cobra.Command {
 
 func newTemplateRmCmd(a *app) *cobra.Command {
 	return &cobra.Command{
-		Use:     "rm NAME...",
+		Use:     "rm NAME[:TAG]...",
 		Aliases: []string{"delete"},
-		Short:   "Delete templates (refused while running sandboxes use them)",
+		Short:   "Delete templates with their tags, or one tag (refused while running sandboxes use them)",
 		Args:    args(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, names []string) error {
 			c := a.client()
@@ -95,9 +95,49 @@ func newTemplateRmCmd(a *app) *cobra.Command {
 	}
 }
 
+func newTemplateTagsCmd(a *app) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "tags NAME",
+		Short: "List a template's tags (default is the untagged name)",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			l, err := a.client().TemplateTags(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(out(cmd), l)
+			}
+			t := newTable(out(cmd), "TAG", "BUILD", "DIGEST", "SINCE")
+			for _, tg := range l.Tags {
+				t.row(tg.Tag, orDash(tg.BuildID), shortDigest(tg.Digest), timeCell(tg.CreatedAt))
+			}
+			return t.flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the tags as JSON")
+	return cmd
+}
+
+func newTemplateTagCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "tag NAME TARGET TAG...",
+		Short: "Point tags of a template at what TARGET (a tag of it, or a build id) names",
+		Example: `  evalbox template tag my-task v2 stable      # my-task:stable is my-task:v2's build
+  evalbox template tag my-task bld_… default  # the untagged name goes back to that build`,
+		Args: args(cobra.MinimumNArgs(3)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			_, err := a.client().TagTemplate(cmd.Context(), argv[0], argv[1], argv[2:]...)
+			return err
+		},
+	}
+}
+
 func newTemplateBuildCmd(a *app) *cobra.Command {
 	var (
 		specFile, name string
+		tags           []string
 		detach, asJSON bool
 	)
 	cmd := &cobra.Command{
@@ -122,7 +162,8 @@ on success the template's digest is printed. A failed build exits 1 with the
 failing step, its exit code and the end of its stderr. Ctrl-C stops
 following; the build goes on on the server (evalbox template logs replays it).`,
 		Example: `  evalbox template build -f task.yaml --name my-task
-  evalbox sandbox create --template my-task`,
+  evalbox sandbox create --template my-task
+  evalbox template build -f task.yaml --name my-task --tag v2   # my-task:v2; my-task stays`,
 		Args: args(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			if specFile == "" || name == "" {
@@ -144,7 +185,10 @@ following; the build goes on on the server (evalbox template logs replays it).`,
 				ctxDir = argv[0]
 			}
 			c := a.client()
-			req := client.BuildTemplateRequest{Name: name, Spec: spec}
+			if n, t, ok := strings.Cut(name, ":"); ok {
+				name, tags = n, append([]string{t}, tags...)
+			}
+			req := client.BuildTemplateRequest{Name: name, Spec: spec, Tags: tags}
 			var b *client.TemplateBuild
 			if srcs := template.CopySources(spec); len(srcs) > 0 {
 				if err := checkSources(ctxDir, srcs); err != nil {
@@ -165,7 +209,8 @@ following; the build goes on on the server (evalbox template logs replays it).`,
 	}
 	f := cmd.Flags()
 	f.StringVarP(&specFile, "file", "f", "", "build spec, YAML or JSON (- for stdin)")
-	f.StringVarP(&name, "name", "n", "", "template name")
+	f.StringVarP(&name, "name", "n", "", "template name (NAME:TAG: that tag)")
+	f.StringArrayVarP(&tags, "tag", "t", nil, "a tag the build takes (repeatable; none: the untagged name, tag default)")
 	f.BoolVarP(&detach, "detach", "d", false, "print the build id and return at once")
 	f.BoolVar(&asJSON, "json", false, "print the build (as it ended) as JSON instead of the digest")
 	return cmd

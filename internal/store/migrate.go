@@ -167,6 +167,19 @@ var migrations = []string{
 		name  TEXT PRIMARY KEY,
 		value BLOB NOT NULL
 	);`,
+	// 12: template tags: more names of one template ("name:tag"), each
+	// pointing at a build's digest (the untagged name is the templates
+	// row, E2B's "default").
+	`CREATE TABLE template_tags (
+		team_id    TEXT NOT NULL REFERENCES teams(id),
+		template   TEXT NOT NULL,
+		tag        TEXT NOT NULL,
+		digest     TEXT NOT NULL,
+		build_id   TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		PRIMARY KEY (team_id, template, tag)
+	);
+	CREATE INDEX template_tags_digest ON template_tags(digest);`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

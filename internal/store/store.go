@@ -201,6 +201,24 @@ func NewID(prefix string) string {
 	return prefix + "_" + idEncoding.EncodeToString(b[:])
 }
 
+// IDBytes returns the random bytes of an id NewID(prefix) made, and
+// whether id is one.
+func IDBytes(prefix, id string) ([10]byte, bool) {
+	var b [10]byte
+	rest, ok := strings.CutPrefix(id, prefix+"_")
+	if !ok || len(rest) != idEncoding.EncodedLen(len(b)) {
+		return b, false
+	}
+	n, err := idEncoding.Decode(b[:], []byte(rest))
+	return b, err == nil && n == len(b)
+}
+
+// IDFromBytes is the id with prefix whose random bytes are b (IDBytes
+// undone).
+func IDFromBytes(prefix string, b [10]byte) string {
+	return prefix + "_" + idEncoding.EncodeToString(b[:])
+}
+
 var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
 // The query helpers take SQL written with ? placeholders and run it in

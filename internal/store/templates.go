@@ -39,24 +39,37 @@ func (s *Store) PutTemplate(ctx context.Context, t TemplateRow) (string, error) 
 	if t.CreatedAt.IsZero() {
 		t.CreatedAt = now()
 	}
+	old, err := s.repoint(ctx,
+		`SELECT digest FROM templates WHERE team_id = ? AND name = ?`, []any{t.TeamID, t.Name},
+		`UPDATE templates SET digest = ?, source = ?, build_id = ?, created_at = ? WHERE team_id = ? AND name = ?`,
+		[]any{t.Digest, t.Source, t.BuildID, toDB(norm(t.CreatedAt)), t.TeamID, t.Name},
+		`INSERT INTO templates (`+templateCols+`) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (team_id, name) DO NOTHING`,
+		[]any{t.TeamID, t.Name, t.Digest, t.Source, t.BuildID, toDB(norm(t.CreatedAt))})
+	if err != nil {
+		return "", fmt.Errorf("store: put template %s: %w", t.Name, s.mapConstraint(err, "team"))
+	}
+	return old, nil
+}
+
+// repoint points one row (a name or a tag) at a digest and returns the
+// digest it pointed at before ("" if the row is new): sel reads the row's
+// digest, locked; update changes it; insert adds it (ON CONFLICT DO
+// NOTHING), and a row another transaction inserted meanwhile is read
+// again and updated.
+func (s *Store) repoint(ctx context.Context, sel string, selArgs []any, update string, updArgs []any, insert string, insArgs []any) (string, error) {
 	var old string
 	err := s.inTx(ctx, func(tx *txn) error {
 		for {
 			old = ""
-			err := tx.queryRow(ctx, `SELECT digest FROM templates WHERE team_id = ? AND name = ?`+s.d.lockClause(),
-				t.TeamID, t.Name).Scan(&old)
+			err := tx.queryRow(ctx, sel+s.d.lockClause(), selArgs...).Scan(&old)
 			if err == nil {
-				_, err = tx.exec(ctx, `UPDATE templates SET digest = ?, source = ?, build_id = ?, created_at = ?
-					WHERE team_id = ? AND name = ?`,
-					t.Digest, t.Source, t.BuildID, toDB(norm(t.CreatedAt)), t.TeamID, t.Name)
+				_, err = tx.exec(ctx, update, updArgs...)
 				return err
 			}
 			if !errors.Is(err, sql.ErrNoRows) {
 				return err
 			}
-			res, err := tx.exec(ctx, `INSERT INTO templates (`+templateCols+`) VALUES (?, ?, ?, ?, ?, ?)
-				ON CONFLICT (team_id, name) DO NOTHING`,
-				t.TeamID, t.Name, t.Digest, t.Source, t.BuildID, toDB(norm(t.CreatedAt)))
+			res, err := tx.exec(ctx, insert, insArgs...)
 			if err != nil {
 				return err
 			}
@@ -70,10 +83,7 @@ func (s *Store) PutTemplate(ctx context.Context, t TemplateRow) (string, error) 
 			}
 		}
 	})
-	if err != nil {
-		return "", fmt.Errorf("store: put template %s: %w", t.Name, s.mapConstraint(err, "team"))
-	}
-	return old, nil
+	return old, err
 }
 
 // GetTemplate returns the team's template row by name; another team's is
@@ -120,10 +130,10 @@ func (s *Store) DeleteTemplate(ctx context.Context, teamID, name string) (string
 	return digest, nil
 }
 
-// TemplateDigests returns every digest that a template name of any team
-// points at.
+// TemplateDigests returns every digest that a template name or tag of any
+// team points at.
 func (s *Store) TemplateDigests(ctx context.Context) (map[string]bool, error) {
-	rows, err := s.query(ctx, `SELECT DISTINCT digest FROM templates`)
+	rows, err := s.query(ctx, `SELECT digest FROM templates UNION SELECT digest FROM template_tags`)
 	if err != nil {
 		return nil, fmt.Errorf("store: template digests: %w", err)
 	}
@@ -139,14 +149,15 @@ func (s *Store) TemplateDigests(ctx context.Context) (map[string]bool, error) {
 	return out, rows.Err()
 }
 
-// DigestInUse reports whether a template name points at digest or a
-// running sandbox runs from it.
+// DigestInUse reports whether a template name or tag points at digest or
+// a running sandbox runs from it.
 func (s *Store) DigestInUse(ctx context.Context, digest string) (bool, error) {
 	var n int
 	err := s.queryRow(ctx, `SELECT
 		(SELECT COUNT(*) FROM templates WHERE digest = ?) +
+		(SELECT COUNT(*) FROM template_tags WHERE digest = ?) +
 		(SELECT COUNT(*) FROM sandboxes WHERE template_digest = ? AND state = ?)`,
-		digest, digest, client.StateRunning).Scan(&n)
+		digest, digest, digest, client.StateRunning).Scan(&n)
 	if err != nil {
 		return false, fmt.Errorf("store: digest in use: %w", err)
 	}
@@ -154,11 +165,12 @@ func (s *Store) DigestInUse(ctx context.Context, digest string) (bool, error) {
 }
 
 // CountRunningByTemplate counts the team's running sandboxes of a template
-// name.
+// name, under any of its tags ("name:tag").
 func (s *Store) CountRunningByTemplate(ctx context.Context, teamID, name string) (int, error) {
 	var n int
-	err := s.queryRow(ctx, `SELECT COUNT(*) FROM sandboxes WHERE team_id = ? AND template = ? AND state = ?`,
-		teamID, name, client.StateRunning).Scan(&n)
+	err := s.queryRow(ctx, `SELECT COUNT(*) FROM sandboxes WHERE team_id = ? AND state = ?
+		AND (template = ? OR substr(template, 1, ?) = ?)`,
+		teamID, client.StateRunning, name, len(name)+1, name+":").Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("store: count sandboxes of %s: %w", name, err)
 	}

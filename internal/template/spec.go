@@ -228,8 +228,8 @@ func ValidateSpec(spec client.TemplateSpec) error {
 	if spec.From == "" {
 		return specErrorf("from is required: the template to start from (e.g. base, python, node, or one of yours)")
 	}
-	if !ValidName(spec.From) {
-		return specErrorf("from: %q is not a template name", spec.From)
+	if name, tag := SplitRef(spec.From); !ValidName(name) || !ValidTag(tag) {
+		return specErrorf("from: %q is not a template name (name or name:tag)", spec.From)
 	}
 	if len(spec.Steps) > MaxSteps {
 		return specErrorf("steps: %d steps, at most %d", len(spec.Steps), MaxSteps)

@@ -187,6 +187,26 @@ var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 // ValidName reports whether name can name a template.
 func ValidName(name string) bool { return nameRE.MatchString(name) }
 
+// DefaultTag is the tag of a template's untagged name: "name" and
+// "name:default" are one (E2B's default tag).
+const DefaultTag = "default"
+
+var tagRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// ValidTag reports whether tag can tag a template: 1–128 of A-Z a-z 0-9
+// . _ -, starting with a letter or digit.
+func ValidTag(tag string) bool { return tagRE.MatchString(tag) }
+
+// SplitRef splits a template reference "name" or "name:tag"; the tag of
+// an untagged name is DefaultTag.
+func SplitRef(ref string) (name, tag string) {
+	name, tag, ok := strings.Cut(ref, ":")
+	if !ok || tag == "" {
+		tag = DefaultTag
+	}
+	return name, tag
+}
+
 // Registry is the template store on this host: the built-ins in one
 // directory and, once UseStore was called, the built and imported
 // templates and the layer cache in another.

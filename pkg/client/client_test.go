@@ -195,6 +195,8 @@ func TestClientCoversSpec(t *testing.T) {
 		},
 		func() error { _, err := c.GetTemplate(ctx, "t"); return err },
 		func() error { return c.DeleteTemplate(ctx, "t") },
+		func() error { _, err := c.TemplateTags(ctx, "t"); return err },
+		func() error { _, err := c.TagTemplate(ctx, "t", "v1", "stable"); return err },
 		func() error { _, err := c.GetBuild(ctx, "t", "bld_1"); return err },
 		func() error {
 			_, err := c.FollowBuild(ctx, "t", "bld_1", nil)

@@ -53,6 +53,34 @@ func (c *Client) DeleteTemplate(ctx context.Context, name string) error {
 	return c.do(ctx, &request{method: http.MethodDelete, path: "/templates/" + seg(name), retry: true}, nil)
 }
 
+// TemplateTags lists the tags of one of the team's templates, "default"
+// (the untagged name) first.
+func (c *Client) TemplateTags(ctx context.Context, name string) (*TemplateTagList, error) {
+	if err := checkIDs(name); err != nil {
+		return nil, err
+	}
+	var out TemplateTagList
+	if err := c.do(ctx, &request{method: http.MethodGet, path: "/templates/" + seg(name) + "/tags", retry: true}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// TagTemplate points tags of a template at what target (a tag of it, or
+// a build id) names, and returns the template's tags after. Retried: the
+// same request twice points the tags at the same build.
+func (c *Client) TagTemplate(ctx context.Context, name, target string, tags ...string) (*TemplateTagList, error) {
+	if err := checkIDs(name); err != nil {
+		return nil, err
+	}
+	var out TemplateTagList
+	if err := c.do(ctx, &request{method: http.MethodPost, path: "/templates/" + seg(name) + "/tags", retry: true,
+		in: &TagTemplateRequest{Target: target, Tags: tags}}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // BuildTemplate starts a build of req.Spec as the template req.Name and
 // returns the queued build; FollowBuild streams its log and waits for its
 // end. buildContext, when not nil, is the build context as a tar archive

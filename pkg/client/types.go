@@ -532,6 +532,30 @@ type BuildTemplateRequest struct {
 	// the build succeeds.
 	Name string       `json:"name"`
 	Spec TemplateSpec `json:"spec"`
+	// Tags the build takes when it succeeds, as "name:tag" (none: the
+	// untagged name, which is the tag "default").
+	Tags []string `json:"tags,omitempty"`
+}
+
+// TemplateTag is one tag of a template: "name:tag" names the template
+// that build BuildID made. The tag "default" is the untagged name.
+type TemplateTag struct {
+	Tag       string    `json:"tag"`
+	BuildID   string    `json:"build_id"`
+	Digest    string    `json:"digest"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// TemplateTagList is the answer of GET and POST /v1/templates/{name}/tags.
+type TemplateTagList struct {
+	Tags []TemplateTag `json:"tags"`
+}
+
+// TagTemplateRequest is the body of POST /v1/templates/{name}/tags: the
+// tags take what Target names (a tag of the template, or a build id).
+type TagTemplateRequest struct {
+	Target string   `json:"target"`
+	Tags   []string `json:"tags"`
 }
 
 // TemplateBuild is a build (or import) of a template.

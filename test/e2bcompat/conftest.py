@@ -67,9 +67,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server() -> Server:
-    """A new `evalbox serve` in a temporary data dir, with warm pools of the test templates."""
-    data_dir = Path(tempfile.mkdtemp(prefix="evalbox-e2b-"))
+def start_server(data_dir: Path | None = None) -> Server:
+    """A new `evalbox serve` in a temporary data dir (or again on data_dir, as a restart), with
+    warm pools of the test templates."""
+    data_dir = data_dir or Path(tempfile.mkdtemp(prefix="evalbox-e2b-"))
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     args = [
@@ -84,7 +85,7 @@ def start_server() -> Server:
         "--pool",
         "base:gvisor=2,python:gvisor=2",
     ]
-    with open(data_dir / "serve.log", "wb") as log:
+    with open(data_dir / "serve.log", "ab") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while True:
@@ -100,14 +101,17 @@ def start_server() -> Server:
     return Server(url=url, admin_key=(data_dir / "admin.key").read_text().strip(), data_dir=data_dir, proc=proc)
 
 
-def stop_server(s: Server) -> None:
-    """Stops the server (gracefully: its sandboxes are destroyed) and removes its data dir."""
+def stop_server(s: Server, keep: bool = False) -> None:
+    """Stops the server (gracefully: its sandboxes are destroyed) and removes its data dir
+    (unless keep: for a restart)."""
     s.proc.send_signal(signal.SIGTERM)
     try:
         s.proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         s.proc.kill()
         s.proc.wait()
+    if keep:
+        return
     if os.environ.get("EVALBOX_KEEP_DATA_DIR"):
         print(f"kept {s.data_dir}")  # its serve.log, for a failure's post-mortem
         return

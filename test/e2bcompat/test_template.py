@@ -110,8 +110,11 @@ def test_build_failures(key: str) -> None:
         Template.build(Template().from_image("python:3.12-slim").run_cmd("true"), "e2b-pull")
     with pytest.raises(BuildException, match="built-in template"):
         Template.build(Template().from_template("base"), "python")
-    with pytest.raises(BuildException, match="tags other than default"):
-        Template.build(Template().from_template("base"), "e2b-tagged:v2")
+    with pytest.raises(BuildException, match="no spaces"):
+        Template.build(Template().from_template("base"), "e2b-badtag:no spaces")
+    with pytest.raises(BuildException, match="a build ID cannot be a tag"):
+        Template.build(Template().from_template("base"), "e2b-badtag", tags=["bld_aaaaaaaaaaaaaaaa"])
+    assert not Template.exists("e2b-badtag")
 
 
 def _tar(entries: dict[str, bytes]) -> bytes:
@@ -153,3 +156,40 @@ def test_upload_urls(key: str, server: Server) -> None:
     start = {"fromTemplate": "base", "steps": []}
     r = httpx.post(f"{server.url}/v2/templates/e2b-x/builds/{bid}", json=start, headers={"X-API-KEY": other})
     assert r.status_code == 404
+
+
+def test_tags(key: str) -> None:
+    """Tags as E2B has them: a build under name:tag and extra tags, get/assign/remove, sandboxes
+    from a tag and from a build ID (Harbor's way), and 'does not exist' for an unknown tag."""
+    one = Template.build(Template().from_template("base").run_cmd("echo one > /v"), "e2b-tagged:v1")
+    two = Template.build(
+        Template().from_template("base").run_cmd("echo two > /v"), "e2b-tagged", tags=["v2", "c1-m512-r5"]
+    )
+    assert one.template_id == two.template_id == "e2b-tagged"
+    assert one.build_id != two.build_id
+    tags = {t.tag: t.build_id for t in Template.get_tags("e2b-tagged")}
+    assert tags == {"v1": one.build_id, "v2": two.build_id, "c1-m512-r5": two.build_id}
+    # A name with tags and no default tag exists.
+    assert Template.exists("e2b-tagged")
+
+    for ref, want in {
+        "e2b-tagged:v1": "one",
+        "e2b-tagged:c1-m512-r5": "two",
+        f"e2b-tagged:{one.build_id}": "one",
+        f"e2b-tagged:{two.build_id}": "two",
+    }.items():
+        with Sandbox.create(ref, timeout=60) as sb:
+            assert sb.commands.run("cat /v").stdout.strip() == want, ref
+            assert sb.get_info().template_id == ref
+
+    info = Template.assign_tags("e2b-tagged:v2", ["stable", "default"])
+    assert info.build_id == two.build_id
+    with Sandbox.create("e2b-tagged", timeout=60) as sb:
+        assert sb.commands.run("cat /v").stdout.strip() == "two"
+
+    Template.remove_tags("e2b-tagged", ["v2"])
+    assert "v2" not in {t.tag for t in Template.get_tags("e2b-tagged")}
+    with pytest.raises(Exception, match="does not exist"):
+        Sandbox.create("e2b-tagged:v2", timeout=60)
+    with pytest.raises(Exception, match="404"):
+        Template.get_tags("e2b-never-tagged")

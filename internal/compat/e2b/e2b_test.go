@@ -1,6 +1,8 @@
 package e2b
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"testing"
 	"time"
@@ -113,5 +115,18 @@ func TestTokens(t *testing.T) {
 	}
 	if a != derive(k1, purposeEnvd, "sb-a") {
 		t.Fatal("not deterministic")
+	}
+}
+
+// TestRoutesRegister: the E2B routes register on one mux beside each
+// other (net/http panics on patterns that conflict).
+func TestRoutesRegister(t *testing.T) {
+	mux := http.NewServeMux()
+	New(Config{}).Register(mux)
+	for _, path := range []string{"/templates/aliases/x", "/templates/x/tags", "/templates/x/files/h"} {
+		r := httptest.NewRequest("GET", path, nil)
+		if _, pattern := mux.Handler(r); pattern == "" {
+			t.Errorf("GET %s: no route", path)
+		}
 	}
 }

@@ -114,10 +114,11 @@ func (h *Handler) translateCreate(req createRequest) (client.CreateSandboxReques
 	if tmpl == "" {
 		tmpl = "base"
 	}
-	if t, ok := templateAliases[tmpl]; ok {
-		tmpl = t
+	name, tag, err := templateRef(tmpl)
+	if err != nil {
+		return client.CreateSandboxRequest{}, err
 	}
-	out := client.CreateSandboxRequest{Template: tmpl, Metadata: req.Metadata, Env: req.EnvVars}
+	out := client.CreateSandboxRequest{Template: evalboxRef(name, tag), Metadata: req.Metadata, Env: req.EnvVars}
 	if req.Timeout != nil {
 		if *req.Timeout <= 0 {
 			return out, errorf(client.CodeBadRequest, "timeout %d: want a positive number of seconds", *req.Timeout)
@@ -188,7 +189,7 @@ func (h *Handler) sandboxBody(r *http.Request, sb client.Sandbox, alias string) 
 	if err != nil {
 		return sandboxBody{}, err
 	}
-	b := sandboxBody{TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID(sb), EnvdVersion: EnvdVersion,
+	b := sandboxBody{TemplateID: e2bRef(sb.Template), SandboxID: sb.ID, ClientID: clientID(sb), EnvdVersion: EnvdVersion,
 		EnvdAccessToken: envd, TrafficAccessToken: &traffic, Domain: h.domain()}
 	if alias != sb.Template {
 		b.Alias = alias
@@ -217,7 +218,7 @@ func listed(sb client.Sandbox) listedSandbox {
 	if md == nil {
 		md = map[string]string{}
 	}
-	return listedSandbox{TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID(sb),
+	return listedSandbox{TemplateID: e2bRef(sb.Template), SandboxID: sb.ID, ClientID: clientID(sb),
 		StartedAt: sb.CreatedAt, EndAt: sb.ExpiresAt, CPUCount: int(math.Ceil(sb.CPU)), MemoryMB: sb.MemoryMB,
 		DiskSizeMB: sb.DiskMB, State: "running", EnvdVersion: EnvdVersion, Metadata: md}
 }

@@ -3,8 +3,6 @@ package e2b
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/template"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -26,10 +25,13 @@ type Templates interface {
 	List(ctx context.Context, teamID string) (client.TemplateList, error)
 	Get(ctx context.Context, teamID, name string) (client.Template, error)
 	Delete(ctx context.Context, teamID, name string) error
-	Build(ctx context.Context, teamID, name string, spec client.TemplateSpec, contextTar io.Reader) (client.TemplateBuild, error)
+	Build(ctx context.Context, teamID, name string, spec client.TemplateSpec, contextTar io.Reader, opts catalog.BuildOptions) (client.TemplateBuild, error)
 	GetBuild(ctx context.Context, teamID, name, id string) (client.TemplateBuild, error)
 	OpenLog(ctx context.Context, teamID, name, id string) (io.ReadCloser, error)
 	MaxContextBytes() int64
+	Tags(ctx context.Context, teamID, name string) ([]client.TemplateTag, error)
+	Tag(ctx context.Context, teamID, name, target string, tags []string) (string, error)
+	Untag(ctx context.Context, teamID, name string, tags []string) error
 }
 
 // The template build API (Template.build of the SDKs, Harbor's -e e2b):
@@ -41,10 +43,16 @@ type Templates interface {
 //	GET  /templates/{id}/builds/{bid}/status?logsOffset=   → polled
 //
 // The build is one of evalbox's (catalog.Build) from a spec this layer
-// writes: the template ID is the evalbox template's name, the COPY steps'
-// uploads make its build context (one directory per files hash), and each
-// E2B step is one or more spec steps (stepMap keeps which, for the failed
-// step the SDK points at in its traceback).
+// writes: the template ID is the evalbox template's name, the build ID
+// the E2B form of the evalbox build's (buildids.go), the tags evalbox's
+// (catalog/tags.go), the COPY steps' uploads make its build context (one
+// directory per files hash), and each E2B step is one or more spec steps
+// (stepMap keeps which, for the failed step the SDK points at in its
+// traceback).
+//
+//	GET    /templates/{id}/tags                            → [{tag, buildID, createdAt}]
+//	POST   /templates/tags {target: "name:tag", tags}      → {buildID, tags}
+//	DELETE /templates/tags {name, tags}
 
 // pendingTTL is how long a requested build waits for its start, and an
 // uploaded file for a build that uses it.
@@ -54,11 +62,13 @@ const pendingTTL = time.Hour
 // evalbox build it became.
 type e2bBuild struct {
 	team, name string
+	id         string   // the evalbox build's, handed out at the request
+	tags       []string // nil: the default
 	cpu        float64
 	memoryMB   int
 	created    time.Time
 
-	evalboxID string // once started
+	started bool
 	// stepMap[i] is the E2B step (1-based; 0: evalbox's, before them)
 	// of the spec's step i+1.
 	stepMap  []int
@@ -88,11 +98,11 @@ func (b *builds) put(id string, e *e2bBuild) error {
 	pending := 0
 	for k, v := range b.m {
 		switch {
-		case v.evalboxID == "" && now.Sub(v.created) > pendingTTL:
+		case !v.started && now.Sub(v.created) > pendingTTL:
 			delete(b.m, k) // never started
 		case now.Sub(v.created) > 7*24*time.Hour:
 			delete(b.m, k)
-		case v.evalboxID == "" && v.team == e.team:
+		case !v.started && v.team == e.team:
 			pending++
 		}
 	}
@@ -113,21 +123,55 @@ func (b *builds) get(team, name, id string) (*e2bBuild, bool) {
 	return e, true
 }
 
-// templateName maps an E2B template name ("name" or "name:tag") to an
-// evalbox template name: the default tag only (evalbox keeps one build per
-// name).
-func templateName(ref string) (string, error) {
-	name, tag, hasTag := strings.Cut(ref, ":")
-	if hasTag && tag != "default" && tag != "latest" {
-		return "", errorf(client.CodeNotImplemented, "template %q: evalbox keeps one build per name; tags other than default are not supported yet", ref)
-	}
+// templateRef maps an E2B template reference ("name", "name:tag" or
+// "name:<build ID>") to evalbox's name and tag (a build ID as its evalbox
+// id; DefaultTag for none).
+func templateRef(ref string) (name, tag string, err error) {
+	name, tag = template.SplitRef(ref)
 	if t, ok := templateAliases[name]; ok {
-		return t, nil
+		name = t
 	}
-	if name == "" || strings.ContainsAny(name, "/ ") || name != strings.ToLower(name) || len(name) > 63 {
-		return "", errorf(client.CodeBadRequest, "template name %q: want 1–63 of a-z 0-9 . _ - (an evalbox template name)", ref)
+	if id, ok := evalboxBuildID(tag); ok {
+		tag = id
 	}
-	return name, nil
+	if !template.ValidName(name) {
+		return "", "", errorf(client.CodeBadRequest, "template name %q: want 1–63 of a-z 0-9 . _ -, starting with a letter or digit (an evalbox template name)", ref)
+	}
+	if !template.ValidTag(tag) {
+		return "", "", errorf(client.CodeBadRequest, "tag of %q: want 1–128 of A-Z a-z 0-9 . _ -, starting with a letter or digit", ref)
+	}
+	return name, tag, nil
+}
+
+// templateName is the evalbox name of an E2B reference that may only
+// name the default tag.
+func templateName(ref string) (string, error) {
+	name, tag, err := templateRef(ref)
+	if err == nil && tag != template.DefaultTag {
+		err = errorf(client.CodeNotImplemented, "template %q: only a template's default tag can be named here", ref)
+	}
+	return name, err
+}
+
+// evalboxRef is the evalbox form of an E2B template reference.
+func evalboxRef(name, tag string) string {
+	if tag == template.DefaultTag {
+		return name
+	}
+	return name + ":" + tag
+}
+
+// e2bRef is the E2B form of an evalbox template reference: a build id
+// as its UUID.
+func e2bRef(ref string) string {
+	name, tag, ok := strings.Cut(ref, ":")
+	if !ok {
+		return ref
+	}
+	if u := e2bBuildID(tag); u != "" {
+		tag = u
+	}
+	return name + ":" + tag
 }
 
 // registerTemplates adds the template routes.
@@ -138,9 +182,13 @@ func (h *Handler) registerTemplates(mux *http.ServeMux) {
 	mux.HandleFunc("PUT "+uploadPath+"{team}/{hash}", h.uploadFile)
 	mux.HandleFunc("POST /v2/templates/{id}/builds/{bid}", a(h.startBuild))
 	mux.HandleFunc("GET /templates/{id}/builds/{bid}/status", a(h.buildStatus))
-	mux.HandleFunc("GET /templates/aliases/{alias}", a(h.templateAlias))
+	// GET /templates/aliases/{alias} and GET /templates/{id}/tags: one
+	// pattern, since "aliases" could be a template's ID.
+	mux.HandleFunc("GET /templates/{id}/{sub}", a(h.templateAliasOrTags))
 	mux.HandleFunc("GET /templates", a(h.listTemplates))
 	mux.HandleFunc("DELETE /templates/{id}", a(h.deleteTemplate))
+	mux.HandleFunc("POST /templates/tags", a(h.assignTags))
+	mux.HandleFunc("DELETE /templates/tags", a(h.removeTags))
 }
 
 // templatesOff answers when the server has no template builds.
@@ -189,10 +237,24 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request, p auth.Pr
 		h.writeError(w, errorf(client.CodeBadRequest, "name is required"))
 		return
 	}
-	name, err := templateName(ref)
+	name, tag, err := templateRef(ref)
 	if err != nil {
 		h.writeError(w, err)
 		return
+	}
+	tags := req.Tags
+	if strings.Contains(ref, ":") {
+		tags = append([]string{tag}, tags...)
+	}
+	for _, t := range tags {
+		if !template.ValidTag(t) {
+			h.writeError(w, errorf(client.CodeBadRequest, "tag %q: want 1–128 of A-Z a-z 0-9 . _ -, starting with a letter or digit", t))
+			return
+		}
+		if _, ok := evalboxBuildID(t); ok || strings.HasPrefix(t, "bld_") {
+			h.writeError(w, errorf(client.CodeBadRequest, "tag %q: a build ID cannot be a tag", t))
+			return
+		}
 	}
 	// Refused now, before the SDK uploads its files.
 	if !template.ValidName(name) {
@@ -203,13 +265,8 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request, p auth.Pr
 		h.writeError(w, errorf(client.CodeBadRequest, "%s is a built-in template; choose another name", ref))
 		return
 	}
-	for _, t := range req.Tags {
-		if t != "default" && t != "latest" {
-			h.writeError(w, errorf(client.CodeNotImplemented, "tag %q: evalbox keeps one build per name; tags other than default are not supported yet", t))
-			return
-		}
-	}
-	e := &e2bBuild{team: p.TeamID, name: name, created: time.Now()}
+	id, uuid := newBuild()
+	e := &e2bBuild{team: p.TeamID, name: name, id: id, tags: tags, created: time.Now()}
 	if req.CPUCount != nil {
 		if *req.CPUCount <= 0 {
 			h.writeError(w, errorf(client.CodeBadRequest, "cpuCount %g: want a positive number", *req.CPUCount))
@@ -224,13 +281,16 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request, p auth.Pr
 		}
 		e.memoryMB = *req.MemoryMB
 	}
-	id := newBuildID()
-	if err := h.builds.put(id, e); err != nil {
+	if err := h.builds.put(uuid, e); err != nil {
 		h.writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusAccepted, buildRequested{TemplateID: name, BuildID: id, Names: []string{name},
-		Tags: []string{"default"}, Aliases: []string{name}})
+	shown := tags
+	if len(shown) == 0 {
+		shown = []string{template.DefaultTag}
+	}
+	writeJSON(w, http.StatusAccepted, buildRequested{TemplateID: name, BuildID: uuid, Names: []string{name},
+		Tags: shown, Aliases: []string{name}})
 }
 
 func firstNonEmpty(a, b string) string {
@@ -238,13 +298,6 @@ func firstNonEmpty(a, b string) string {
 		return a
 	}
 	return b
-}
-
-func newBuildID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	h := hex.EncodeToString(b[:])
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
 // buildStart is the body of POST /v2/templates/{id}/builds/{bid}.
@@ -281,7 +334,7 @@ func (h *Handler) startBuild(w http.ResponseWriter, r *http.Request, p auth.Prin
 		return
 	}
 	h.builds.mu.Lock()
-	busy := e.evalboxID != "" || e.starting
+	busy := e.started || e.starting
 	e.starting = !busy
 	h.builds.mu.Unlock()
 	if busy {
@@ -305,13 +358,12 @@ func (h *Handler) startBuild(w http.ResponseWriter, r *http.Request, p auth.Prin
 		defer pr.Close()
 		ctxTar = pr
 	}
-	b, err := h.cfg.Templates.Build(r.Context(), p.TeamID, e.name, spec, ctxTar)
-	if err != nil {
+	if _, err := h.cfg.Templates.Build(r.Context(), p.TeamID, e.name, spec, ctxTar, catalog.BuildOptions{ID: e.id, Tags: e.tags}); err != nil {
 		h.writeError(w, err)
 		return
 	}
 	h.builds.mu.Lock()
-	e.evalboxID, e.stepMap = b.ID, stepMap
+	e.started, e.stepMap = true, stepMap
 	h.builds.mu.Unlock()
 	w.WriteHeader(http.StatusAccepted)
 }
@@ -462,11 +514,11 @@ func (h *Handler) resolveFrom(ctx context.Context, team, image, tmpl string) (cl
 	case tmpl != "" && image != "":
 		return client.Template{}, errorf(client.CodeBadRequest, "fromImage and fromTemplate: give one")
 	case tmpl != "":
-		name, err := templateName(tmpl)
+		name, tag, err := templateRef(tmpl)
 		if err != nil {
 			return client.Template{}, err
 		}
-		t, err := h.cfg.Templates.Get(ctx, team, name)
+		t, err := h.cfg.Templates.Get(ctx, team, evalboxRef(name, tag))
 		if err != nil {
 			return client.Template{}, errorf(client.CodeBadRequest, "fromTemplate %q: no such template", tmpl)
 		}
@@ -551,8 +603,14 @@ func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request, p auth.Pri
 	name, bid := r.PathValue("id"), r.PathValue("bid")
 	e, ok := h.builds.get(p.TeamID, name, bid)
 	if !ok {
-		h.writeError(w, errorf(client.CodeNotFound, "build %s of template %s not found", bid, name))
-		return
+		// Not requested through this server since it started: a build of
+		// the catalog's, if the ID is one's.
+		id, isOurs := evalboxBuildID(bid)
+		if !isOurs {
+			h.writeError(w, errorf(client.CodeNotFound, "build %s of template %s not found", bid, name))
+			return
+		}
+		e = &e2bBuild{team: p.TeamID, name: name, id: id, started: true}
 	}
 	offset, limit := 0, maxLogEntries
 	for k, dst := range map[string]*int{"logsOffset": &offset, "limit": &limit} {
@@ -567,14 +625,17 @@ func (h *Handler) buildStatus(w http.ResponseWriter, r *http.Request, p auth.Pri
 	}
 	limit = min(limit, maxLogEntries)
 	h.builds.mu.Lock()
-	id, stepMap := e.evalboxID, e.stepMap
+	id, started, stepMap := e.id, e.started, e.stepMap
 	h.builds.mu.Unlock()
 	out := buildInfo{TemplateID: name, BuildID: bid, Status: statusWaiting, Logs: []string{}, LogEntries: []logEntry{}}
-	if id == "" {
+	if !started {
 		writeJSON(w, http.StatusOK, out)
 		return
 	}
 	b, err := h.cfg.Templates.GetBuild(r.Context(), p.TeamID, name, id)
+	if apierr.Code(err) == client.CodeNotFound {
+		err = errorf(client.CodeNotFound, "build %s of template %s not found", bid, name)
+	}
 	if err != nil {
 		h.writeError(w, err)
 		return
@@ -685,24 +746,143 @@ type aliasInfo struct {
 	Public     bool   `json:"public"`
 }
 
+// templateAliasOrTags routes GET /templates/aliases/{alias} and GET
+// /templates/{id}/tags.
+func (h *Handler) templateAliasOrTags(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	switch id, sub := r.PathValue("id"), r.PathValue("sub"); {
+	case id == "aliases":
+		h.templateAlias(w, r, p, sub)
+	case sub == "tags":
+		h.templateTags(w, r, p, id)
+	default:
+		h.writeError(w, errorf(client.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
+	}
+}
+
 // templateAlias is GET /templates/aliases/{alias}: whether the team has
 // the template (Template.exists).
-func (h *Handler) templateAlias(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+func (h *Handler) templateAlias(w http.ResponseWriter, r *http.Request, p auth.Principal, alias string) {
 	if h.cfg.Templates == nil {
 		h.templatesOff(w)
 		return
 	}
-	name, err := templateName(r.PathValue("alias"))
+	name, err := templateName(alias)
 	if err != nil {
 		h.writeError(w, err)
 		return
 	}
-	t, err := h.cfg.Templates.Get(r.Context(), p.TeamID, name)
+	if template.IsBuiltin(name) {
+		if _, err := h.cfg.Templates.Get(r.Context(), p.TeamID, name); err != nil {
+			h.writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, aliasInfo{TemplateID: name, Public: true})
+		return
+	}
+	// A name that has tags and no default exists too.
+	if _, err := h.cfg.Templates.Tags(r.Context(), p.TeamID, name); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, aliasInfo{TemplateID: name})
+}
+
+type tagInfo struct {
+	Tag       string    `json:"tag"`
+	BuildID   string    `json:"buildID"`
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// templateTags is GET /templates/{id}/tags (Template.get_tags).
+func (h *Handler) templateTags(w http.ResponseWriter, r *http.Request, p auth.Principal, id string) {
+	if h.cfg.Templates == nil {
+		h.templatesOff(w)
+		return
+	}
+	name, err := templateName(id)
 	if err != nil {
 		h.writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, aliasInfo{TemplateID: t.Name, Public: t.Source == "builtin"})
+	tags, err := h.cfg.Templates.Tags(r.Context(), p.TeamID, name)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	out := make([]tagInfo, 0, len(tags))
+	for _, t := range tags {
+		out = append(out, tagInfo{Tag: t.Tag, BuildID: e2bBuildID(t.BuildID), CreatedAt: t.CreatedAt})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+type assignTagsRequest struct {
+	Target string   `json:"target"`
+	Tags   []string `json:"tags"`
+}
+
+type assignedTags struct {
+	BuildID string   `json:"buildID"`
+	Tags    []string `json:"tags"`
+}
+
+// assignTags is POST /templates/tags (Template.assign_tags): the tags take
+// the build target ("name:tag") names.
+func (h *Handler) assignTags(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if h.templatesOff(w) {
+		return
+	}
+	var req assignTagsRequest
+	if err := decode(w, r, &req); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	if req.Target == "" || len(req.Tags) == 0 {
+		h.writeError(w, errorf(client.CodeBadRequest, "target and tags are required"))
+		return
+	}
+	name, tag, err := templateRef(req.Target)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	id, err := h.cfg.Templates.Tag(r.Context(), p.TeamID, name, evalboxRef(name, tag), req.Tags)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, assignedTags{BuildID: e2bBuildID(id), Tags: req.Tags})
+}
+
+type removeTagsRequest struct {
+	Name string   `json:"name"`
+	Tags []string `json:"tags"`
+}
+
+// removeTags is DELETE /templates/tags (Template.remove_tags).
+func (h *Handler) removeTags(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if h.templatesOff(w) {
+		return
+	}
+	var req removeTagsRequest
+	if err := decode(w, r, &req); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	if req.Name == "" || len(req.Tags) == 0 {
+		h.writeError(w, errorf(client.CodeBadRequest, "name and tags are required"))
+		return
+	}
+	name, err := templateName(req.Name)
+	if err != nil {
+		h.writeError(w, err)
+		return
+	}
+	if err := h.cfg.Templates.Untag(r.Context(), p.TeamID, name, req.Tags); err != nil {
+		h.writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 type listedTemplate struct {
@@ -736,14 +916,22 @@ func (h *Handler) listTemplates(w http.ResponseWriter, r *http.Request, p auth.P
 		return
 	}
 	out := make([]listedTemplate, 0, len(list.Templates))
+	seen := map[string]bool{}
 	for _, t := range list.Templates {
+		// One entry per template: its default tag's, else its first tag's
+		// (the list is by name, "name" before "name:tag").
+		t.Name, _ = template.SplitRef(t.Name)
+		if seen[t.Name] {
+			continue
+		}
+		seen[t.Name] = true
 		names := []string{t.Name}
 		for alias, name := range templateAliases {
 			if name == t.Name {
 				names = append(names, alias)
 			}
 		}
-		out = append(out, listedTemplate{TemplateID: t.Name, BuildID: firstNonEmpty(t.BuildID, t.Digest), CPUCount: t.CPU, MemoryMB: t.MemoryMB,
+		out = append(out, listedTemplate{TemplateID: t.Name, BuildID: firstNonEmpty(e2bBuildID(t.BuildID), t.Digest), CPUCount: t.CPU, MemoryMB: t.MemoryMB,
 			DiskSizeMB: t.DiskMB, Public: t.Source == "builtin", Aliases: names, Names: names, CreatedAt: t.BuiltAt, UpdatedAt: t.BuiltAt,
 			BuildCount: 1, EnvdVersion: EnvdVersion, BuildStatus: statusReady})
 	}
@@ -756,12 +944,12 @@ func (h *Handler) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.
 		h.templatesOff(w)
 		return
 	}
-	name, err := templateName(r.PathValue("id"))
+	name, tag, err := templateRef(r.PathValue("id"))
 	if err != nil {
 		h.writeError(w, err)
 		return
 	}
-	if err := h.cfg.Templates.Delete(r.Context(), p.TeamID, name); err != nil {
+	if err := h.cfg.Templates.Delete(r.Context(), p.TeamID, evalboxRef(name, tag)); err != nil {
 		h.writeError(w, err)
 		return
 	}

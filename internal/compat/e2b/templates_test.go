@@ -21,6 +21,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -41,8 +42,17 @@ func (f *fakeTemplates) Get(_ context.Context, _, name string) (client.Template,
 }
 
 func (f *fakeTemplates) Delete(context.Context, string, string) error { return nil }
-func (f *fakeTemplates) Build(context.Context, string, string, client.TemplateSpec, io.Reader) (client.TemplateBuild, error) {
+func (f *fakeTemplates) Build(context.Context, string, string, client.TemplateSpec, io.Reader, catalog.BuildOptions) (client.TemplateBuild, error) {
 	return client.TemplateBuild{}, errors.New("not here")
+}
+func (f *fakeTemplates) Tags(context.Context, string, string) ([]client.TemplateTag, error) {
+	return nil, errors.New("not here")
+}
+func (f *fakeTemplates) Tag(context.Context, string, string, string, []string) (string, error) {
+	return "", errors.New("not here")
+}
+func (f *fakeTemplates) Untag(context.Context, string, string, []string) error {
+	return errors.New("not here")
 }
 func (f *fakeTemplates) GetBuild(context.Context, string, string, string) (client.TemplateBuild, error) {
 	return client.TemplateBuild{}, errors.New("not here")

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+echo "$(cat /app/data.txt) solved" > /app/answer.txt
