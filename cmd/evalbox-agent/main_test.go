@@ -220,6 +220,8 @@ func TestAgentDeps(t *testing.T) {
 		"github.com/evalbox/evalbox/internal/agent",
 		"github.com/evalbox/evalbox/internal/agentproto",
 		"github.com/hashicorp/yamux",
+		"github.com/fsnotify/fsnotify", // OpWatch: inotify (it needs x/sys only)
+		"github.com/fsnotify/fsnotify/internal",
 	}
 	for _, dep := range strings.Fields(string(out)) {
 		if !slices.Contains(allowed, dep) && !strings.HasPrefix(dep, "golang.org/x/sys/") {

@@ -266,6 +266,8 @@ func (s *server) handle(st *yamux.Stream) {
 		resp = s.opRemove(&req)
 	case agentproto.OpConnect:
 		resp = s.opConnect(st, &req)
+	case agentproto.OpWatch:
+		resp = s.opWatch(st, &req)
 	default:
 		resp = &agentproto.Response{Error: errorf(agentproto.CodeBadRequest, "unknown op %q", req.Op)}
 	}

@@ -618,3 +618,60 @@ func (c *Client) Remove(ctx context.Context, path string, recursive bool) error 
 	_, err := c.roundTrip(ctx, &Request{Op: OpRemove, Path: path, Recursive: recursive})
 	return err
 }
+
+// Watch watches the directory path (with recursive, its subdirectories
+// too) and returns once the agent watches it. The Watcher's Next returns
+// the changes; Close ends the watch. ctx governs it until then.
+func (c *Client) Watch(ctx context.Context, path string, recursive bool) (*Watcher, error) {
+	k, err := c.open(ctx, &Request{Op: OpWatch, Path: path, Recursive: recursive})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := k.readResponse(nil, nil); err != nil {
+		k.finish()
+		return nil, err
+	}
+	return &Watcher{k: k}, nil
+}
+
+// Watcher is an OpWatch in progress.
+type Watcher struct {
+	k    *call
+	buf  []byte
+	once sync.Once
+}
+
+// Next returns the next change; io.EOF once the watched directory is gone,
+// the agent's *Error if the watch failed.
+func (w *Watcher) Next() (WatchEvent, error) {
+	kind, payload, err := ReadFrame(w.k.st, w.buf)
+	if err != nil {
+		return WatchEvent{}, w.k.err(err)
+	}
+	if cap(payload) > cap(w.buf) {
+		w.buf = payload
+	}
+	switch kind {
+	case KindData:
+		var ev WatchEvent
+		if err := json.Unmarshal(payload, &ev); err != nil {
+			return WatchEvent{}, w.k.err(fmt.Errorf("decode event: %w", err))
+		}
+		return ev, nil
+	case KindEnd:
+		return WatchEvent{}, io.EOF
+	case KindResponse:
+		if _, err := decodeResponse(payload); err != nil {
+			return WatchEvent{}, err
+		}
+		return WatchEvent{}, w.k.err(errors.New("response during a watch"))
+	default:
+		return WatchEvent{}, w.k.err(fmt.Errorf("unexpected frame kind %q", kind))
+	}
+}
+
+// Close ends the watch.
+func (w *Watcher) Close() error {
+	w.once.Do(w.k.finish)
+	return nil
+}

@@ -55,6 +55,13 @@
 //	           connection fails midway, and closes the stream once both
 //	           sides ended. Closing the stream before that aborts the
 //	           connection (the agent closes it).
+//	OpWatch    agent→host: KindResponse{} once Request.Path (a directory;
+//	           its subdirectories too with Recursive) is watched, then one
+//	           KindData frame per change (a JSON WatchEvent), and KindEnd if
+//	           the directory itself goes (after its event), or
+//	           KindResponse{Error} if the watch fails (CodeTooLarge: the
+//	           kernel's queue overflowed, or too many directories). Closing
+//	           the stream ends the watch.
 //	OpStat, OpListDir, OpMkdir, OpRemove, OpRename, OpPing: KindResponse only.
 //
 // A frame payload is at most MaxFrame bytes.
@@ -108,7 +115,27 @@ const (
 	OpRemove    = "remove"
 	OpRename    = "rename"
 	OpConnect   = "connect"
+	OpWatch     = "watch"
 )
+
+// Watch event types (WatchEvent.Type).
+const (
+	EventCreate = "create" // created, or moved in
+	EventWrite  = "write"
+	EventRemove = "remove"
+	EventRename = "rename" // moved away (its new name, if watched, is a create)
+	EventChmod  = "chmod"  // permissions, owner or times
+)
+
+// MaxWatchDirs is the most directories one recursive watch follows.
+const MaxWatchDirs = 4096
+
+// WatchEvent is one change OpWatch reports.
+type WatchEvent struct {
+	Type string `json:"type"`
+	// Name is the path that changed, relative to the watched directory.
+	Name string `json:"name"`
+}
 
 // Process statuses, as reported in ExitInfo.Status.
 const (
@@ -158,7 +185,8 @@ type Request struct {
 	// FileInfo.Mode reports the same bits.
 	Mode uint32 `json:"mode,omitempty"`
 	// OpMkdir: create parents; OpRemove: remove a directory tree;
-	// OpWriteFile: create missing parent directories.
+	// OpWriteFile: create missing parent directories; OpWatch: watch the
+	// subdirectories too (those created later included).
 	Recursive bool `json:"recursive,omitempty"`
 	// OpWriteFile: refuse (CodeTooLarge) when more than this many bytes
 	// arrive; 0 = no limit.

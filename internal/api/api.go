@@ -135,7 +135,10 @@ func New(cfg Config) *Server {
 	}
 	s.trials = trial.New(cfg.Service, s.log)
 	s.ports = s.newPortProxy()
-	e2bCfg := e2b.Config{Sandboxes: cfg.Service, Auth: cfg.Auth, Secrets: cfg.Store,
+	watch := func(ctx context.Context, teamID, id, path string, recursive bool) (e2b.Watcher, error) {
+		return cfg.Service.WatchDir(ctx, teamID, id, path, recursive)
+	}
+	e2bCfg := e2b.Config{Sandboxes: cfg.Service, Watch: watch, Auth: cfg.Auth, Secrets: cfg.Store,
 		Ports: s.servePortAs, Domain: s.domain, Logger: s.log, NoBuilds: cfg.NoTemplateBuilds, FilesDir: cfg.E2BFilesDir, PublicURL: cfg.PublicURL}
 	if cfg.Templates != nil {
 		e2bCfg.Templates = cfg.Templates
@@ -172,6 +175,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/sandboxes/{id}/files/list", a(s.listFiles))
 	s.mux.HandleFunc("POST /v1/sandboxes/{id}/files/mkdir", a(s.mkdir))
 	s.mux.HandleFunc("POST /v1/sandboxes/{id}/files/rename", a(s.renameFile))
+	s.mux.HandleFunc("GET /v1/sandboxes/{id}/files/watch", a(s.watchDir))
 	s.mux.HandleFunc("PUT /v1/sandboxes/{id}/network", a(s.setNetwork))
 	s.mux.HandleFunc("PUT /v1/sandboxes/{id}/ports", a(s.setPorts))
 	s.mux.HandleFunc("POST /v1/sandboxes/{id}/traffic-token", a(s.rotateTrafficToken))

@@ -487,6 +487,50 @@ func (r *Router) OpenFile(ctx context.Context, id, path string) (nodeapi.FileInf
 	return info, &lostReader{rc: rc, m: m, release: func() { stop(); cancel(nil) }}, nil
 }
 
+// WatchDir watches a directory of a sandbox on its node. The watch
+// outlives this call: it ends when the node is lost.
+func (r *Router) WatchDir(ctx context.Context, id, path string, recursive bool) (nodeapi.DirWatch, error) {
+	m, c, err := r.route(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(m.ctx, func() { cancel(context.Cause(m.ctx)) })
+	w, err := c.WatchDir(wctx, id, path, recursive)
+	if err != nil {
+		stop()
+		cancel(nil)
+		if lost := context.Cause(m.ctx); lost != nil {
+			return nil, lost
+		}
+		return nil, err
+	}
+	return &lostWatch{w: w, m: m, release: func() { stop(); cancel(nil) }}, nil
+}
+
+// lostWatch is a watch whose Next says when its node was lost.
+type lostWatch struct {
+	w       nodeapi.DirWatch
+	m       *member
+	release func()
+}
+
+func (l *lostWatch) Next() (nodeapi.WatchEvent, error) {
+	ev, err := l.w.Next()
+	if err != nil && err != io.EOF {
+		if lost := context.Cause(l.m.ctx); lost != nil {
+			return ev, lost
+		}
+	}
+	return ev, err
+}
+
+func (l *lostWatch) Close() error {
+	err := l.w.Close()
+	l.release()
+	return err
+}
+
 type lostReader struct {
 	rc      io.ReadCloser
 	m       *member

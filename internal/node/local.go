@@ -183,6 +183,35 @@ func (l *Local) ConnectPort(ctx context.Context, id string, port int) (nodeapi.P
 	return &localPortConn{c: c, sb: sb}, nil
 }
 
+// WatchDir watches a directory of the sandbox through its agent.
+func (l *Local) WatchDir(ctx context.Context, id, path string, recursive bool) (nodeapi.DirWatch, error) {
+	sb, err := l.sandbox(id)
+	if err != nil {
+		return nil, err
+	}
+	w, err := sb.Agent.Watch(ctx, path, recursive)
+	if err != nil {
+		return nil, callErr(sb, err)
+	}
+	return &localWatch{w: w, sb: sb}, nil
+}
+
+// localWatch maps the agent watch's errors to the contract's.
+type localWatch struct {
+	w  *agentproto.Watcher
+	sb *Sandbox
+}
+
+func (w *localWatch) Next() (nodeapi.WatchEvent, error) {
+	ev, err := w.w.Next()
+	if err != nil && err != io.EOF {
+		err = callErr(w.sb, err)
+	}
+	return nodeapi.WatchEvent(ev), err
+}
+
+func (w *localWatch) Close() error { return w.w.Close() }
+
 // localPortConn maps the agent connection's errors to the contract's.
 type localPortConn struct {
 	c  *agentproto.Conn

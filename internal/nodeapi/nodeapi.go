@@ -104,6 +104,12 @@ type Node interface {
 	// Rename moves path to target (rename(2): a file or an empty
 	// directory there is replaced) and describes it at target.
 	Rename(ctx context.Context, id, path, target string) (FileInfo, error)
+	// WatchDir watches a directory of the sandbox (with recursive, the
+	// directories under it too, also those made later) and returns once
+	// the watch is set up (a path that is not a directory is an
+	// *AgentError not_directory). ctx governs the watch until it is
+	// closed, which must be done.
+	WatchDir(ctx context.Context, id, path string, recursive bool) (DirWatch, error)
 
 	// ConnectPort connects to a TCP port on the sandbox's loopback, from
 	// inside the sandbox (its agent dials it), whatever its network: how
@@ -118,6 +124,27 @@ type Node interface {
 	// conflict; either changes nothing.
 	SetEgress(ctx context.Context, id string, e *Egress) error
 }
+
+// DirWatch is a watch of a directory (Node.WatchDir). Next returns the
+// next change, io.EOF once the directory itself is gone, an *AgentError
+// too_large when the changes came faster than they were read (the kernel's
+// queue overflowed) or the tree has more than MaxWatchDirs directories.
+type DirWatch interface {
+	Next() (WatchEvent, error)
+	Close() error
+}
+
+// WatchEvent is one change under a watched directory. It has
+// agentproto.WatchEvent's fields (convertible).
+type WatchEvent struct {
+	// Type is create, write, remove, rename or chmod.
+	Type string
+	// Name is the path that changed, relative to the watched directory.
+	Name string
+}
+
+// MaxWatchDirs is the most directories one recursive watch follows.
+const MaxWatchDirs = 4096
 
 // PortConn is a connection to a port of a sandbox (Node.ConnectPort): its
 // reads are what the server in the sandbox sends, its writes go to it.

@@ -205,6 +205,7 @@ type entry struct {
 	stopWatch context.CancelFunc
 	endOnce   sync.Once
 	oomSeen   atomic.Int64 // OOM kills already reported on an exec
+	watches   atomic.Int32 // directory watches open (WatchDir)
 	// netMu serialises this replica's network updates of the sandbox, so
 	// that the node and the row end on the same one.
 	netMu sync.Mutex

@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -123,3 +125,55 @@ func (c *Client) RemoveFile(ctx context.Context, id, path string, recursive bool
 	}
 	return c.do(ctx, &request{method: http.MethodDelete, path: "/sandboxes/" + seg(id) + "/files", query: q, retry: true}, nil)
 }
+
+// WatchDir follows the changes under a directory of the sandbox (with
+// recursive, the directories under it too): fn gets the start event once
+// the directory is watched, then each change (keepalives are skipped).
+// It returns nil when the directory itself goes (the end event), the
+// watch's error, fn's error, or ctx's when it ends.
+func (c *Client) WatchDir(ctx context.Context, id, path string, recursive bool, fn func(WatchEvent) error) error {
+	if err := checkIDs(id); err != nil {
+		return err
+	}
+	q := url.Values{"path": {path}}
+	if recursive {
+		q.Set("recursive", "true")
+	}
+	resp, err := c.send(ctx, &request{method: http.MethodGet, path: "/sandboxes/" + seg(id) + "/files/watch", query: q,
+		accept: ContentTypeNDJSON, retry: true})
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev WatchEvent
+		if err := dec.Decode(&ev); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, io.EOF) {
+				return errWatchNoEnd
+			}
+			return fmt.Errorf("evalbox: reading watch events: %w", err)
+		}
+		switch ev.Type {
+		case WatchKeepalive:
+			continue
+		case WatchEnd:
+			return nil
+		case WatchError:
+			e := &APIError{Code: CodeInternal, Message: "error event without detail"}
+			if ev.Error != nil {
+				e.Code, e.Message = ev.Error.Code, ev.Error.Message
+			}
+			return e
+		}
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+}
+
+// errWatchNoEnd: the stream was cut before its end (or error) event.
+var errWatchNoEnd = errors.New("evalbox: the watch stream ended without its end event")

@@ -59,6 +59,7 @@ var wireTypes = map[string]reflect.Type{
 	"BuildTemplateRequest": reflect.TypeFor[BuildTemplateRequest](),
 	"TemplateBuild":        reflect.TypeFor[TemplateBuild](),
 	"TemplateTag":          reflect.TypeFor[TemplateTag](),
+	"WatchEvent":           reflect.TypeFor[WatchEvent](),
 	"TemplateTagList":      reflect.TypeFor[TemplateTagList](),
 	"TagTemplateRequest":   reflect.TypeFor[TagTemplateRequest](),
 	"BuildEvent":           reflect.TypeFor[BuildEvent](),
@@ -91,6 +92,7 @@ var wireTypes = map[string]reflect.Type{
 // of a field that takes some of them only.
 var enumConsts = map[string]string{
 	"ErrorDetail.code":             "Code",
+	"WatchEvent.type":              "Watch",
 	"CreateSandboxRequest.runtime": "Runtime",
 	"CreateSandboxRequest.network": "Network",
 	"Sandbox.runtime":              "Runtime",

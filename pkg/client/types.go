@@ -346,6 +346,29 @@ type RenameRequest struct {
 	Target string `json:"target"`
 }
 
+// WatchEvent is one line of GET /v1/sandboxes/{id}/files/watch (NDJSON):
+// start once the directory is watched, then one line per change (Name
+// relative to the watched directory), keepalive lines while nothing
+// changes, and last end (the directory itself went) or error.
+type WatchEvent struct {
+	Type  string       `json:"type"`
+	Name  string       `json:"name,omitempty"`
+	Error *ErrorDetail `json:"error,omitempty"`
+}
+
+// WatchEvent types.
+const (
+	WatchStart     = "start"
+	WatchCreate    = "create" // created, or moved in
+	WatchWrite     = "write"
+	WatchRemove    = "remove"
+	WatchRename    = "rename" // moved away
+	WatchChmod     = "chmod"  // permissions, owner or times
+	WatchKeepalive = "keepalive"
+	WatchEnd       = "end"
+	WatchError     = "error"
+)
+
 // Team is a tenant; every resource belongs to one.
 type Team struct {
 	ID        string    `json:"id"`

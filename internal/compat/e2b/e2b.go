@@ -89,6 +89,9 @@ type Config struct {
 	// Ports serves a request to a port of a sandbox other than envd's,
 	// for the team (the port proxy of port URLs).
 	Ports func(w http.ResponseWriter, r *http.Request, teamID, id string, port int)
+	// Watch opens a watch of a sandbox's directory (sandbox.Service's
+	// WatchDir); nil: envd's watches are unimplemented.
+	Watch func(ctx context.Context, teamID, id, path string, recursive bool) (Watcher, error)
 	// Templates is the template catalog, for the build API (nil: none).
 	Templates Templates
 	// NoBuilds, when set, is why this server builds no templates (a
@@ -117,8 +120,9 @@ type Handler struct {
 	envdOnce sync.Once
 	envd     *http.ServeMux // envdMux
 
-	builds builds     // the template builds requested
-	files  *fileCache // their uploads
+	builds   builds     // the template builds requested
+	files    *fileCache // their uploads
+	watchers watchers   // the polled watchers (CreateWatcher)
 }
 
 // New returns a Handler.

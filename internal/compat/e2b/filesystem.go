@@ -2,7 +2,6 @@ package e2b
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -100,24 +99,6 @@ func (s *filesystemService) Move(ctx context.Context, req *connect.Request[files
 	}
 	return connect.NewResponse(&filesystempb.MoveResponse{Entry: entryInfo(fi)}), nil
 }
-
-func (s *filesystemService) WatchDir(context.Context, *connect.Request[filesystempb.WatchDirRequest], *connect.ServerStream[filesystempb.WatchDirResponse]) error {
-	return errNoWatch
-}
-
-func (s *filesystemService) CreateWatcher(context.Context, *connect.Request[filesystempb.CreateWatcherRequest]) (*connect.Response[filesystempb.CreateWatcherResponse], error) {
-	return nil, errNoWatch
-}
-
-func (s *filesystemService) GetWatcherEvents(context.Context, *connect.Request[filesystempb.GetWatcherEventsRequest]) (*connect.Response[filesystempb.GetWatcherEventsResponse], error) {
-	return nil, errNoWatch
-}
-
-func (s *filesystemService) RemoveWatcher(context.Context, *connect.Request[filesystempb.RemoveWatcherRequest]) (*connect.Response[filesystempb.RemoveWatcherResponse], error) {
-	return nil, errNoWatch
-}
-
-var errNoWatch = connect.NewError(connect.CodeUnimplemented, errors.New("evalbox cannot watch directories yet"))
 
 // fsError is a files call's error for the SDKs: a missing path is
 // not_found (FileNotFoundException), an existing one already_exists.

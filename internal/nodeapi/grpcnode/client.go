@@ -362,6 +362,56 @@ func (c *Client) OpenFile(ctx context.Context, id, path string) (nodeapi.FileInf
 	return file(info), r, nil
 }
 
+// WatchDir watches a directory of a sandbox on the node.
+func (c *Client) WatchDir(ctx context.Context, id, path string, recursive bool) (nodeapi.DirWatch, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	st, err := c.c.WatchDir(ctx, &pb.WatchDirRequest{SandboxId: id, Path: path, Recursive: recursive})
+	if err != nil {
+		cancel()
+		return nil, fromStatus(ctx, "watch_dir", err)
+	}
+	m, err := st.Recv()
+	switch {
+	case err == io.EOF:
+		err = errors.New("grpcnode watch_dir: the node ended the stream before the watch started")
+	case err != nil:
+		err = fromStatus(ctx, "watch_dir", err)
+	case m.GetStarted() == nil:
+		err = errors.New("grpcnode watch_dir: an event before the watch started")
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &dirWatch{ctx: ctx, st: st, cancel: cancel}, nil
+}
+
+type dirWatch struct {
+	ctx    context.Context
+	st     pb.Node_WatchDirClient
+	cancel context.CancelFunc
+}
+
+func (w *dirWatch) Next() (nodeapi.WatchEvent, error) {
+	m, err := w.st.Recv()
+	if err == io.EOF {
+		return nodeapi.WatchEvent{}, io.EOF
+	}
+	if err != nil {
+		return nodeapi.WatchEvent{}, fromStatus(w.ctx, "watch_dir", err)
+	}
+	ev := m.GetEvent()
+	if ev == nil {
+		return nodeapi.WatchEvent{}, errors.New("grpcnode watch_dir: a second started message")
+	}
+	return nodeapi.WatchEvent{Type: ev.GetType(), Name: ev.GetName()}, nil
+}
+
+func (w *dirWatch) Close() error {
+	w.cancel()
+	return nil
+}
+
 type downloadReader struct {
 	chunks chunkReader
 	cancel context.CancelFunc

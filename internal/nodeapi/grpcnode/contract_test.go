@@ -45,6 +45,7 @@ func TestProtoMirrorsTheContract(t *testing.T) {
 	shapes := map[string][2]bool{ // client streams, server streams
 		"Wait": {false, true}, "Exec": {true, true}, "AttachProcess": {false, true},
 		"WriteFile": {true, false}, "OpenFile": {false, true}, "ConnectPort": {true, true},
+		"WatchDir": {false, true},
 	}
 	for name, m := range rpcs {
 		want := shapes[name]

@@ -382,6 +382,29 @@ func (s *server) OpenFile(req *pb.OpenFileRequest, st pb.Node_OpenFileServer) er
 	}
 }
 
+func (s *server) WatchDir(req *pb.WatchDirRequest, st pb.Node_WatchDirServer) error {
+	w, err := s.n.WatchDir(st.Context(), req.GetSandboxId(), req.GetPath(), req.GetRecursive())
+	if err != nil {
+		return toStatus(err)
+	}
+	defer w.Close()
+	if err := st.Send(&pb.WatchDirMessage{Message: &pb.WatchDirMessage_Started{Started: &pb.WatchDirStarted{}}}); err != nil {
+		return err
+	}
+	for {
+		ev, err := w.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return toStatus(err)
+		}
+		if err := st.Send(&pb.WatchDirMessage{Message: &pb.WatchDirMessage_Event{Event: &pb.WatchEvent{Type: ev.Type, Name: ev.Name}}}); err != nil {
+			return err
+		}
+	}
+}
+
 func (s *server) Stat(ctx context.Context, req *pb.StatRequest) (*pb.FileInfo, error) {
 	fi, err := s.n.Stat(ctx, req.GetSandboxId(), req.GetPath())
 	if err != nil {

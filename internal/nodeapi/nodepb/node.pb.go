@@ -98,7 +98,7 @@ func (x ErrorDetail_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ErrorDetail_Kind.Descriptor instead.
 func (ErrorDetail_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{50, 0}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{54, 0}
 }
 
 type RuntimesRequest struct {
@@ -3071,6 +3071,238 @@ func (x *RenameRequest) GetTarget() string {
 	return ""
 }
 
+type WatchDirRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	Recursive     bool                   `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDirRequest) Reset() {
+	*x = WatchDirRequest{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDirRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDirRequest) ProtoMessage() {}
+
+func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
+func (*WatchDirRequest) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *WatchDirRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *WatchDirRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchDirRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type WatchDirMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Message:
+	//
+	//	*WatchDirMessage_Started
+	//	*WatchDirMessage_Event
+	Message       isWatchDirMessage_Message `protobuf_oneof:"message"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDirMessage) Reset() {
+	*x = WatchDirMessage{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDirMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDirMessage) ProtoMessage() {}
+
+func (x *WatchDirMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDirMessage.ProtoReflect.Descriptor instead.
+func (*WatchDirMessage) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *WatchDirMessage) GetMessage() isWatchDirMessage_Message {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+func (x *WatchDirMessage) GetStarted() *WatchDirStarted {
+	if x != nil {
+		if x, ok := x.Message.(*WatchDirMessage_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
+func (x *WatchDirMessage) GetEvent() *WatchEvent {
+	if x != nil {
+		if x, ok := x.Message.(*WatchDirMessage_Event); ok {
+			return x.Event
+		}
+	}
+	return nil
+}
+
+type isWatchDirMessage_Message interface {
+	isWatchDirMessage_Message()
+}
+
+type WatchDirMessage_Started struct {
+	Started *WatchDirStarted `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
+}
+
+type WatchDirMessage_Event struct {
+	Event *WatchEvent `protobuf:"bytes,2,opt,name=event,proto3,oneof"`
+}
+
+func (*WatchDirMessage_Started) isWatchDirMessage_Message() {}
+
+func (*WatchDirMessage_Event) isWatchDirMessage_Message() {}
+
+type WatchDirStarted struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDirStarted) Reset() {
+	*x = WatchDirStarted{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDirStarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDirStarted) ProtoMessage() {}
+
+func (x *WatchDirStarted) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDirStarted.ProtoReflect.Descriptor instead.
+func (*WatchDirStarted) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{52}
+}
+
+type WatchEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// create, write, remove, rename or chmod.
+	Type string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	// Relative to the watched directory.
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEvent) Reset() {
+	*x = WatchEvent{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEvent) ProtoMessage() {}
+
+func (x *WatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
+func (*WatchEvent) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *WatchEvent) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *WatchEvent) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 // ErrorDetail is the detail of every error status a node returns for an
 // error of the contract (nodeapi's errors); a status without one is a
 // failure of the node or of the transport.
@@ -3090,7 +3322,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3102,7 +3334,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3115,7 +3347,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ErrorDetail) GetKind() ErrorDetail_Kind {
@@ -3189,7 +3421,7 @@ type CapacityError struct {
 
 func (x *CapacityError) Reset() {
 	*x = CapacityError{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3201,7 +3433,7 @@ func (x *CapacityError) String() string {
 func (*CapacityError) ProtoMessage() {}
 
 func (x *CapacityError) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3214,7 +3446,7 @@ func (x *CapacityError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityError.ProtoReflect.Descriptor instead.
 func (*CapacityError) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CapacityError) GetResource() string {
@@ -3276,7 +3508,7 @@ type PortOpen struct {
 
 func (x *PortOpen) Reset() {
 	*x = PortOpen{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3288,7 +3520,7 @@ func (x *PortOpen) String() string {
 func (*PortOpen) ProtoMessage() {}
 
 func (x *PortOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3301,7 +3533,7 @@ func (x *PortOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortOpen.ProtoReflect.Descriptor instead.
 func (*PortOpen) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *PortOpen) GetSandboxId() string {
@@ -3332,7 +3564,7 @@ type PortClientMessage struct {
 
 func (x *PortClientMessage) Reset() {
 	*x = PortClientMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3344,7 +3576,7 @@ func (x *PortClientMessage) String() string {
 func (*PortClientMessage) ProtoMessage() {}
 
 func (x *PortClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3357,7 +3589,7 @@ func (x *PortClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortClientMessage.ProtoReflect.Descriptor instead.
 func (*PortClientMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{53}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *PortClientMessage) GetMessage() isPortClientMessage_Message {
@@ -3430,7 +3662,7 @@ type PortServerMessage struct {
 
 func (x *PortServerMessage) Reset() {
 	*x = PortServerMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3442,7 +3674,7 @@ func (x *PortServerMessage) String() string {
 func (*PortServerMessage) ProtoMessage() {}
 
 func (x *PortServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3455,7 +3687,7 @@ func (x *PortServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortServerMessage.ProtoReflect.Descriptor instead.
 func (*PortServerMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{54}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *PortServerMessage) GetMessage() isPortServerMessage_Message {
@@ -3732,7 +3964,21 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x16\n" +
-	"\x06target\x18\x03 \x01(\tR\x06target\"\x94\x04\n" +
+	"\x06target\x18\x03 \x01(\tR\x06target\"b\n" +
+	"\x0fWatchDirRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x03 \x01(\bR\trecursive\"\x8f\x01\n" +
+	"\x0fWatchDirMessage\x12<\n" +
+	"\astarted\x18\x01 \x01(\v2 .evalbox.node.v1.WatchDirStartedH\x00R\astarted\x123\n" +
+	"\x05event\x18\x02 \x01(\v2\x1b.evalbox.node.v1.WatchEventH\x00R\x05eventB\t\n" +
+	"\amessage\"\x11\n" +
+	"\x0fWatchDirStarted\"4\n" +
+	"\n" +
+	"WatchEvent\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x94\x04\n" +
 	"\vErrorDetail\x125\n" +
 	"\x04kind\x18\x01 \x01(\x0e2!.evalbox.node.v1.ErrorDetail.KindR\x04kind\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\tR\x04code\x12\x18\n" +
@@ -3777,7 +4023,7 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
 	"\vclose_write\x18\x03 \x01(\bH\x00R\n" +
 	"closeWriteB\t\n" +
-	"\amessage2\x91\x0f\n" +
+	"\amessage2\xe3\x0f\n" +
 	"\x04Node\x12O\n" +
 	"\bRuntimes\x12 .evalbox.node.v1.RuntimesRequest\x1a!.evalbox.node.v1.RuntimesResponse\x12M\n" +
 	"\bCapacity\x12 .evalbox.node.v1.CapacityRequest\x1a\x1f.evalbox.node.v1.CapacityStatus\x12g\n" +
@@ -3801,7 +4047,8 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\aListDir\x12\x1f.evalbox.node.v1.ListDirRequest\x1a .evalbox.node.v1.ListDirResponse\x12A\n" +
 	"\x05Mkdir\x12\x1d.evalbox.node.v1.MkdirRequest\x1a\x19.evalbox.node.v1.FileInfo\x12I\n" +
 	"\x06Remove\x12\x1e.evalbox.node.v1.RemoveRequest\x1a\x1f.evalbox.node.v1.RemoveResponse\x12C\n" +
-	"\x06Rename\x12\x1e.evalbox.node.v1.RenameRequest\x1a\x19.evalbox.node.v1.FileInfo\x12Y\n" +
+	"\x06Rename\x12\x1e.evalbox.node.v1.RenameRequest\x1a\x19.evalbox.node.v1.FileInfo\x12P\n" +
+	"\bWatchDir\x12 .evalbox.node.v1.WatchDirRequest\x1a .evalbox.node.v1.WatchDirMessage0\x01\x12Y\n" +
 	"\vConnectPort\x12\".evalbox.node.v1.PortClientMessage\x1a\".evalbox.node.v1.PortServerMessage(\x010\x01\x12R\n" +
 	"\tSetEgress\x12!.evalbox.node.v1.SetEgressRequest\x1a\".evalbox.node.v1.SetEgressResponseB;Z9github.com/evalbox/evalbox/internal/nodeapi/nodepb;nodepbb\x06proto3"
 
@@ -3818,7 +4065,7 @@ func file_evalbox_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_evalbox_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(ErrorDetail_Kind)(0),            // 0: evalbox.node.v1.ErrorDetail.Kind
 	(*RuntimesRequest)(nil),          // 1: evalbox.node.v1.RuntimesRequest
@@ -3871,13 +4118,17 @@ var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(*RemoveRequest)(nil),            // 48: evalbox.node.v1.RemoveRequest
 	(*RemoveResponse)(nil),           // 49: evalbox.node.v1.RemoveResponse
 	(*RenameRequest)(nil),            // 50: evalbox.node.v1.RenameRequest
-	(*ErrorDetail)(nil),              // 51: evalbox.node.v1.ErrorDetail
-	(*CapacityError)(nil),            // 52: evalbox.node.v1.CapacityError
-	(*PortOpen)(nil),                 // 53: evalbox.node.v1.PortOpen
-	(*PortClientMessage)(nil),        // 54: evalbox.node.v1.PortClientMessage
-	(*PortServerMessage)(nil),        // 55: evalbox.node.v1.PortServerMessage
-	nil,                              // 56: evalbox.node.v1.CreateRequest.EnvEntry
-	nil,                              // 57: evalbox.node.v1.ExecRequest.EnvEntry
+	(*WatchDirRequest)(nil),          // 51: evalbox.node.v1.WatchDirRequest
+	(*WatchDirMessage)(nil),          // 52: evalbox.node.v1.WatchDirMessage
+	(*WatchDirStarted)(nil),          // 53: evalbox.node.v1.WatchDirStarted
+	(*WatchEvent)(nil),               // 54: evalbox.node.v1.WatchEvent
+	(*ErrorDetail)(nil),              // 55: evalbox.node.v1.ErrorDetail
+	(*CapacityError)(nil),            // 56: evalbox.node.v1.CapacityError
+	(*PortOpen)(nil),                 // 57: evalbox.node.v1.PortOpen
+	(*PortClientMessage)(nil),        // 58: evalbox.node.v1.PortClientMessage
+	(*PortServerMessage)(nil),        // 59: evalbox.node.v1.PortServerMessage
+	nil,                              // 60: evalbox.node.v1.CreateRequest.EnvEntry
+	nil,                              // 61: evalbox.node.v1.ExecRequest.EnvEntry
 }
 var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	4,  // 0: evalbox.node.v1.CapacityStatus.budget:type_name -> evalbox.node.v1.Resources
@@ -3887,10 +4138,10 @@ var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	9,  // 4: evalbox.node.v1.PoolStatus.spec:type_name -> evalbox.node.v1.Spec
 	13, // 5: evalbox.node.v1.PoolsResponse.pools:type_name -> evalbox.node.v1.PoolStatus
 	9,  // 6: evalbox.node.v1.CreateRequest.spec:type_name -> evalbox.node.v1.Spec
-	56, // 7: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
+	60, // 7: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
 	16, // 8: evalbox.node.v1.CreateRequest.egress:type_name -> evalbox.node.v1.Egress
 	16, // 9: evalbox.node.v1.SetEgressRequest.egress:type_name -> evalbox.node.v1.Egress
-	57, // 10: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
+	61, // 10: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
 	24, // 11: evalbox.node.v1.ExecStart.request:type_name -> evalbox.node.v1.ExecRequest
 	25, // 12: evalbox.node.v1.ExecClientMessage.start:type_name -> evalbox.node.v1.ExecStart
 	28, // 13: evalbox.node.v1.OutputMessage.exit:type_name -> evalbox.node.v1.ExitInfo
@@ -3900,62 +4151,66 @@ var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	40, // 17: evalbox.node.v1.WriteFileMessage.start:type_name -> evalbox.node.v1.WriteFileStart
 	39, // 18: evalbox.node.v1.OpenFileMessage.info:type_name -> evalbox.node.v1.FileInfo
 	39, // 19: evalbox.node.v1.ListDirResponse.files:type_name -> evalbox.node.v1.FileInfo
-	0,  // 20: evalbox.node.v1.ErrorDetail.kind:type_name -> evalbox.node.v1.ErrorDetail.Kind
-	52, // 21: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
-	53, // 22: evalbox.node.v1.PortClientMessage.open:type_name -> evalbox.node.v1.PortOpen
-	1,  // 23: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
-	3,  // 24: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
-	6,  // 25: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
-	10, // 26: evalbox.node.v1.Node.SetPool:input_type -> evalbox.node.v1.SetPoolRequest
-	12, // 27: evalbox.node.v1.Node.Pools:input_type -> evalbox.node.v1.PoolsRequest
-	15, // 28: evalbox.node.v1.Node.Create:input_type -> evalbox.node.v1.CreateRequest
-	20, // 29: evalbox.node.v1.Node.Destroy:input_type -> evalbox.node.v1.DestroyRequest
-	22, // 30: evalbox.node.v1.Node.Wait:input_type -> evalbox.node.v1.WaitRequest
-	26, // 31: evalbox.node.v1.Node.Exec:input_type -> evalbox.node.v1.ExecClientMessage
-	30, // 32: evalbox.node.v1.Node.StartProcess:input_type -> evalbox.node.v1.StartProcessRequest
-	31, // 33: evalbox.node.v1.Node.ListProcesses:input_type -> evalbox.node.v1.ListProcessesRequest
-	33, // 34: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
-	34, // 35: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
-	35, // 36: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
-	37, // 37: evalbox.node.v1.Node.WriteStdin:input_type -> evalbox.node.v1.WriteStdinRequest
-	41, // 38: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
-	42, // 39: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
-	44, // 40: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
-	45, // 41: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
-	47, // 42: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
-	48, // 43: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
-	50, // 44: evalbox.node.v1.Node.Rename:input_type -> evalbox.node.v1.RenameRequest
-	54, // 45: evalbox.node.v1.Node.ConnectPort:input_type -> evalbox.node.v1.PortClientMessage
-	17, // 46: evalbox.node.v1.Node.SetEgress:input_type -> evalbox.node.v1.SetEgressRequest
-	2,  // 47: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
-	5,  // 48: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
-	7,  // 49: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
-	11, // 50: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
-	14, // 51: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
-	19, // 52: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
-	21, // 53: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
-	23, // 54: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
-	27, // 55: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
-	29, // 56: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
-	32, // 57: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
-	27, // 58: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
-	28, // 59: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
-	36, // 60: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
-	38, // 61: evalbox.node.v1.Node.WriteStdin:output_type -> evalbox.node.v1.WriteStdinResponse
-	39, // 62: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
-	43, // 63: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
-	39, // 64: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
-	46, // 65: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
-	39, // 66: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
-	49, // 67: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
-	39, // 68: evalbox.node.v1.Node.Rename:output_type -> evalbox.node.v1.FileInfo
-	55, // 69: evalbox.node.v1.Node.ConnectPort:output_type -> evalbox.node.v1.PortServerMessage
-	18, // 70: evalbox.node.v1.Node.SetEgress:output_type -> evalbox.node.v1.SetEgressResponse
-	47, // [47:71] is the sub-list for method output_type
-	23, // [23:47] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	53, // 20: evalbox.node.v1.WatchDirMessage.started:type_name -> evalbox.node.v1.WatchDirStarted
+	54, // 21: evalbox.node.v1.WatchDirMessage.event:type_name -> evalbox.node.v1.WatchEvent
+	0,  // 22: evalbox.node.v1.ErrorDetail.kind:type_name -> evalbox.node.v1.ErrorDetail.Kind
+	56, // 23: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
+	57, // 24: evalbox.node.v1.PortClientMessage.open:type_name -> evalbox.node.v1.PortOpen
+	1,  // 25: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
+	3,  // 26: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
+	6,  // 27: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
+	10, // 28: evalbox.node.v1.Node.SetPool:input_type -> evalbox.node.v1.SetPoolRequest
+	12, // 29: evalbox.node.v1.Node.Pools:input_type -> evalbox.node.v1.PoolsRequest
+	15, // 30: evalbox.node.v1.Node.Create:input_type -> evalbox.node.v1.CreateRequest
+	20, // 31: evalbox.node.v1.Node.Destroy:input_type -> evalbox.node.v1.DestroyRequest
+	22, // 32: evalbox.node.v1.Node.Wait:input_type -> evalbox.node.v1.WaitRequest
+	26, // 33: evalbox.node.v1.Node.Exec:input_type -> evalbox.node.v1.ExecClientMessage
+	30, // 34: evalbox.node.v1.Node.StartProcess:input_type -> evalbox.node.v1.StartProcessRequest
+	31, // 35: evalbox.node.v1.Node.ListProcesses:input_type -> evalbox.node.v1.ListProcessesRequest
+	33, // 36: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
+	34, // 37: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
+	35, // 38: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
+	37, // 39: evalbox.node.v1.Node.WriteStdin:input_type -> evalbox.node.v1.WriteStdinRequest
+	41, // 40: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
+	42, // 41: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
+	44, // 42: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
+	45, // 43: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
+	47, // 44: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
+	48, // 45: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
+	50, // 46: evalbox.node.v1.Node.Rename:input_type -> evalbox.node.v1.RenameRequest
+	51, // 47: evalbox.node.v1.Node.WatchDir:input_type -> evalbox.node.v1.WatchDirRequest
+	58, // 48: evalbox.node.v1.Node.ConnectPort:input_type -> evalbox.node.v1.PortClientMessage
+	17, // 49: evalbox.node.v1.Node.SetEgress:input_type -> evalbox.node.v1.SetEgressRequest
+	2,  // 50: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
+	5,  // 51: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
+	7,  // 52: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
+	11, // 53: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
+	14, // 54: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
+	19, // 55: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
+	21, // 56: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
+	23, // 57: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
+	27, // 58: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
+	29, // 59: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
+	32, // 60: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
+	27, // 61: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
+	28, // 62: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
+	36, // 63: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
+	38, // 64: evalbox.node.v1.Node.WriteStdin:output_type -> evalbox.node.v1.WriteStdinResponse
+	39, // 65: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
+	43, // 66: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
+	39, // 67: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
+	46, // 68: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
+	39, // 69: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
+	49, // 70: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
+	39, // 71: evalbox.node.v1.Node.Rename:output_type -> evalbox.node.v1.FileInfo
+	52, // 72: evalbox.node.v1.Node.WatchDir:output_type -> evalbox.node.v1.WatchDirMessage
+	59, // 73: evalbox.node.v1.Node.ConnectPort:output_type -> evalbox.node.v1.PortServerMessage
+	18, // 74: evalbox.node.v1.Node.SetEgress:output_type -> evalbox.node.v1.SetEgressResponse
+	50, // [50:75] is the sub-list for method output_type
+	25, // [25:50] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_evalbox_node_v1_node_proto_init() }
@@ -3980,12 +4235,16 @@ func file_evalbox_node_v1_node_proto_init() {
 		(*OpenFileMessage_Info)(nil),
 		(*OpenFileMessage_Data)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[53].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[51].OneofWrappers = []any{
+		(*WatchDirMessage_Started)(nil),
+		(*WatchDirMessage_Event)(nil),
+	}
+	file_evalbox_node_v1_node_proto_msgTypes[57].OneofWrappers = []any{
 		(*PortClientMessage_Open)(nil),
 		(*PortClientMessage_Data)(nil),
 		(*PortClientMessage_CloseWrite)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[54].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[58].OneofWrappers = []any{
 		(*PortServerMessage_Opened)(nil),
 		(*PortServerMessage_Data)(nil),
 		(*PortServerMessage_CloseWrite)(nil),
@@ -3996,7 +4255,7 @@ func file_evalbox_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_evalbox_node_v1_node_proto_rawDesc), len(file_evalbox_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   57,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

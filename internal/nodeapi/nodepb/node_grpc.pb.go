@@ -49,6 +49,7 @@ const (
 	Node_Mkdir_FullMethodName            = "/evalbox.node.v1.Node/Mkdir"
 	Node_Remove_FullMethodName           = "/evalbox.node.v1.Node/Remove"
 	Node_Rename_FullMethodName           = "/evalbox.node.v1.Node/Rename"
+	Node_WatchDir_FullMethodName         = "/evalbox.node.v1.Node/WatchDir"
 	Node_ConnectPort_FullMethodName      = "/evalbox.node.v1.Node/ConnectPort"
 	Node_SetEgress_FullMethodName        = "/evalbox.node.v1.Node/SetEgress"
 )
@@ -96,6 +97,12 @@ type NodeClient interface {
 	Mkdir(ctx context.Context, in *MkdirRequest, opts ...grpc.CallOption) (*FileInfo, error)
 	Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error)
 	Rename(ctx context.Context, in *RenameRequest, opts ...grpc.CallOption) (*FileInfo, error)
+	// WatchDir: the first message is started, once the watch is set up;
+	// then one event per change. The stream ends (OK) when the directory
+	// itself is gone, or with the agent's error (too_large: the changes
+	// overflowed, or too many directories). Cancelling the call ends the
+	// watch.
+	WatchDir(ctx context.Context, in *WatchDirRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchDirMessage], error)
 	// ConnectPort: the first client message is open; the server answers
 	// opened once the agent connected to the port (or the call fails: an
 	// agent error connection_refused when nothing listens). Then data both
@@ -369,9 +376,28 @@ func (c *nodeClient) Rename(ctx context.Context, in *RenameRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *nodeClient) WatchDir(ctx context.Context, in *WatchDirRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchDirMessage], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Node_ServiceDesc.Streams[5], Node_WatchDir_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchDirRequest, WatchDirMessage]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Node_WatchDirClient = grpc.ServerStreamingClient[WatchDirMessage]
+
 func (c *nodeClient) ConnectPort(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortClientMessage, PortServerMessage], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Node_ServiceDesc.Streams[5], Node_ConnectPort_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Node_ServiceDesc.Streams[6], Node_ConnectPort_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -435,6 +461,12 @@ type NodeServer interface {
 	Mkdir(context.Context, *MkdirRequest) (*FileInfo, error)
 	Remove(context.Context, *RemoveRequest) (*RemoveResponse, error)
 	Rename(context.Context, *RenameRequest) (*FileInfo, error)
+	// WatchDir: the first message is started, once the watch is set up;
+	// then one event per change. The stream ends (OK) when the directory
+	// itself is gone, or with the agent's error (too_large: the changes
+	// overflowed, or too many directories). Cancelling the call ends the
+	// watch.
+	WatchDir(*WatchDirRequest, grpc.ServerStreamingServer[WatchDirMessage]) error
 	// ConnectPort: the first client message is open; the server answers
 	// opened once the agent connected to the port (or the call fails: an
 	// agent error connection_refused when nothing listens). Then data both
@@ -520,6 +552,9 @@ func (UnimplementedNodeServer) Remove(context.Context, *RemoveRequest) (*RemoveR
 }
 func (UnimplementedNodeServer) Rename(context.Context, *RenameRequest) (*FileInfo, error) {
 	return nil, status.Error(codes.Unimplemented, "method Rename not implemented")
+}
+func (UnimplementedNodeServer) WatchDir(*WatchDirRequest, grpc.ServerStreamingServer[WatchDirMessage]) error {
+	return status.Error(codes.Unimplemented, "method WatchDir not implemented")
 }
 func (UnimplementedNodeServer) ConnectPort(grpc.BidiStreamingServer[PortClientMessage, PortServerMessage]) error {
 	return status.Error(codes.Unimplemented, "method ConnectPort not implemented")
@@ -901,6 +936,17 @@ func _Node_Rename_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Node_WatchDir_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchDirRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(NodeServer).WatchDir(m, &grpc.GenericServerStream[WatchDirRequest, WatchDirMessage]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Node_WatchDirServer = grpc.ServerStreamingServer[WatchDirMessage]
+
 func _Node_ConnectPort_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(NodeServer).ConnectPort(&grpc.GenericServerStream[PortClientMessage, PortServerMessage]{ServerStream: stream})
 }
@@ -1031,6 +1077,11 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "OpenFile",
 			Handler:       _Node_OpenFile_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchDir",
+			Handler:       _Node_WatchDir_Handler,
 			ServerStreams: true,
 		},
 		{
