@@ -2,8 +2,6 @@ package api
 
 import (
 	"encoding/json"
-	"errors"
-	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -35,63 +33,32 @@ func (s *Server) watchDir(w http.ResponseWriter, r *http.Request, p auth.Princip
 		return
 	}
 	defer dw.Close()
-	type next struct {
-		ev  client.WatchEvent
-		err error
-	}
-	events := make(chan next)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		for {
-			ev, err := dw.Next()
-			select {
-			case events <- next{ev, err}:
-			case <-done:
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
 	rc := http.NewResponseController(w)
 	enc := json.NewEncoder(w)
-	send := func(ev client.WatchEvent) bool {
-		return enc.Encode(ev) == nil && rc.Flush() == nil
+	send := func(ev client.WatchEvent) error {
+		if err := enc.Encode(ev); err != nil {
+			return err
+		}
+		return rc.Flush()
 	}
 	w.Header().Set("Content-Type", client.ContentTypeNDJSON)
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)
-	if !send(client.WatchEvent{Type: client.WatchStart}) {
+	if send(client.WatchEvent{Type: client.WatchStart}) != nil {
 		return
 	}
-	tick := time.NewTicker(watchKeepalive)
-	defer tick.Stop()
-	for {
-		select {
-		case <-r.Context().Done():
-			return
-		case <-tick.C:
-			if !send(client.WatchEvent{Type: client.WatchKeepalive}) {
-				return
-			}
-		case n := <-events:
-			switch {
-			case errors.Is(n.err, io.EOF):
-				send(client.WatchEvent{Type: client.WatchEnd})
-				return
-			case n.err != nil:
-				if r.Context().Err() == nil {
-					_, detail, _ := errorDetail(n.err)
-					send(client.WatchEvent{Type: client.WatchError, Error: &detail})
-				}
-				return
-			}
-			if !send(n.ev) {
-				return
-			}
-			tick.Reset(watchKeepalive)
-		}
+	var sendErr error
+	err = dw.Follow(r.Context(), watchKeepalive, func(ev client.WatchEvent) error {
+		sendErr = send(ev)
+		return sendErr
+	})
+	switch {
+	case sendErr != nil || r.Context().Err() != nil:
+		// The client left.
+	case err != nil:
+		_, detail, _ := errorDetail(err)
+		_ = send(client.WatchEvent{Type: client.WatchError, Error: &detail})
+	default:
+		_ = send(client.WatchEvent{Type: client.WatchEnd})
 	}
 }

@@ -2,8 +2,10 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/pkg/client"
@@ -68,4 +70,53 @@ func (d *DirWatch) Close() {
 		d.cancel()
 		d.e.watches.Add(-1)
 	})
+}
+
+// Follow sends the watch's changes to fn, and a WatchKeepalive event after
+// every keepalive without one, until the watched directory goes (nil),
+// ctx ends (nil), the watch fails or fn does (that error).
+func (d *DirWatch) Follow(ctx context.Context, keepalive time.Duration, fn func(client.WatchEvent) error) error {
+	type next struct {
+		ev  client.WatchEvent
+		err error
+	}
+	events := make(chan next)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			ev, err := d.Next()
+			select {
+			case events <- next{ev, err}:
+			case <-done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	tick := time.NewTicker(keepalive)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			if err := fn(client.WatchEvent{Type: client.WatchKeepalive}); err != nil {
+				return err
+			}
+		case n := <-events:
+			if errors.Is(n.err, io.EOF) {
+				return nil
+			}
+			if n.err != nil {
+				return n.err
+			}
+			if err := fn(n.ev); err != nil {
+				return err
+			}
+			tick.Reset(keepalive)
+		}
+	}
 }

@@ -19,6 +19,7 @@ import (
 // Watcher is a watch of a sandbox's directory (sandbox.DirWatch).
 type Watcher interface {
 	Next() (client.WatchEvent, error)
+	Follow(ctx context.Context, keepalive time.Duration, fn func(client.WatchEvent) error) error
 	Close()
 }
 
@@ -70,49 +71,17 @@ func (s *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 	if err := st.Send(&filesystempb.WatchDirResponse{Event: &filesystempb.WatchDirResponse_Start{Start: &filesystempb.WatchDirResponse_StartEvent{}}}); err != nil {
 		return err
 	}
-	type next struct {
-		ev  client.WatchEvent
-		err error
-	}
-	events := make(chan next)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		for {
-			ev, err := w.Next()
-			select {
-			case events <- next{ev, err}:
-			case <-done:
-				return
-			}
-			if err != nil {
-				return
-			}
+	err = w.Follow(ctx, watchKeepalive, func(ev client.WatchEvent) error {
+		m := &filesystempb.WatchDirResponse{Event: &filesystempb.WatchDirResponse_Filesystem{Filesystem: fsEvent(ev)}}
+		if ev.Type == client.WatchKeepalive {
+			m = &filesystempb.WatchDirResponse{Event: &filesystempb.WatchDirResponse_Keepalive{Keepalive: &filesystempb.WatchDirResponse_KeepAlive{}}}
 		}
-	}()
-	tick := time.NewTicker(watchKeepalive)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-			if err := st.Send(&filesystempb.WatchDirResponse{Event: &filesystempb.WatchDirResponse_Keepalive{Keepalive: &filesystempb.WatchDirResponse_KeepAlive{}}}); err != nil {
-				return err
-			}
-		case n := <-events:
-			if errors.Is(n.err, io.EOF) {
-				return nil
-			}
-			if n.err != nil {
-				return fsError(n.err)
-			}
-			if err := st.Send(&filesystempb.WatchDirResponse{Event: &filesystempb.WatchDirResponse_Filesystem{Filesystem: fsEvent(n.ev)}}); err != nil {
-				return err
-			}
-			tick.Reset(watchKeepalive)
-		}
+		return st.Send(m)
+	})
+	if err != nil && ctx.Err() == nil {
+		return fsError(err)
 	}
+	return nil
 }
 
 // Polled watchers: their events wait for the client's next poll, at most
