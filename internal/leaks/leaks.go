@@ -22,7 +22,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -61,7 +60,6 @@ const maxCgroupDepth = 4
 // Scan reads the host.
 func Scan() (*Host, error) {
 	h := &Host{}
-	var errs []error
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, fmt.Errorf("leaks: %w", err)
@@ -83,18 +81,22 @@ func Scan() (*Host, error) {
 	for _, root := range cgroupMounts(h.Mounts) {
 		h.Cgroups = append(h.Cgroups, walkCgroups(root, 0, false)...)
 	}
-	links, err := os.ReadDir("/sys/class/net")
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, l := range links {
-		alias, _ := os.ReadFile(filepath.Join("/sys/class/net", l.Name(), "ifalias"))
-		h.Links = append(h.Links, Link{Name: l.Name(), Alias: strings.TrimSpace(string(alias))})
-	}
-	if err := errors.Join(errs...); err != nil {
+	if _, err := os.Stat("/sys/class/net"); err != nil {
 		return nil, fmt.Errorf("leaks: %w", err)
 	}
+	h.Links = readLinks()
 	return h, nil
+}
+
+// readLinks lists the host's links with their aliases.
+func readLinks() []Link {
+	entries, _ := os.ReadDir("/sys/class/net")
+	links := make([]Link, 0, len(entries))
+	for _, l := range entries {
+		alias, _ := os.ReadFile(filepath.Join("/sys/class/net", l.Name(), "ifalias"))
+		links = append(links, Link{Name: l.Name(), Alias: strings.TrimSpace(string(alias))})
+	}
+	return links
 }
 
 // readProc reads what the checks need of one process; false when it

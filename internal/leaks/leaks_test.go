@@ -133,3 +133,48 @@ func TestSandboxItems(t *testing.T) {
 		t.Fatalf("SandboxItems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestOthersRules: the rules of a sandbox link another instance holds are
+// not this server's; those of its own links and of absent links are.
+func TestOthersRules(t *testing.T) {
+	rules := []string{
+		"filter: -A FORWARD -j EVALBOX-FWD",
+		"filter: -A EVALBOX-SB -i evb3 -j EVALBOX-SB-3",
+		"filter: chain EVALBOX-SB-3",
+		"nat: chain EVALBOX-PX-3",
+		"filter: -A EVALBOX-SB-3 -j RETURN",
+		"filter: -A EVALBOX-SB -i evb4 -j EVALBOX-SB-4",
+		"nat: chain EVALBOX-PX-4",
+		"filter: -A EVALBOX-SB -i evb5 -j EVALBOX-SB-5",
+		"filter: -A EVALBOX-FWD -i evb+ -j DROP",
+		"filter: -A EVALBOX-SB -i evb30 -j EVALBOX-SB-30",
+	}
+	links := []Link{
+		{Name: "evb3", Alias: "evalbox:other:sb-x"},
+		{Name: "evb4", Alias: "evalbox:me:sb-y"},
+		{Name: "evb30", Alias: ""}, // being made by someone: no chain of ours yet
+		{Name: "lo"},
+	}
+	got := othersRules(rules, links, "me")
+	want := []string{
+		"filter: -A FORWARD -j EVALBOX-FWD",
+		"filter: -A EVALBOX-SB -i evb4 -j EVALBOX-SB-4",
+		"nat: chain EVALBOX-PX-4",
+		"filter: -A EVALBOX-SB -i evb5 -j EVALBOX-SB-5",
+		"filter: -A EVALBOX-FWD -i evb+ -j DROP",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("othersRules:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for rule, want := range map[string]string{
+		"filter: -A EVALBOX-SB -i evb12 -j EVALBOX-SB-12": "12",
+		"nat: chain EVALBOX-PX-7":                         "7",
+		"filter: -A EVALBOX-FWD -i evb+ -j DROP":          "",
+		"filter: -A EVALBOX-SB-X -j RETURN":               "",
+		"filter: -A X -i evb1x -j DROP":                   "",
+	} {
+		if n, _ := ruleLink(rule); n != want {
+			t.Errorf("ruleLink(%q) = %q, want %q", rule, n, want)
+		}
+	}
+}

@@ -98,7 +98,11 @@ func (h *Host) Snapshot(ctx context.Context, s Server) Snapshot {
 			add(KindLinks, l.Name+" "+l.Alias)
 		}
 	}
-	for _, r := range iptablesRules(ctx) {
+	rules := iptablesRules(ctx)
+	// The links are read after the rules: a sandbox's chains are made
+	// after its link (and its alias) and removed before it, so a rule
+	// whose link is absent now is stale, never one being made.
+	for _, r := range othersRules(rules, readLinks(), inst) {
 		add(KindIptables, r)
 	}
 	for _, name := range dirNames(filepath.Join(runscRoot, "netns")) {
@@ -165,6 +169,58 @@ func iptablesRules(ctx context.Context) []string {
 		}
 	}
 	return out
+}
+
+// othersRules returns rules without those of one sandbox link that
+// another instance holds: sandbox links (evb<N>) and their chains
+// (EVALBOX-SB-<N>, EVALBOX-PX-<N>) are numbered host-wide, and other
+// servers on the host make and remove theirs at any time. A rule of a link
+// that is absent, or whose alias names inst, stays: it is this server's,
+// or a stale one no live sandbox owns.
+func othersRules(rules []string, links []Link, inst string) []string {
+	owner := map[string]string{}
+	for _, l := range links {
+		owner[l.Name] = l.Alias
+	}
+	ours := "evalbox:" + inst + ":"
+	out := rules[:0:0]
+	for _, r := range rules {
+		if n, ok := ruleLink(r); ok {
+			if alias, live := owner["evb"+n]; live && !strings.HasPrefix(alias, ours) {
+				continue
+			}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// ruleLink returns the number of the one sandbox link a rule names (evb<N>)
+// or whose chain it declares, fills or jumps to (EVALBOX-SB-<N>,
+// EVALBOX-PX-<N>).
+func ruleLink(rule string) (string, bool) {
+	for _, p := range []string{"evb", "EVALBOX-SB-", "EVALBOX-PX-"} {
+		for i := 0; ; {
+			j := strings.Index(rule[i:], p)
+			if j < 0 {
+				break
+			}
+			i += j + len(p)
+			k := i
+			for k < len(rule) && rule[k] >= '0' && rule[k] <= '9' {
+				k++
+			}
+			if k > i && (k == len(rule) || !isNameByte(rule[k])) {
+				return rule[i:k], true
+			}
+		}
+	}
+	return "", false
+}
+
+// isNameByte reports whether b may continue a link or chain name.
+func isNameByte(b byte) bool {
+	return b == '-' || b == '_' || b == '.' || b >= '0' && b <= '9' || b >= 'A' && b <= 'Z' || b >= 'a' && b <= 'z'
 }
 
 // isSandboxChain reports whether an iptables-save chain line (without its
