@@ -95,7 +95,19 @@ func Serve(ctx context.Context, conn io.ReadWriteCloser, cfg Config) error {
 		return err
 	}
 	s.log.Info("agent serving", "pid", os.Getpid(), "workdir", s.cfg.Workdir, "reap_all", getReaper().reapAll)
-	err = s.session(ctx, conn)
+	// Sessions follow one another on conn when the host suspends one
+	// (OpSuspend, before a snapshot): processes outlive them.
+	ho := agentproto.NewHandover(conn)
+	var sc io.ReadWriteCloser = ho.Session()
+	for {
+		next, serr := s.session(ctx, sc, ho)
+		if next == nil {
+			err = serr
+			break
+		}
+		s.log.Info("agent session handed over")
+		sc = next
+	}
 	s.shutdown()
 	s.log.Info("agent stopped")
 	if err != nil {
@@ -126,7 +138,7 @@ func ServeListener(ctx context.Context, ln net.Listener, cfg Config) error {
 		conns.Add(1)
 		go func() {
 			defer conns.Done()
-			if err := s.session(ctx, conn); err != nil {
+			if _, err := s.session(ctx, conn, nil); err != nil {
 				s.log.Warn("agent session", "err", err)
 			}
 		}()
@@ -138,16 +150,49 @@ func ServeListener(ctx context.Context, ln net.Listener, cfg Config) error {
 }
 
 // session serves one host connection until it closes or ctx is done. Its
-// foreground execs end with it; background processes do not.
-func (s *server) session(ctx context.Context, conn io.ReadWriteCloser) error {
+// foreground execs end with it; background processes do not. With ho (the
+// connection is ho's current session) the host may suspend it: session
+// then returns the connection of the next session.
+func (s *server) session(ctx context.Context, conn io.ReadWriteCloser, ho *agentproto.Handover) (*agentproto.Session, error) {
 	sess, err := yamux.Server(conn, agentproto.YamuxConfig())
 	if err != nil {
 		conn.Close()
-		return fmt.Errorf("agent: start session: %w", err)
+		return nil, fmt.Errorf("agent: start session: %w", err)
 	}
 	stop := context.AfterFunc(ctx, func() { sess.Close() })
 	defer stop()
-	var handlers sync.WaitGroup
+	var (
+		handlers   sync.WaitGroup
+		nextMu     sync.Mutex
+		suspending bool
+		next       *agentproto.Session
+	)
+	suspend := func(nonce []byte) *agentproto.Error {
+		if ho == nil {
+			return errorf(agentproto.CodeBadRequest, "this agent's sessions cannot be suspended (it listens for connections)")
+		}
+		if len(nonce) != agentproto.NonceSize {
+			return errorf(agentproto.CodeBadRequest, "suspend: nonce of %d bytes, want %d", len(nonce), agentproto.NonceSize)
+		}
+		nextMu.Lock()
+		defer nextMu.Unlock()
+		if suspending {
+			return errorf(agentproto.CodeExists, "suspend: the session is already being suspended")
+		}
+		suspending = true
+		return nil
+	}
+	handOver := func(nonce []byte) {
+		nextMu.Lock()
+		defer nextMu.Unlock()
+		n, err := ho.Next(agentproto.MarkerToHost(nonce), agentproto.MarkerToAgent(nonce))
+		if err != nil {
+			s.log.Warn("agent: hand over the session", "err", err)
+		} else {
+			next = n
+		}
+		sess.Close()
+	}
 	for {
 		st, err := sess.AcceptStream()
 		if err != nil {
@@ -156,12 +201,14 @@ func (s *server) session(ctx context.Context, conn io.ReadWriteCloser) error {
 		handlers.Add(1)
 		go func() {
 			defer handlers.Done()
-			s.handle(st)
+			s.handle(st, suspend, handOver)
 		}()
 	}
 	sess.Close()
 	handlers.Wait()
-	return nil
+	nextMu.Lock()
+	defer nextMu.Unlock()
+	return next, nil
 }
 
 func newServer(cfg Config) (*server, error) {
@@ -216,8 +263,9 @@ func (s *server) shutdown() {
 	s.runs.Wait()
 }
 
-// handle serves one stream: one request, one response.
-func (s *server) handle(st *yamux.Stream) {
+// handle serves one stream: one request, one response. OpSuspend asks
+// suspend whether the session can be, and calls handOver once it answered.
+func (s *server) handle(st *yamux.Stream, suspend func(nonce []byte) *agentproto.Error, handOver func(nonce []byte)) {
 	defer st.Close()
 	kind, payload, err := agentproto.ReadFrame(st, nil)
 	if err != nil {
@@ -268,6 +316,15 @@ func (s *server) handle(st *yamux.Stream) {
 		resp = s.opConnect(st, &req)
 	case agentproto.OpWatch:
 		resp = s.opWatch(st, &req)
+	case agentproto.OpSuspend:
+		if e := suspend(req.Nonce); e != nil {
+			resp = fail(e)
+			break
+		}
+		// The answer is the marker (Handover): the host's session
+		// stopped reading once the request was sent.
+		handOver(req.Nonce)
+		return
 	default:
 		resp = &agentproto.Response{Error: errorf(agentproto.CodeBadRequest, "unknown op %q", req.Op)}
 	}

@@ -18,6 +18,11 @@ import (
 // from a failed call, which comes back as an *Error.
 var ErrSessionClosed = errors.New("agentproto: session closed")
 
+// ErrSuspended is wrapped by the error of a call that was in flight when
+// the session was suspended (Suspend): the agent ended it (a foreground
+// exec was killed, an attach or a watch cut), the sandbox lives on.
+var ErrSuspended = errors.New("agentproto: session suspended")
+
 // ChunkSize is the payload size of the data frames both sides send when
 // streaming files.
 const ChunkSize = 256 << 10
@@ -37,40 +42,199 @@ func YamuxConfig() *yamux.Config {
 	return cfg
 }
 
-// Client is the host side of the protocol: one yamux session to one agent.
-// It is safe for concurrent use; every call runs on its own stream.
+// Client is the host side of the protocol: one yamux session to one agent
+// at a time (Suspend and Resume hand the connection over to a new one). It
+// is safe for concurrent use; every call runs on its own stream.
 type Client struct {
+	mu   sync.Mutex
+	ho   *Handover
 	sess *yamux.Session
+	// resumed is closed unless the session is suspended: calls opened
+	// meanwhile wait for it.
+	resumed chan struct{}
+	nonce   []byte // of the suspension in progress
+	done    chan struct{}
+	ended   bool // done is closed
 }
 
 // Dial starts a protocol session over conn, which the Client owns from now
 // on (Close closes it). It does not wait for the agent: use Ping for that.
 func Dial(conn io.ReadWriteCloser) (*Client, error) {
+	c := &Client{ho: NewHandover(conn), done: make(chan struct{}), resumed: make(chan struct{})}
+	close(c.resumed)
+	if err := c.start(c.ho.Session()); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// start makes the yamux session over conn the client's (under c.mu, or
+// before anyone else sees c).
+func (c *Client) start(conn io.ReadWriteCloser) error {
 	sess, err := yamux.Client(conn, YamuxConfig())
 	if err != nil {
-		return nil, fmt.Errorf("agentproto: start session: %w", err)
+		return fmt.Errorf("agentproto: start session: %w", err)
 	}
-	return &Client{sess: sess}, nil
+	c.sess = sess
+	go func() {
+		<-sess.CloseChan()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.sess == sess && c.nonce == nil {
+			c.endLocked()
+		}
+	}()
+	return nil
+}
+
+func (c *Client) endLocked() {
+	if !c.ended {
+		c.ended = true
+		close(c.done)
+	}
 }
 
 // Close ends the session and closes the connection. Calls in flight fail
 // with ErrSessionClosed.
 func (c *Client) Close() error {
-	return c.sess.Close()
+	c.mu.Lock()
+	c.endLocked()
+	sess, ho := c.sess, c.ho
+	c.mu.Unlock()
+	return errors.Join(sess.Close(), ho.Close())
 }
 
 // Done is closed when the session ends: Close was called or the connection
-// to the agent broke.
+// to the agent broke (not when a session is suspended).
 func (c *Client) Done() <-chan struct{} {
-	return c.sess.CloseChan()
+	return c.done
 }
 
 // Err returns nil while the session is alive, and ErrSessionClosed after.
 func (c *Client) Err() error {
-	if c.sess.IsClosed() {
+	select {
+	case <-c.done:
 		return ErrSessionClosed
+	default:
+		return nil
+	}
+}
+
+// session returns the current session, waiting while it is suspended.
+func (c *Client) session(ctx context.Context) (*yamux.Session, error) {
+	for {
+		c.mu.Lock()
+		sess, resumed := c.sess, c.resumed
+		c.mu.Unlock()
+		select {
+		case <-resumed:
+			return sess, nil
+		default:
+		}
+		select {
+		case <-resumed:
+		case <-c.done:
+			return nil, ErrSessionClosed
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Suspend ends the session with the agent so that the sandbox can be
+// checkpointed: once it returns, the agent has no call in progress on the
+// connection and waits for the next session, which Resume starts. Calls in
+// flight fail (a foreground exec is killed, an attach or a watch is cut);
+// calls opened before Resume wait for it. nonce (NonceSize random bytes)
+// marks the handover; a restored copy of the sandbox needs it too
+// (Redial). On error the client is unusable: close it.
+func (c *Client) Suspend(ctx context.Context, nonce []byte) error {
+	if len(nonce) != NonceSize {
+		return fmt.Errorf("agentproto suspend: nonce of %d bytes, want %d", len(nonce), NonceSize)
+	}
+	sess, err := c.session(ctx)
+	if err != nil {
+		return fmt.Errorf("agentproto suspend: %w", err)
+	}
+	c.mu.Lock()
+	if c.sess != sess || c.nonce != nil {
+		c.mu.Unlock()
+		return fmt.Errorf("agentproto suspend: already suspended")
+	}
+	c.nonce = append([]byte{}, nonce...)
+	c.resumed = make(chan struct{})
+	c.mu.Unlock()
+	// The request is on the wire once openOn returns (a stream write
+	// returns once written); the agent answers with the marker, not on
+	// the session, which can no longer read: every byte from now on is
+	// the next session's.
+	k, err := c.openOn(ctx, sess, &Request{Op: OpSuspend, Nonce: nonce})
+	if err != nil {
+		return err
+	}
+	next, err := c.ho.Next(nil, MarkerToHost(nonce))
+	k.stop()
+	_ = sess.Close()
+	if err != nil {
+		return fmt.Errorf("agentproto suspend: %w", err)
+	}
+	synced := make(chan error, 1)
+	go func() { synced <- next.Sync() }()
+	select {
+	case err = <-synced:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		return fmt.Errorf("agentproto suspend: waiting for the agent's marker: %w", err)
 	}
 	return nil
+}
+
+// Resume starts the next session after Suspend: on the same connection
+// (conn nil: the sandbox kept running) or on conn, a restored sandbox's
+// new connection to the same agent, which the Client owns from now on
+// (the old one is closed).
+func (c *Client) Resume(conn io.ReadWriteCloser) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.nonce == nil {
+		return errors.New("agentproto resume: not suspended")
+	}
+	if c.ended {
+		return fmt.Errorf("agentproto resume: %w", ErrSessionClosed)
+	}
+	if conn != nil {
+		_ = c.ho.Close()
+		c.ho = NewHandover(conn)
+	}
+	next, err := c.ho.Next(MarkerToAgent(c.nonce), nil)
+	if err != nil {
+		return fmt.Errorf("agentproto resume: %w", err)
+	}
+	if err := c.start(next); err != nil {
+		return err
+	}
+	c.nonce = nil
+	close(c.resumed)
+	return nil
+}
+
+// Redial starts a session with the agent of a sandbox restored from a
+// checkpoint taken after Suspend(nonce), over conn (its new connection).
+func Redial(conn io.ReadWriteCloser, nonce []byte) (*Client, error) {
+	c := &Client{ho: NewHandover(conn), done: make(chan struct{}), resumed: make(chan struct{})}
+	close(c.resumed)
+	next, err := c.ho.Next(MarkerToAgent(nonce), nil)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("agentproto redial: %w", err)
+	}
+	if err := c.start(next); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
 // call is one stream of one operation.
@@ -79,7 +243,8 @@ type call struct {
 	op   string
 	ctx  context.Context
 	st   *yamux.Stream
-	stop func() bool // unregisters the context watcher
+	sess *yamux.Session // st's
+	stop func() bool    // unregisters the context watcher
 }
 
 // open opens a stream for req and sends the request frame. The stream is
@@ -88,18 +253,27 @@ func (c *Client) open(ctx context.Context, req *Request) (*call, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("agentproto %s: %w", req.Op, err)
 	}
-	st, err := c.sess.OpenStream()
+	sess, err := c.session(ctx)
 	if err != nil {
-		return nil, c.wrap(ctx, req.Op, err)
+		return nil, fmt.Errorf("agentproto %s: %w", req.Op, err)
 	}
-	k := &call{c: c, op: req.Op, ctx: ctx, st: st}
+	return c.openOn(ctx, sess, req)
+}
+
+// openOn is open on session sess.
+func (c *Client) openOn(ctx context.Context, sess *yamux.Session, req *Request) (*call, error) {
+	st, err := sess.OpenStream()
+	if err != nil {
+		return nil, c.wrapOn(ctx, sess, req.Op, err)
+	}
+	k := &call{c: c, op: req.Op, ctx: ctx, st: st, sess: sess}
 	k.stop = context.AfterFunc(ctx, func() {
 		st.SetDeadline(time.Now())
 		st.Close()
 	})
 	if err := WriteJSON(st, KindRequest, req); err != nil {
 		k.finish()
-		return nil, c.wrap(ctx, req.Op, err)
+		return nil, c.wrapOn(ctx, sess, req.Op, err)
 	}
 	return k, nil
 }
@@ -113,16 +287,32 @@ func (k *call) finish() {
 
 // err wraps a transport error of this call.
 func (k *call) err(err error) error {
-	return k.c.wrap(k.ctx, k.op, err)
+	return k.c.wrapOn(k.ctx, k.sess, k.op, err)
 }
 
 // wrap turns a stream or session error into the error a caller sees:
 // the context's error if it is done, ErrSessionClosed if the session died.
 func (c *Client) wrap(ctx context.Context, op string, err error) error {
+	return c.wrapOn(ctx, nil, op, err)
+}
+
+// wrapOn is wrap for an error of a call on session sess (nil: none yet).
+func (c *Client) wrapOn(ctx context.Context, sess *yamux.Session, op string, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return fmt.Errorf("agentproto %s: %w", op, ctxErr)
 	}
-	if c.sess.IsClosed() {
+	if sess != nil && sess.IsClosed() {
+		// Ended by a suspend (its session was replaced or is being), or
+		// by the agent going away (the client may not know yet).
+		c.mu.Lock()
+		suspended := !c.ended && (c.nonce != nil || c.sess != sess)
+		c.mu.Unlock()
+		if suspended {
+			return fmt.Errorf("agentproto %s: %w: %w", op, ErrSuspended, err)
+		}
+		return fmt.Errorf("agentproto %s: %w: %w", op, ErrSessionClosed, err)
+	}
+	if c.Err() != nil {
 		return fmt.Errorf("agentproto %s: %w: %w", op, ErrSessionClosed, err)
 	}
 	if errors.Is(err, io.EOF) {

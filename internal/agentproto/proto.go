@@ -62,6 +62,10 @@
 //	           KindResponse{Error} if the watch fails (CodeTooLarge: the
 //	           kernel's queue overflowed, or too many directories). Closing
 //	           the stream ends the watch.
+//	OpSuspend  no response on the stream: the agent ends the session
+//	           (its foreground execs are killed, other streams cut;
+//	           background processes go on) and hands the connection over
+//	           to the next one, answering with its marker (see Handover).
 //	OpStat, OpListDir, OpMkdir, OpRemove, OpRename, OpPing: KindResponse only.
 //
 // A frame payload is at most MaxFrame bytes.
@@ -116,6 +120,7 @@ const (
 	OpRename    = "rename"
 	OpConnect   = "connect"
 	OpWatch     = "watch"
+	OpSuspend   = "suspend"
 )
 
 // Watch event types (WatchEvent.Type).
@@ -196,6 +201,8 @@ type Request struct {
 	User string `json:"user,omitempty"`
 	// OpConnect: the TCP port on the sandbox's loopback (1 to 65535).
 	Port int `json:"port,omitempty"`
+	// OpSuspend: the handover's nonce (NonceSize bytes; see Handover).
+	Nonce []byte `json:"nonce,omitempty"`
 }
 
 // ExecRequest describes a process to run.
