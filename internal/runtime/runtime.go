@@ -85,6 +85,28 @@ type UpperExporter interface {
 	ExportUpper(ctx context.Context, path string) error
 }
 
+// Checkpointer is implemented by sandboxes whose memory and processes can
+// be saved (gVisor): a snapshot, or a pause. The agent's session must be
+// suspended first (agentproto.Client.Suspend), so that no call is in
+// flight in the image.
+type Checkpointer interface {
+	// Checkpoint saves the sandbox into the directory dir (made by the
+	// caller, empty). With leaveRunning the sandbox goes on after it;
+	// without, it stops (Destroy still removes what is left of it).
+	Checkpoint(ctx context.Context, dir string, leaveRunning bool) error
+}
+
+// Restorer is implemented by runtimes that can start a sandbox from a
+// checkpoint (Checkpointer) of one of theirs.
+type Restorer interface {
+	// Restore starts a sandbox of spec from the checkpoint in dir: spec
+	// has the checkpointed sandbox's RootFS, AgentPath and Network, and
+	// an ID of its own. The restored agent's session is suspended: the
+	// caller resumes it over Conn (agentproto.Redial). On error nothing
+	// of the sandbox is left behind.
+	Restore(ctx context.Context, spec Spec, dir string) (Sandbox, error)
+}
+
 // EgressFilter is implemented by sandboxes with outbound networking: their
 // egress can be limited to rules (network mode "rules"), and changed while
 // they run.

@@ -199,7 +199,27 @@ func (r *Runtime) globalArgs(network string, diskMB int) []string {
 }
 
 // Start implements runtime.Runtime.
-func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandbox, retErr error) {
+func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (runtime.Sandbox, error) {
+	return r.launch(ctx, spec, "")
+}
+
+// Restore implements runtime.Restorer: `runsc restore` of the checkpoint
+// image in dir into a new sandbox of spec (which must have the
+// checkpointed sandbox's root filesystem, limits may differ). The agent
+// gets new stdin/stdout; its session goes on over them after a handover
+// (agentproto.Redial). An outbound sandbox gets a new network namespace
+// and link, whose address the restored netstack takes over: connections
+// the checkpointed one had open are gone.
+func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) (runtime.Sandbox, error) {
+	if dir == "" {
+		return nil, errors.New("gvisor: restore: no checkpoint directory")
+	}
+	return r.launch(ctx, spec, dir)
+}
+
+// launch starts a sandbox of spec: a new one, or (restore set) one
+// restored from the checkpoint image in directory restore.
+func (r *Runtime) launch(ctx context.Context, spec runtime.Spec, restore string) (_ runtime.Sandbox, retErr error) {
 	if !validID(spec.ID) {
 		return nil, fmt.Errorf("gvisor: invalid sandbox id %q", spec.ID)
 	}
@@ -266,9 +286,15 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 		outW.Close()
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	args := append(r.globalArgs(spec.Network, spec.DiskMB),
-		"--log", filepath.Join(spec.StateDir, "runsc.log"),
-		"run", "--detach", "--bundle", bundle, spec.ID)
+	args := append(r.globalArgs(spec.Network, spec.DiskMB), "--log", filepath.Join(spec.StateDir, "runsc.log"))
+	verb := "run"
+	if restore != "" {
+		verb = "restore"
+		args = append(args, "restore", "--image-path", restore)
+	} else {
+		args = append(args, "run")
+	}
+	args = append(args, "--detach", "--bundle", bundle, spec.ID)
 	cmd := exec.CommandContext(ctx, r.cfg.Runsc, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, agentLog
 	cmd.Env = []string{}
@@ -281,7 +307,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 	if runErr != nil {
 		tail := logTail(filepath.Join(spec.StateDir, "runsc.log"))
 		_ = sb.Destroy(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("gvisor: runsc run: %w: %s", runErr, tail)
+		return nil, fmt.Errorf("gvisor: runsc %s: %w: %s", verb, runErr, tail)
 	}
 	sb.started = true
 	// runsc applies the spec's OOM score inside the sandbox only; the host
@@ -503,6 +529,29 @@ func (s *sandbox) ExportUpper(ctx context.Context, path string) error {
 }
 
 var _ runtime.UpperExporter = (*sandbox)(nil)
+
+// Checkpoint implements runtime.Checkpointer: `runsc checkpoint` writes
+// the sandbox's memory, processes and in-memory root filesystem layer to
+// dir (checkpoint.img, pages_meta.img, pages.img). Without leaveRunning
+// the sandbox is stopped after it (its host processes exit) and must
+// still be destroyed; with it, it goes on.
+func (s *sandbox) Checkpoint(ctx context.Context, dir string, leaveRunning bool) error {
+	args := []string{"--root", s.r.cfg.RootDir, "--log", filepath.Join(s.stateDir, "runsc-checkpoint.log"),
+		"checkpoint", "--image-path", dir, "--exclude-committed-zero-pages"}
+	if leaveRunning {
+		args = append(args, "--leave-running")
+	}
+	out, err := exec.CommandContext(ctx, s.r.cfg.Runsc, append(args, s.id)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("gvisor: runsc checkpoint %s: %w: %s", s.id, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+var (
+	_ runtime.Checkpointer = (*sandbox)(nil)
+	_ runtime.Restorer     = (*Runtime)(nil)
+)
 
 // stateFiles lists the files runsc keeps in its root for container id:
 // <id>_sandbox:<id>.{state,lock} and the control socket runsc-<id>.sock.
