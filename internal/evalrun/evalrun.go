@@ -57,7 +57,7 @@ const (
 	// both modes: a directory only root may write to, so that the
 	// program's own directory (the first entry of its sys.path) holds no
 	// module a sample could have planted.
-	programPath = "/.evalbox/program.py"
+	programPath = eval.ProgramPath
 	// sampleUser runs the samples: not root, so that a sample cannot
 	// kill its sandbox's agent (gVisor lets root signal its init) and
 	// turn its own failure into an infra error.
