@@ -164,10 +164,11 @@ func (c *Client) Suspend(ctx context.Context, nonce []byte) error {
 	c.nonce = append([]byte{}, nonce...)
 	c.resumed = make(chan struct{})
 	c.mu.Unlock()
-	// The request is on the wire once openOn returns (a stream write
-	// returns once written); the agent answers with the marker, not on
-	// the session, which can no longer read: every byte from now on is
-	// the next session's.
+	// The session reads nothing more from now on (else it could take the
+	// agent's marker for a frame): the agent answers with the marker, not
+	// on the session. The request is on the wire once openOn returns (a
+	// stream write returns once written).
+	c.ho.Freeze()
 	k, err := c.openOn(ctx, sess, &Request{Op: OpSuspend, Nonce: nonce})
 	if err != nil {
 		return err

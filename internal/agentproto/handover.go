@@ -66,6 +66,11 @@ type Handover struct {
 	rmu     sync.Mutex // one read of conn at a time; guards what follows
 	pending []byte     // read from conn, not yet returned to a session
 	readErr error      // conn's read error, once it failed
+	// frozen, while set, holds what the current session reads back for
+	// the next one (Freeze); Next closes it. Guarded by fmu (not wmu: a
+	// write blocked on a full pipe must not stop the reads).
+	fmu    sync.Mutex
+	frozen chan struct{}
 
 	wmu sync.Mutex // writes of conn, and Next's switch
 }
@@ -76,6 +81,19 @@ func NewHandover(conn io.ReadWriteCloser) *Handover { return &Handover{conn: con
 // Session returns the connection of the current session.
 func (h *Handover) Session() *Session { return &Session{h: h, gen: h.gen.Load()} }
 
+// Freeze stops the current session from reading: what comes from now on
+// is kept for the next session, and a read of the current one waits for
+// Next (then fails with ErrHandedOver). Its writes still go out. The host
+// freezes before it sends OpSuspend, so that its session cannot take the
+// agent's marker for a frame.
+func (h *Handover) Freeze() {
+	h.fmu.Lock()
+	defer h.fmu.Unlock()
+	if h.frozen == nil {
+		h.frozen = make(chan struct{})
+	}
+}
+
 // Next ends the current session and returns the connection of the next
 // one: it writes send (if any) and, when expect is set, the next session
 // reads only what comes after expect. The old session's reads and writes
@@ -85,7 +103,13 @@ func (h *Handover) Session() *Session { return &Session{h: h, gen: h.gen.Load()}
 func (h *Handover) Next(send, expect []byte) (*Session, error) {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
+	h.fmu.Lock()
 	s := &Session{h: h, gen: h.gen.Add(1), expect: expect}
+	if h.frozen != nil {
+		close(h.frozen)
+		h.frozen = nil
+	}
+	h.fmu.Unlock()
 	if len(send) > 0 {
 		if _, err := h.conn.Write(send); err != nil {
 			return nil, err
@@ -158,32 +182,57 @@ func (s *Session) awaitLocked() error {
 func (s *Session) Read(p []byte) (int, error) {
 	h := s.h
 	h.rmu.Lock()
-	defer h.rmu.Unlock()
 	if s.stale() {
+		h.rmu.Unlock()
 		return 0, ErrHandedOver
 	}
 	if err := s.awaitLocked(); err != nil {
+		h.rmu.Unlock()
 		return 0, err
+	}
+	if frozen := s.frozen(); frozen != nil {
+		h.rmu.Unlock()
+		<-frozen
+		return 0, ErrHandedOver
 	}
 	if len(h.pending) > 0 {
 		n := copy(p, h.pending)
 		h.pending = h.pending[n:]
+		h.rmu.Unlock()
 		return n, nil
 	}
 	if h.readErr != nil {
+		h.rmu.Unlock()
 		return 0, h.readErr
 	}
 	n, err := h.conn.Read(p)
-	if s.stale() {
-		// Next was called while this read waited: what it read is the
-		// next session's.
+	frozen := s.frozen()
+	if s.stale() || frozen != nil {
+		// Next (or Freeze) was called while this read waited: what it
+		// read is the next session's.
 		h.pending = append(h.pending, p[:n]...)
 		if err != nil {
 			h.readErr = err
 		}
+		h.rmu.Unlock()
+		if frozen != nil {
+			<-frozen
+		}
 		return 0, ErrHandedOver
 	}
+	h.rmu.Unlock()
 	return n, err
+}
+
+// frozen returns the channel Next closes while the session is frozen (nil
+// when it is not).
+func (s *Session) frozen() chan struct{} {
+	s.h.fmu.Lock()
+	defer s.h.fmu.Unlock()
+	if s.stale() {
+		return nil
+	}
+	return s.h.frozen
 }
 
 func (s *Session) Write(p []byte) (int, error) {

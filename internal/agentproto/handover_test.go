@@ -89,3 +89,45 @@ func TestHandover(t *testing.T) {
 		t.Fatal("read of a closed connection succeeded")
 	}
 }
+
+// TestHandoverFreeze: what a frozen session's read gets (the peer's marker,
+// sent once it saw the request the frozen session wrote) is the next
+// session's, and the frozen read fails only once Next is called.
+func TestHandoverFreeze(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	nonce := bytes.Repeat([]byte{8}, NonceSize)
+	ho := NewHandover(a)
+	old := ho.Session()
+	got := make(chan error, 1)
+	go func() {
+		_, err := old.Read(make([]byte, 64))
+		got <- err
+	}()
+	ho.Freeze()
+	go func() {
+		// The peer reads the request, then answers with its marker.
+		buf := make([]byte, 7)
+		_, _ = io.ReadFull(b, buf)
+		_, _ = b.Write(MarkerToHost(nonce))
+	}()
+	if _, err := old.Write([]byte("request")); err != nil {
+		t.Fatalf("a frozen session's write: %v", err)
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("a frozen session's read returned before Next: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	next, err := ho.Next(nil, MarkerToHost(nonce))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; !errors.Is(err, ErrHandedOver) {
+		t.Fatalf("frozen read after Next: %v", err)
+	}
+	if err := next.Sync(); err != nil {
+		t.Fatalf("the marker the frozen read took is not the next session's: %v", err)
+	}
+}

@@ -41,6 +41,10 @@ type Config struct {
 	// this Router did not create (another replica, or before a restart):
 	// the store's row. Nil: only the Router's own.
 	Lookup func(ctx context.Context, sandboxID string) (nodeID string, err error)
+	// LookupSnapshot returns the id of the node that holds a snapshot,
+	// for snapshots this Router did not take: the store's row. Nil: only
+	// the Router's own.
+	LookupSnapshot func(ctx context.Context, snapshotID string) (nodeID string, err error)
 	// OnNodeLost is called, from the event's goroutine, after a node was
 	// lost and its sandboxes' calls failed. Nil: nothing.
 	OnNodeLost func(nodeID, reason string)
@@ -59,6 +63,7 @@ type Router struct {
 	rnd       *rand.Rand
 	members   map[string]*member // live nodes, by id
 	sandboxes map[string]*member // sandbox id → the node incarnation it runs on
+	snapshots map[string]*member // snapshot id → the node incarnation that holds it
 	pools     map[string]nodeapi.PoolSpec
 }
 
@@ -95,7 +100,7 @@ func New(cfg Config) *Router {
 		rnd = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
 	return &Router{cfg: cfg, log: cfg.Logger, rnd: rnd,
-		members: map[string]*member{}, sandboxes: map[string]*member{}, pools: map[string]nodeapi.PoolSpec{}}
+		members: map[string]*member{}, sandboxes: map[string]*member{}, snapshots: map[string]*member{}, pools: map[string]nodeapi.PoolSpec{}}
 }
 
 // HandleEvent applies a membership event (WatcherConfig.OnEvent).
@@ -193,6 +198,9 @@ func (r *Router) Live(id string) bool {
 // has no room, cannot be reached or lacks the template is dropped and the
 // next one tried, up to MaxTries nodes.
 func (r *Router) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.SandboxInfo, error) {
+	if req.Snapshot != "" {
+		return r.createFromSnapshot(ctx, req)
+	}
 	preq := placement.Request{Runtime: req.Spec.Runtime, Template: req.Spec.Template, Shape: req.Spec.Shape}
 	cost := preq.Cost()
 	tried := map[string]bool{}
@@ -321,16 +329,27 @@ func placementNode(m *member, warm bool) placement.Node {
 
 // route returns the node incarnation a sandbox runs on and its client.
 func (r *Router) route(ctx context.Context, id string) (*member, nodeapi.Node, error) {
+	return r.routeIn(ctx, "sandbox", id, r.sandboxes, r.cfg.Lookup, nodeapi.ErrSandboxNotFound)
+}
+
+// routeSnapshot is route for the node that holds a snapshot.
+func (r *Router) routeSnapshot(ctx context.Context, id string) (*member, nodeapi.Node, error) {
+	return r.routeIn(ctx, "snapshot", id, r.snapshots, r.cfg.LookupSnapshot, nodeapi.ErrSnapshotNotFound)
+}
+
+// routeIn finds the node of id in known (under r.mu), or through lookup.
+func (r *Router) routeIn(ctx context.Context, what, id string, known map[string]*member,
+	lookup func(context.Context, string) (string, error), notFound error) (*member, nodeapi.Node, error) {
 	r.mu.Lock()
-	m := r.sandboxes[id]
+	m := known[id]
 	r.mu.Unlock()
 	if m == nil {
-		if r.cfg.Lookup == nil {
-			return nil, nil, fmt.Errorf("fleet: sandbox %s: %w", id, nodeapi.ErrSandboxNotFound)
+		if lookup == nil {
+			return nil, nil, fmt.Errorf("fleet: %s %s: %w", what, id, notFound)
 		}
-		nodeID, err := r.cfg.Lookup(ctx, id)
+		nodeID, err := lookup(ctx, id)
 		if err != nil {
-			return nil, nil, fmt.Errorf("fleet: sandbox %s: %w", id, err)
+			return nil, nil, fmt.Errorf("fleet: %s %s: %w", what, id, err)
 		}
 		r.mu.Lock()
 		m = r.members[nodeID]
@@ -338,7 +357,7 @@ func (r *Router) route(ctx context.Context, id string) (*member, nodeapi.Node, e
 			r.mu.Unlock()
 			return nil, nil, &nodeapi.NodeLostError{NodeID: nodeID, Why: "it is not live"}
 		}
-		r.sandboxes[id] = m
+		known[id] = m
 		r.mu.Unlock()
 	}
 	if err := context.Cause(m.ctx); err != nil {
@@ -437,6 +456,72 @@ func (r *Router) WaitProcess(ctx context.Context, id, procID string) (nodeapi.Ex
 }
 
 // SetEgress sets the egress rules of a sandbox on its node.
+// Snapshot snapshots a sandbox on its node, which then holds the
+// snapshot.
+func (r *Router) Snapshot(ctx context.Context, id string) (nodeapi.SnapshotInfo, error) {
+	m, c, err := r.route(ctx, id)
+	if err != nil {
+		return nodeapi.SnapshotInfo{}, err
+	}
+	info, err := call(ctx, m, func(ctx context.Context) (nodeapi.SnapshotInfo, error) { return c.Snapshot(ctx, id) })
+	if err == nil {
+		r.mu.Lock()
+		r.snapshots[info.ID] = m
+		r.mu.Unlock()
+	}
+	return info, err
+}
+
+// DeleteSnapshot removes a snapshot from its node. One of a lost node is
+// gone already: not an error.
+func (r *Router) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	m, c, err := r.routeSnapshot(ctx, snapshotID)
+	if err == nil {
+		_, err = call(ctx, m, func(ctx context.Context) (struct{}, error) { return struct{}{}, c.DeleteSnapshot(ctx, snapshotID) })
+	}
+	if errors.Is(err, nodeapi.ErrNodeLost) || errors.Is(err, nodeapi.ErrSnapshotNotFound) {
+		err = nil
+	}
+	if err == nil {
+		r.mu.Lock()
+		delete(r.snapshots, snapshotID)
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// createFromSnapshot creates a sandbox on the node that holds the
+// snapshot (no placement: the image is there).
+func (r *Router) createFromSnapshot(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.SandboxInfo, error) {
+	m, c, err := r.routeSnapshot(ctx, req.Snapshot)
+	if err != nil {
+		return nodeapi.SandboxInfo{}, err
+	}
+	info, err := call(ctx, m, func(ctx context.Context) (nodeapi.SandboxInfo, error) { return c.Create(ctx, req) })
+	if err != nil {
+		return nodeapi.SandboxInfo{}, err
+	}
+	r.mu.Lock()
+	r.sandboxes[info.ID] = m
+	r.mu.Unlock()
+	info.Node = m.id
+	return info, nil
+}
+
+func (r *Router) Pause(ctx context.Context, id string) error {
+	_, err := on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (struct{}, error) {
+		return struct{}{}, c.Pause(ctx, id)
+	})
+	return err
+}
+
+func (r *Router) Resume(ctx context.Context, id string, wait time.Duration) error {
+	_, err := on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (struct{}, error) {
+		return struct{}{}, c.Resume(ctx, id, wait)
+	})
+	return err
+}
+
 func (r *Router) SetEgress(ctx context.Context, id string, e *nodeapi.Egress) error {
 	_, err := on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (struct{}, error) {
 		return struct{}{}, c.SetEgress(ctx, id, e)

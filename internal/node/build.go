@@ -115,7 +115,7 @@ func (n *Node) RunBuildStep(ctx context.Context, s template.RunStep) (res templa
 	if info.Status != agentproto.StatusExited || info.ExitCode != 0 || s.UpperTar == "" {
 		return res, nil
 	}
-	ex, ok := sb.rt.(runtime.UpperExporter)
+	ex, ok := sb.runtime().(runtime.UpperExporter)
 	if !ok {
 		return res, fmt.Errorf("node: the %s runtime cannot export a sandbox's changes", rt.Name())
 	}

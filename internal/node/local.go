@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/evalbox/evalbox/internal/agentproto"
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/nodeapi"
+	"github.com/evalbox/evalbox/pkg/client"
 )
 
 // Local is the node's nodeapi.Node: the contract served in process, which
@@ -22,13 +25,14 @@ var _ nodeapi.Node = (*Local)(nil)
 // NewLocal returns n's contract.
 func NewLocal(n *Node) *Local { return &Local{n: n} }
 
-// sandbox returns the live sandbox id.
+// sandbox returns the live sandbox id, which must not be paused.
 func (l *Local) sandbox(id string) (*Sandbox, error) {
-	l.n.mu.Lock()
-	sb := l.n.live[id]
-	l.n.mu.Unlock()
-	if sb == nil {
-		return nil, fmt.Errorf("node: sandbox %s: %w", id, nodeapi.ErrSandboxNotFound)
+	sb, err := l.n.liveSandbox(id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.paused.Load() {
+		return nil, errPaused(id)
 	}
 	return sb, nil
 }
@@ -45,6 +49,9 @@ func callErr(sb *Sandbox, err error) error {
 	}
 	if errors.Is(err, agentproto.ErrSessionClosed) {
 		return &nodeapi.StoppedError{ID: sb.ID, OOMKills: sb.OOMKills()}
+	}
+	if errors.Is(err, agentproto.ErrSuspended) {
+		return &apierr.Error{Code: client.CodeConflict, Message: fmt.Sprintf("the call was cut off by a snapshot or pause of sandbox %s: try it again", sb.ID)}
 	}
 	return err
 }
@@ -106,7 +113,13 @@ func (l *Local) Pools(context.Context) ([]nodeapi.PoolStatus, error) { return l.
 
 // Create starts (or claims from the pool) a sandbox of req.Spec.
 func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.SandboxInfo, error) {
-	sb, err := l.n.Create(ctx, req.Spec, req.Wait)
+	var sb *Sandbox
+	var err error
+	if req.Snapshot != "" {
+		sb, err = l.n.CreateFromSnapshot(ctx, req.Snapshot, req.Spec, req.Wait)
+	} else {
+		sb, err = l.n.Create(ctx, req.Spec, req.Wait)
+	}
 	if err != nil {
 		return nodeapi.SandboxInfo{}, err
 	}
@@ -125,6 +138,26 @@ func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.
 		StartedAt: sb.StartedAt, FromPool: sb.FromPool, EgressApplied: req.Egress != nil}, nil
 }
 
+// Snapshot snapshots a running sandbox.
+func (l *Local) Snapshot(ctx context.Context, id string) (nodeapi.SnapshotInfo, error) {
+	m, err := l.n.Snapshot(ctx, id)
+	if err != nil {
+		return nodeapi.SnapshotInfo{}, err
+	}
+	return m.Info(), nil
+}
+
+// DeleteSnapshot removes a snapshot.
+func (l *Local) DeleteSnapshot(_ context.Context, id string) error { return l.n.DeleteSnapshot(id) }
+
+// Pause pauses a sandbox.
+func (l *Local) Pause(ctx context.Context, id string) error { return l.n.Pause(ctx, id) }
+
+// Resume resumes a paused sandbox.
+func (l *Local) Resume(ctx context.Context, id string, wait time.Duration) error {
+	return l.n.Resume(ctx, id, wait)
+}
+
 // SetEgress replaces a sandbox's egress rules.
 func (l *Local) SetEgress(ctx context.Context, id string, e *nodeapi.Egress) error {
 	sb, err := l.sandbox(id)
@@ -139,7 +172,8 @@ func (l *Local) Destroy(ctx context.Context, id string) error { return l.n.Destr
 
 // Wait returns when the sandbox's agent session ends.
 func (l *Local) Wait(ctx context.Context, id string) (nodeapi.End, error) {
-	sb, err := l.sandbox(id)
+	sb, err := l.n.liveSandbox(id) // paused ones too
+
 	if err != nil {
 		return nodeapi.End{}, err
 	}

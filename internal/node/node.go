@@ -49,6 +49,9 @@ type Config struct {
 	AgentPath string
 	// StateDir holds one directory per live sandbox.
 	StateDir string
+	// SnapshotDir holds the node's snapshots, one directory each ("":
+	// the node takes none).
+	SnapshotDir string
 	// StartTimeout bounds a cold start, agent handshake included.
 	StartTimeout time.Duration
 	// Build is the shape of template build sandboxes.
@@ -103,8 +106,14 @@ type Sandbox struct {
 	// Agent is the session with the guest agent.
 	Agent *agentproto.Client
 
-	rt       runtime.Sandbox
+	rtMu     sync.RWMutex
+	rt       runtime.Sandbox // a paused sandbox's is its stopped one
 	stateDir string
+	// op serialises snapshots, pauses and resumes; paused is set while
+	// the sandbox is paused (see snapshot.go).
+	op     sync.Mutex
+	paused atomic.Bool
+	pause  *pauseImage // under op
 	// release gives the sandbox's host capacity back.
 	release func()
 	once    sync.Once
@@ -133,7 +142,7 @@ func (s *Sandbox) SetEgress(ctx context.Context, e *nodeapi.Egress) error {
 		}
 		rules = r
 	}
-	f, ok := s.rt.(runtime.EgressFilter)
+	f, ok := s.runtime().(runtime.EgressFilter)
 	if !ok {
 		return fmt.Errorf("node: the %s runtime cannot filter a sandbox's egress", s.Runtime)
 	}
@@ -141,6 +150,13 @@ func (s *Sandbox) SetEgress(ctx context.Context, e *nodeapi.Egress) error {
 		return fmt.Errorf("node: egress rules of %s: %w", s.ID, err)
 	}
 	return nil
+}
+
+// runtime returns the sandbox's runtime sandbox (Resume replaces it).
+func (s *Sandbox) runtime() runtime.Sandbox {
+	s.rtMu.RLock()
+	defer s.rtMu.RUnlock()
+	return s.rt
 }
 
 // SetEnv sets the environment that every exec and process of the sandbox
@@ -174,7 +190,7 @@ func (s *Sandbox) Done() <-chan struct{} { return s.Agent.Done() }
 // OOMKills reports how many of the sandbox's processes the OOM killer has
 // killed (0 when it cannot tell).
 func (s *Sandbox) OOMKills() int64 {
-	n, err := s.rt.OOMKills()
+	n, err := s.runtime().OOMKills()
 	if err != nil {
 		return 0
 	}
@@ -346,7 +362,7 @@ func (n *Node) Create(ctx context.Context, key PoolKey, wait time.Duration) (*Sa
 	}
 	sb, err := n.start(ctx, key, func(ctx context.Context, cost runtime.Resources) (func(), error) {
 		return n.reserve(ctx, cost, wait)
-	})
+	}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -421,7 +437,11 @@ var ErrClosed = nodeapi.ErrNodeClosed
 // nothing is left behind (and nothing reserved). The sandbox joins the
 // live set only once its agent answered, so Close never sees a
 // half-started one: it waits for starts in flight instead.
-func (n *Node) start(ctx context.Context, key PoolKey, admit admitFunc) (_ *Sandbox, err error) {
+//
+// With from, the sandbox is restored from that snapshot instead of booted:
+// its agent's session is resumed, and the template's ready_cmd is not run
+// again (it ran in the snapshot's source).
+func (n *Node) start(ctx context.Context, key PoolKey, admit admitFunc, from *snapshotSource) (_ *Sandbox, err error) {
 	rt, ok := n.runtimes[key.Runtime]
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownRuntime, key.Runtime)
@@ -479,24 +499,33 @@ func (n *Node) start(ctx context.Context, key PoolKey, admit admitFunc) (_ *Sand
 			n.destroy(context.WithoutCancel(ctx), sb)
 		}
 	}()
-	sb.rt, err = rt.Start(ctx, runtime.Spec{
-		ID: id, RootFS: tpl.RootFS, AgentPath: n.cfg.AgentPath,
-		AgentArgs: []string{"--workdir", tpl.Defaults.Workdir, "--user", tpl.Defaults.User},
-		Env:       tpl.EnvList(), StateDir: stateDir,
-		CPU: key.Shape.CPU, MemoryMB: key.Shape.MemoryMB, DiskMB: key.Shape.DiskMB, Pids: key.Shape.Pids,
-		Network: key.Shape.Network, Hostname: id,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("node: start %s: %w", id, err)
-	}
-	if sb.Agent, err = agentproto.Dial(sb.rt.Conn()); err != nil {
-		return nil, fmt.Errorf("node: agent %s: %w", id, err)
+	spec := runtimeSpec(id, tpl, key, stateDir, n.cfg.AgentPath)
+	if from != nil {
+		rr, ok := rt.(runtime.Restorer)
+		if !ok {
+			return nil, fmt.Errorf("node: the %s runtime cannot restore snapshots", rt.Name())
+		}
+		if sb.rt, err = rr.Restore(ctx, spec, from.image); err != nil {
+			return nil, fmt.Errorf("node: restore %s from snapshot %s: %w", id, from.id, err)
+		}
+		if sb.Agent, err = agentproto.Redial(sb.rt.Conn(), from.nonce); err != nil {
+			return nil, fmt.Errorf("node: agent %s: %w", id, err)
+		}
+	} else {
+		if sb.rt, err = rt.Start(ctx, spec); err != nil {
+			return nil, fmt.Errorf("node: start %s: %w", id, err)
+		}
+		if sb.Agent, err = agentproto.Dial(sb.rt.Conn()); err != nil {
+			return nil, fmt.Errorf("node: agent %s: %w", id, err)
+		}
 	}
 	if err := sb.Agent.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("node: agent %s did not answer: %w", id, err)
 	}
-	if err := readyCheck(ctx, sb); err != nil {
-		return nil, err
+	if from == nil {
+		if err := readyCheck(ctx, sb); err != nil {
+			return nil, err
+		}
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -505,6 +534,17 @@ func (n *Node) start(ctx context.Context, key PoolKey, admit admitFunc) (_ *Sand
 	}
 	n.live[id] = sb
 	return sb, nil
+}
+
+// runtimeSpec is the runtime's spec of sandbox id of template tpl.
+func runtimeSpec(id string, tpl *template.Template, key PoolKey, stateDir, agentPath string) runtime.Spec {
+	return runtime.Spec{
+		ID: id, RootFS: tpl.RootFS, AgentPath: agentPath,
+		AgentArgs: []string{"--workdir", tpl.Defaults.Workdir, "--user", tpl.Defaults.User},
+		Env:       tpl.EnvList(), StateDir: stateDir,
+		CPU: key.Shape.CPU, MemoryMB: key.Shape.MemoryMB, DiskMB: key.Shape.DiskMB, Pids: key.Shape.Pids,
+		Network: key.Shape.Network, Hostname: id,
+	}
 }
 
 func (n *Node) isClosed() bool {
@@ -535,8 +575,8 @@ func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 		if sb.Agent != nil {
 			_ = sb.Agent.Close()
 		}
-		if sb.rt != nil {
-			err = sb.rt.Destroy(ctx)
+		if rt := sb.runtime(); rt != nil {
+			err = rt.Destroy(ctx)
 		}
 		rtErr := err
 		if rmErr := os.RemoveAll(sb.stateDir); rmErr != nil {

@@ -130,7 +130,7 @@ func (n *Node) refill(p *pool) {
 				break
 			}
 			changed := n.capacity.Changed()
-			sb, err := n.start(ctx, p.key, admit)
+			sb, err := n.start(ctx, p.key, admit, nil)
 			if errors.Is(err, ErrInsufficientCapacity) {
 				if !waitingLogged {
 					n.log.Warn("warm pool waits for host capacity", "pool", p.key.String(), "missing", need, "err", err)

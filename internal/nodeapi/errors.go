@@ -15,6 +15,8 @@ var (
 	ErrSandboxNotFound = errors.New("nodeapi: no such sandbox on this node")
 	// ErrSandboxStopped is wrapped by *StoppedError.
 	ErrSandboxStopped = errors.New("nodeapi: sandbox stopped")
+	// ErrSnapshotNotFound: the node holds no snapshot of that id.
+	ErrSnapshotNotFound = errors.New("nodeapi: no such snapshot on this node")
 	// ErrTemplateMissing: the node does not hold the template of a
 	// create's digest (see Node.TemplatesPresent).
 	ErrTemplateMissing = errors.New("nodeapi: template_missing")

@@ -123,6 +123,40 @@ type Node interface {
 	// *apierr.Error bad_request, a sandbox without network (none) one of
 	// conflict; either changes nothing.
 	SetEgress(ctx context.Context, id string, e *Egress) error
+
+	// Snapshot snapshots a running sandbox into a snapshot the node keeps
+	// (docs/design/snapshots.md): its files and, with SnapshotInfo.Memory,
+	// its memory and processes. The sandbox goes on; calls in flight in it
+	// fail with an *apierr.Error conflict, calls made meanwhile wait. A
+	// runtime that cannot is an *apierr.Error not_implemented; a paused
+	// sandbox one of sandbox_not_running.
+	Snapshot(ctx context.Context, id string) (SnapshotInfo, error)
+	// DeleteSnapshot removes a snapshot of the node's. An unknown id is
+	// not an error; sandboxes restored from it do not need it.
+	DeleteSnapshot(ctx context.Context, snapshotID string) error
+	// Pause checkpoints a running sandbox and stops it: it holds no host
+	// processes, memory or capacity until Resume, and calls to it are
+	// *apierr.Error sandbox_not_running meanwhile (Wait goes on waiting).
+	// A sandbox whose pause failed midway is destroyed.
+	Pause(ctx context.Context, id string) error
+	// Resume restores a paused sandbox under its id once host capacity is
+	// reserved (queueing up to wait, as Create). When the restore fails it
+	// stays paused; when its agent does not answer after it, it ends.
+	Resume(ctx context.Context, id string, wait time.Duration) error
+}
+
+// SnapshotInfo describes a snapshot a node holds.
+type SnapshotInfo struct {
+	ID string
+	// Source is the sandbox it was taken of; Spec is the source's (a
+	// sandbox restored from it has its template, runtime and shape).
+	Source         string
+	Spec           Spec
+	RuntimeVersion string
+	// Memory is set when it holds memory and processes, not only files.
+	Memory    bool
+	SizeBytes int64
+	CreatedAt time.Time
 }
 
 // DirWatch is a watch of a directory (Node.WatchDir). Next returns the
@@ -217,6 +251,11 @@ type CreateRequest struct {
 	// Egress, when not nil, limits an outbound sandbox's traffic to these
 	// rules (mode rules): applied when it is claimed, as Env is.
 	Egress *Egress
+	// Snapshot, when set, is a snapshot of the node's that the sandbox is
+	// restored from instead of booted (never from the warm pool); Spec
+	// must be the snapshot's (ErrSnapshotNotFound: the node has none of
+	// that id).
+	Snapshot string
 }
 
 // Egress is a sandbox's egress rules as the API received them: entries of

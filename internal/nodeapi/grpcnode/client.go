@@ -121,7 +121,7 @@ func (c *Client) Pools(ctx context.Context) ([]nodeapi.PoolStatus, error) {
 
 func (c *Client) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.SandboxInfo, error) {
 	resp, err := c.c.Create(ctx, &pb.CreateRequest{Spec: pbSpec(req.Spec), WaitNanos: int64(req.Wait), ContentDigest: req.ContentDigest, Env: req.Env,
-		Egress: pbEgress(req.Egress)})
+		Egress: pbEgress(req.Egress), Snapshot: req.Snapshot})
 	if err != nil {
 		return nodeapi.SandboxInfo{}, fromStatus(ctx, "create", err)
 	}
@@ -131,6 +131,29 @@ func (c *Client) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi
 func (c *Client) SetEgress(ctx context.Context, id string, e *nodeapi.Egress) error {
 	_, err := c.c.SetEgress(ctx, &pb.SetEgressRequest{SandboxId: id, Egress: pbEgress(e)})
 	return fromStatus(ctx, "set egress", err)
+}
+
+func (c *Client) Snapshot(ctx context.Context, id string) (nodeapi.SnapshotInfo, error) {
+	resp, err := c.c.Snapshot(ctx, &pb.SnapshotRequest{SandboxId: id})
+	if err != nil {
+		return nodeapi.SnapshotInfo{}, fromStatus(ctx, "snapshot", err)
+	}
+	return snapshotInfo(resp), nil
+}
+
+func (c *Client) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	_, err := c.c.DeleteSnapshot(ctx, &pb.DeleteSnapshotRequest{SnapshotId: snapshotID})
+	return fromStatus(ctx, "delete snapshot", err)
+}
+
+func (c *Client) Pause(ctx context.Context, id string) error {
+	_, err := c.c.Pause(ctx, &pb.PauseRequest{SandboxId: id})
+	return fromStatus(ctx, "pause", err)
+}
+
+func (c *Client) Resume(ctx context.Context, id string, wait time.Duration) error {
+	_, err := c.c.Resume(ctx, &pb.ResumeRequest{SandboxId: id, WaitNanos: int64(wait)})
+	return fromStatus(ctx, "resume", err)
 }
 
 func (c *Client) Destroy(ctx context.Context, id string) error {

@@ -141,3 +141,13 @@ func pbEgress(e *nodeapi.Egress) *pb.Egress {
 	}
 	return &pb.Egress{Allow: e.Allow, Deny: e.Deny}
 }
+
+func pbSnapshotInfo(s nodeapi.SnapshotInfo) *pb.SnapshotInfo {
+	return &pb.SnapshotInfo{Id: s.ID, Source: s.Source, Spec: pbSpec(s.Spec), RuntimeVersion: s.RuntimeVersion,
+		Memory: s.Memory, SizeBytes: s.SizeBytes, CreatedAtUnixNano: s.CreatedAt.UnixNano()}
+}
+
+func snapshotInfo(s *pb.SnapshotInfo) nodeapi.SnapshotInfo {
+	return nodeapi.SnapshotInfo{ID: s.GetId(), Source: s.GetSource(), Spec: spec(s.GetSpec()), RuntimeVersion: s.GetRuntimeVersion(),
+		Memory: s.GetMemory(), SizeBytes: s.GetSizeBytes(), CreatedAt: time.Unix(0, s.GetCreatedAtUnixNano()).UTC()}
+}

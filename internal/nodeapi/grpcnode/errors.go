@@ -90,6 +90,8 @@ func toStatus(err error) error {
 		code, d.Kind = codes.FailedPrecondition, pb.ErrorDetail_KIND_TEMPLATE_MISSING
 	case errors.Is(err, nodeapi.ErrSandboxNotFound):
 		code, d.Kind = codes.NotFound, pb.ErrorDetail_KIND_SANDBOX_NOT_FOUND
+	case errors.Is(err, nodeapi.ErrSnapshotNotFound):
+		code, d.Kind = codes.NotFound, pb.ErrorDetail_KIND_SNAPSHOT_NOT_FOUND
 	case errors.Is(err, nodeapi.ErrUnknownRuntime):
 		code, d.Kind = codes.InvalidArgument, pb.ErrorDetail_KIND_UNKNOWN_RUNTIME
 	case errors.Is(err, nodeapi.ErrNodeClosed):
@@ -169,6 +171,8 @@ func fromDetail(msg string, d *pb.ErrorDetail) error {
 		return &remoteError{msg: msg, is: nodeapi.ErrTemplateMissing}
 	case pb.ErrorDetail_KIND_SANDBOX_NOT_FOUND:
 		return &remoteError{msg: msg, is: nodeapi.ErrSandboxNotFound}
+	case pb.ErrorDetail_KIND_SNAPSHOT_NOT_FOUND:
+		return &remoteError{msg: msg, is: nodeapi.ErrSnapshotNotFound}
 	case pb.ErrorDetail_KIND_UNKNOWN_RUNTIME:
 		return &remoteError{msg: msg, is: nodeapi.ErrUnknownRuntime}
 	case pb.ErrorDetail_KIND_NODE_CLOSED:

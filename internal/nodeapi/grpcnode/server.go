@@ -144,7 +144,7 @@ func (s *server) Pools(ctx context.Context, _ *pb.PoolsRequest) (*pb.PoolsRespon
 
 func (s *server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.SandboxInfo, error) {
 	info, err := s.n.Create(ctx, nodeapi.CreateRequest{Spec: spec(req.GetSpec()), Wait: time.Duration(req.GetWaitNanos()),
-		ContentDigest: req.GetContentDigest(), Env: req.GetEnv(), Egress: egress(req.GetEgress())})
+		ContentDigest: req.GetContentDigest(), Env: req.GetEnv(), Egress: egress(req.GetEgress()), Snapshot: req.GetSnapshot()})
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -156,6 +156,35 @@ func (s *server) SetEgress(ctx context.Context, req *pb.SetEgressRequest) (*pb.S
 		return nil, toStatus(err)
 	}
 	return &pb.SetEgressResponse{}, nil
+}
+
+func (s *server) Snapshot(ctx context.Context, req *pb.SnapshotRequest) (*pb.SnapshotInfo, error) {
+	info, err := s.n.Snapshot(ctx, req.GetSandboxId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return pbSnapshotInfo(info), nil
+}
+
+func (s *server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotRequest) (*pb.DeleteSnapshotResponse, error) {
+	if err := s.n.DeleteSnapshot(ctx, req.GetSnapshotId()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.DeleteSnapshotResponse{}, nil
+}
+
+func (s *server) Pause(ctx context.Context, req *pb.PauseRequest) (*pb.PauseResponse, error) {
+	if err := s.n.Pause(ctx, req.GetSandboxId()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.PauseResponse{}, nil
+}
+
+func (s *server) Resume(ctx context.Context, req *pb.ResumeRequest) (*pb.ResumeResponse, error) {
+	if err := s.n.Resume(ctx, req.GetSandboxId(), time.Duration(req.GetWaitNanos())); err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.ResumeResponse{}, nil
 }
 
 func (s *server) Destroy(ctx context.Context, req *pb.DestroyRequest) (*pb.DestroyResponse, error) {

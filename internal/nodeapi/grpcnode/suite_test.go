@@ -146,7 +146,7 @@ func newRealNode(t testing.TB, capCfg node.CapacityConfig, withGVisor bool) *nod
 		t.Fatal(err)
 	}
 	n, err := node.New(node.Config{Runtimes: rts, Templates: reg, AgentPath: agent, StateDir: filepath.Join(dir, "state"),
-		Capacity: capacity, Logger: log})
+		SnapshotDir: filepath.Join(dir, "snapshots"), Capacity: capacity, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,6 +232,114 @@ func agentCode(err error) string {
 	return ""
 }
 
+// snapshots: a snapshot of a gVisor sandbox restores into new sandboxes
+// with its files and processes; a pause takes the sandbox's calls away
+// until its resume, twice; bad input is refused; a namespaces sandbox
+// says it cannot.
+func snapshots(t *testing.T, n nodeapi.Node) {
+	ctx := t.Context()
+	src := create(t, n, "gvisor")
+	run(t, n, src, "echo prepared > /root/state")
+	bg, err := n.StartProcess(ctx, src, nodeapi.ExecRequest{Argv: []string{"sleep", "600"}, Tag: "keep"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := n.Snapshot(ctx, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !node.ValidSnapshotID(info.ID) || info.Source != src || info.Spec != testSpec("gvisor") || !info.Memory || info.SizeBytes <= 0 || info.CreatedAt.IsZero() {
+		t.Fatalf("snapshot info %+v", info)
+	}
+	defer func() {
+		if err := n.DeleteSnapshot(context.Background(), info.ID); err != nil {
+			t.Errorf("delete snapshot: %v", err)
+		}
+	}()
+	run(t, n, src, "echo after > /root/state")
+	restored, err := n.Create(ctx, nodeapi.CreateRequest{Spec: testSpec("gvisor"), Snapshot: info.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Destroy(context.Background(), restored.ID)
+	if got := run(t, n, restored.ID, "cat /root/state"); got != "prepared\n" {
+		t.Errorf("restored /root/state %q", got)
+	}
+	ps, err := n.ListProcesses(ctx, restored.ID)
+	if err != nil || !hasProc(ps, bg.ID, "keep") {
+		t.Errorf("restored processes %+v %v", ps, err)
+	}
+	if got := run(t, n, src, "cat /root/state"); got != "after\n" {
+		t.Errorf("source /root/state %q", got)
+	}
+	// A snapshot of another spec, or none, is refused.
+	if _, err := n.Create(ctx, nodeapi.CreateRequest{Spec: testSpec("namespaces"), Snapshot: info.ID}); apiCode(err) != client.CodeBadRequest {
+		t.Errorf("create from a snapshot of another spec: %v", err)
+	}
+	if _, err := n.Create(ctx, nodeapi.CreateRequest{Spec: testSpec("gvisor"), Snapshot: node.NewSnapshotID()}); !errors.Is(err, nodeapi.ErrSnapshotNotFound) {
+		t.Errorf("create from a missing snapshot: %v", err)
+	}
+	if _, err := n.Snapshot(ctx, "sb-nope"); !errors.Is(err, nodeapi.ErrSandboxNotFound) {
+		t.Errorf("snapshot of an unknown sandbox: %v", err)
+	}
+	nsb := create(t, n, "namespaces")
+	if _, err := n.Snapshot(ctx, nsb); apiCode(err) != client.CodeNotImplemented {
+		t.Errorf("snapshot of a namespaces sandbox: %v", err)
+	}
+
+	// Pause, resume, twice: what each run wrote stays.
+	for round := 1; round <= 2; round++ {
+		run(t, n, src, fmt.Sprintf("echo %d >> /root/rounds", round))
+		if err := n.Pause(ctx, src); err != nil {
+			t.Fatalf("pause %d: %v", round, err)
+		}
+		if err := n.Pause(ctx, src); apiCode(err) != client.CodeConflict {
+			t.Errorf("pause of a paused sandbox: %v", err)
+		}
+		if _, err := n.Exec(ctx, src, nodeapi.ExecRequest{Argv: []string{"true"}}, nil, nil, nil); apiCode(err) != client.CodeSandboxNotRunning {
+			t.Errorf("exec in a paused sandbox: %v", err)
+		}
+		if _, err := n.Snapshot(ctx, src); apiCode(err) != client.CodeSandboxNotRunning {
+			t.Errorf("snapshot of a paused sandbox: %v", err)
+		}
+		if err := n.Resume(ctx, src, 0); err != nil {
+			t.Fatalf("resume %d: %v", round, err)
+		}
+		if err := n.Resume(ctx, src, 0); apiCode(err) != client.CodeConflict {
+			t.Errorf("resume of a running sandbox: %v", err)
+		}
+		want := ""
+		for i := 1; i <= round; i++ {
+			want += fmt.Sprintf("%d\n", i)
+		}
+		if got := run(t, n, src, "cat /root/rounds"); got != want {
+			t.Fatalf("after resume %d: /root/rounds %q, want %q", round, got, want)
+		}
+	}
+	ps, err = n.ListProcesses(ctx, src)
+	if err != nil || !hasProc(ps, bg.ID, "keep") {
+		t.Errorf("processes after the resumes %+v %v", ps, err)
+	}
+	// A paused sandbox is destroyed like any.
+	if err := n.Pause(ctx, restored.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Destroy(ctx, restored.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Wait(ctx, restored.ID); !errors.Is(err, nodeapi.ErrSandboxNotFound) {
+		t.Errorf("wait of a destroyed paused sandbox: %v", err)
+	}
+}
+
+func apiCode(err error) string {
+	var ae *apierr.Error
+	if errors.As(err, &ae) {
+		return ae.Code
+	}
+	return ""
+}
+
 // TestContract runs the suite against both implementations.
 func TestContract(t *testing.T) {
 	n := newRealNode(t, node.CapacityConfig{}, true)
@@ -244,6 +352,12 @@ func TestContract(t *testing.T) {
 }
 
 func suite(t *testing.T, n nodeapi.Node, runtimes []string) {
+	t.Run("snapshots", func(t *testing.T) {
+		if !strings.Contains(strings.Join(runtimes, ","), "gvisor") {
+			t.Skip("no runsc: snapshots need gVisor")
+		}
+		snapshots(t, n)
+	})
 	t.Run("node", func(t *testing.T) {
 		rts, err := n.Runtimes(t.Context())
 		if err != nil || !strings.Contains(strings.Join(rts, ","), "namespaces") {

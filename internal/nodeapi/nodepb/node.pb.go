@@ -46,6 +46,8 @@ const (
 	ErrorDetail_KIND_NODE_CLOSED      ErrorDetail_Kind = 7
 	// apierr.Error: code, message and retry_after_seconds are set.
 	ErrorDetail_KIND_API ErrorDetail_Kind = 8
+	// nodeapi.ErrSnapshotNotFound.
+	ErrorDetail_KIND_SNAPSHOT_NOT_FOUND ErrorDetail_Kind = 9
 )
 
 // Enum value maps for ErrorDetail_Kind.
@@ -60,17 +62,19 @@ var (
 		6: "KIND_UNKNOWN_RUNTIME",
 		7: "KIND_NODE_CLOSED",
 		8: "KIND_API",
+		9: "KIND_SNAPSHOT_NOT_FOUND",
 	}
 	ErrorDetail_Kind_value = map[string]int32{
-		"KIND_UNSPECIFIED":       0,
-		"KIND_AGENT":             1,
-		"KIND_CAPACITY":          2,
-		"KIND_SANDBOX_STOPPED":   3,
-		"KIND_SANDBOX_NOT_FOUND": 4,
-		"KIND_TEMPLATE_MISSING":  5,
-		"KIND_UNKNOWN_RUNTIME":   6,
-		"KIND_NODE_CLOSED":       7,
-		"KIND_API":               8,
+		"KIND_UNSPECIFIED":        0,
+		"KIND_AGENT":              1,
+		"KIND_CAPACITY":           2,
+		"KIND_SANDBOX_STOPPED":    3,
+		"KIND_SANDBOX_NOT_FOUND":  4,
+		"KIND_TEMPLATE_MISSING":   5,
+		"KIND_UNKNOWN_RUNTIME":    6,
+		"KIND_NODE_CLOSED":        7,
+		"KIND_API":                8,
+		"KIND_SNAPSHOT_NOT_FOUND": 9,
 	}
 )
 
@@ -98,7 +102,392 @@ func (x ErrorDetail_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ErrorDetail_Kind.Descriptor instead.
 func (ErrorDetail_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{54, 0}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{62, 0}
+}
+
+type SnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotRequest) Reset() {
+	*x = SnapshotRequest{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotRequest) ProtoMessage() {}
+
+func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SnapshotRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type SnapshotInfo struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Id                string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Source            string                 `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	Spec              *Spec                  `protobuf:"bytes,3,opt,name=spec,proto3" json:"spec,omitempty"`
+	RuntimeVersion    string                 `protobuf:"bytes,4,opt,name=runtime_version,json=runtimeVersion,proto3" json:"runtime_version,omitempty"`
+	Memory            bool                   `protobuf:"varint,5,opt,name=memory,proto3" json:"memory,omitempty"`
+	SizeBytes         int64                  `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	CreatedAtUnixNano int64                  `protobuf:"varint,7,opt,name=created_at_unix_nano,json=createdAtUnixNano,proto3" json:"created_at_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *SnapshotInfo) Reset() {
+	*x = SnapshotInfo{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotInfo) ProtoMessage() {}
+
+func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
+func (*SnapshotInfo) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SnapshotInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SnapshotInfo) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *SnapshotInfo) GetSpec() *Spec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *SnapshotInfo) GetRuntimeVersion() string {
+	if x != nil {
+		return x.RuntimeVersion
+	}
+	return ""
+}
+
+func (x *SnapshotInfo) GetMemory() bool {
+	if x != nil {
+		return x.Memory
+	}
+	return false
+}
+
+func (x *SnapshotInfo) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetCreatedAtUnixNano() int64 {
+	if x != nil {
+		return x.CreatedAtUnixNano
+	}
+	return 0
+}
+
+type DeleteSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotRequest) Reset() {
+	*x = DeleteSnapshotRequest{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotRequest) ProtoMessage() {}
+
+func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *DeleteSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+type DeleteSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotResponse) Reset() {
+	*x = DeleteSnapshotResponse{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotResponse) ProtoMessage() {}
+
+func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{3}
+}
+
+type PauseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRequest) Reset() {
+	*x = PauseRequest{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRequest) ProtoMessage() {}
+
+func (x *PauseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
+func (*PauseRequest) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PauseRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type PauseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseResponse) Reset() {
+	*x = PauseResponse{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseResponse) ProtoMessage() {}
+
+func (x *PauseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
+func (*PauseResponse) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{5}
+}
+
+type ResumeRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// As CreateRequest's.
+	WaitNanos     int64 `protobuf:"varint,2,opt,name=wait_nanos,json=waitNanos,proto3" json:"wait_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRequest) Reset() {
+	*x = ResumeRequest{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRequest) ProtoMessage() {}
+
+func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRequest) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ResumeRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ResumeRequest) GetWaitNanos() int64 {
+	if x != nil {
+		return x.WaitNanos
+	}
+	return 0
+}
+
+type ResumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeResponse) Reset() {
+	*x = ResumeResponse{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeResponse) ProtoMessage() {}
+
+func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
+func (*ResumeResponse) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 type RuntimesRequest struct {
@@ -109,7 +498,7 @@ type RuntimesRequest struct {
 
 func (x *RuntimesRequest) Reset() {
 	*x = RuntimesRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[0]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -121,7 +510,7 @@ func (x *RuntimesRequest) String() string {
 func (*RuntimesRequest) ProtoMessage() {}
 
 func (x *RuntimesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[0]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -134,7 +523,7 @@ func (x *RuntimesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimesRequest.ProtoReflect.Descriptor instead.
 func (*RuntimesRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{0}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 type RuntimesResponse struct {
@@ -146,7 +535,7 @@ type RuntimesResponse struct {
 
 func (x *RuntimesResponse) Reset() {
 	*x = RuntimesResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[1]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -158,7 +547,7 @@ func (x *RuntimesResponse) String() string {
 func (*RuntimesResponse) ProtoMessage() {}
 
 func (x *RuntimesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[1]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -171,7 +560,7 @@ func (x *RuntimesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimesResponse.ProtoReflect.Descriptor instead.
 func (*RuntimesResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{1}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RuntimesResponse) GetRuntimes() []string {
@@ -189,7 +578,7 @@ type CapacityRequest struct {
 
 func (x *CapacityRequest) Reset() {
 	*x = CapacityRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[2]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -201,7 +590,7 @@ func (x *CapacityRequest) String() string {
 func (*CapacityRequest) ProtoMessage() {}
 
 func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[2]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -214,7 +603,7 @@ func (x *CapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityRequest.ProtoReflect.Descriptor instead.
 func (*CapacityRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 type Resources struct {
@@ -227,7 +616,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[3]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -239,7 +628,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[3]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -252,7 +641,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Resources) GetPids() int64 {
@@ -284,7 +673,7 @@ type CapacityStatus struct {
 
 func (x *CapacityStatus) Reset() {
 	*x = CapacityStatus{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[4]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -296,7 +685,7 @@ func (x *CapacityStatus) String() string {
 func (*CapacityStatus) ProtoMessage() {}
 
 func (x *CapacityStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[4]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -309,7 +698,7 @@ func (x *CapacityStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityStatus.ProtoReflect.Descriptor instead.
 func (*CapacityStatus) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CapacityStatus) GetBudget() *Resources {
@@ -363,7 +752,7 @@ type TemplatesPresentRequest struct {
 
 func (x *TemplatesPresentRequest) Reset() {
 	*x = TemplatesPresentRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[5]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -375,7 +764,7 @@ func (x *TemplatesPresentRequest) String() string {
 func (*TemplatesPresentRequest) ProtoMessage() {}
 
 func (x *TemplatesPresentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[5]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -388,7 +777,7 @@ func (x *TemplatesPresentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplatesPresentRequest.ProtoReflect.Descriptor instead.
 func (*TemplatesPresentRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TemplatesPresentRequest) GetDigests() []string {
@@ -407,7 +796,7 @@ type TemplatesPresentResponse struct {
 
 func (x *TemplatesPresentResponse) Reset() {
 	*x = TemplatesPresentResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[6]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +808,7 @@ func (x *TemplatesPresentResponse) String() string {
 func (*TemplatesPresentResponse) ProtoMessage() {}
 
 func (x *TemplatesPresentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[6]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +821,7 @@ func (x *TemplatesPresentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplatesPresentResponse.ProtoReflect.Descriptor instead.
 func (*TemplatesPresentResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TemplatesPresentResponse) GetDigests() []string {
@@ -455,7 +844,7 @@ type Shape struct {
 
 func (x *Shape) Reset() {
 	*x = Shape{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[7]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +856,7 @@ func (x *Shape) String() string {
 func (*Shape) ProtoMessage() {}
 
 func (x *Shape) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[7]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +869,7 @@ func (x *Shape) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shape.ProtoReflect.Descriptor instead.
 func (*Shape) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Shape) GetCpu() float64 {
@@ -530,7 +919,7 @@ type Spec struct {
 
 func (x *Spec) Reset() {
 	*x = Spec{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[8]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +931,7 @@ func (x *Spec) String() string {
 func (*Spec) ProtoMessage() {}
 
 func (x *Spec) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[8]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +944,7 @@ func (x *Spec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spec.ProtoReflect.Descriptor instead.
 func (*Spec) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Spec) GetTemplate() string {
@@ -590,7 +979,7 @@ type SetPoolRequest struct {
 
 func (x *SetPoolRequest) Reset() {
 	*x = SetPoolRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[9]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +991,7 @@ func (x *SetPoolRequest) String() string {
 func (*SetPoolRequest) ProtoMessage() {}
 
 func (x *SetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[9]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +1004,7 @@ func (x *SetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPoolRequest.ProtoReflect.Descriptor instead.
 func (*SetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetPoolRequest) GetSpec() *Spec {
@@ -647,7 +1036,7 @@ type SetPoolResponse struct {
 
 func (x *SetPoolResponse) Reset() {
 	*x = SetPoolResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[10]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -659,7 +1048,7 @@ func (x *SetPoolResponse) String() string {
 func (*SetPoolResponse) ProtoMessage() {}
 
 func (x *SetPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[10]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -672,7 +1061,7 @@ func (x *SetPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPoolResponse.ProtoReflect.Descriptor instead.
 func (*SetPoolResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 type PoolsRequest struct {
@@ -683,7 +1072,7 @@ type PoolsRequest struct {
 
 func (x *PoolsRequest) Reset() {
 	*x = PoolsRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[11]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -695,7 +1084,7 @@ func (x *PoolsRequest) String() string {
 func (*PoolsRequest) ProtoMessage() {}
 
 func (x *PoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[11]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -708,7 +1097,7 @@ func (x *PoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolsRequest.ProtoReflect.Descriptor instead.
 func (*PoolsRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 type PoolStatus struct {
@@ -723,7 +1112,7 @@ type PoolStatus struct {
 
 func (x *PoolStatus) Reset() {
 	*x = PoolStatus{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[12]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -735,7 +1124,7 @@ func (x *PoolStatus) String() string {
 func (*PoolStatus) ProtoMessage() {}
 
 func (x *PoolStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[12]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -748,7 +1137,7 @@ func (x *PoolStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatus.ProtoReflect.Descriptor instead.
 func (*PoolStatus) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PoolStatus) GetSpec() *Spec {
@@ -788,7 +1177,7 @@ type PoolsResponse struct {
 
 func (x *PoolsResponse) Reset() {
 	*x = PoolsResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[13]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -800,7 +1189,7 @@ func (x *PoolsResponse) String() string {
 func (*PoolsResponse) ProtoMessage() {}
 
 func (x *PoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[13]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -813,7 +1202,7 @@ func (x *PoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolsResponse.ProtoReflect.Descriptor instead.
 func (*PoolsResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PoolsResponse) GetPools() []*PoolStatus {
@@ -838,14 +1227,17 @@ type CreateRequest struct {
 	Env map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// When set, the sandbox's egress is limited to these rules (mode rules),
 	// applied before it is handed out.
-	Egress        *Egress `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
+	Egress *Egress `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
+	// When set, a snapshot of the node's the sandbox is restored from; spec
+	// is the snapshot's.
+	Snapshot      string `protobuf:"bytes,7,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[14]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -857,7 +1249,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[14]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -870,7 +1262,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateRequest) GetSpec() *Spec {
@@ -915,6 +1307,13 @@ func (x *CreateRequest) GetEgress() *Egress {
 	return nil
 }
 
+func (x *CreateRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
 // Egress rules as the API received them (netrules entries); the node
 // parses them itself.
 type Egress struct {
@@ -927,7 +1326,7 @@ type Egress struct {
 
 func (x *Egress) Reset() {
 	*x = Egress{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[15]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1338,7 @@ func (x *Egress) String() string {
 func (*Egress) ProtoMessage() {}
 
 func (x *Egress) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[15]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1351,7 @@ func (x *Egress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Egress.ProtoReflect.Descriptor instead.
 func (*Egress) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Egress) GetAllow() []string {
@@ -980,7 +1379,7 @@ type SetEgressRequest struct {
 
 func (x *SetEgressRequest) Reset() {
 	*x = SetEgressRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[16]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1391,7 @@ func (x *SetEgressRequest) String() string {
 func (*SetEgressRequest) ProtoMessage() {}
 
 func (x *SetEgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[16]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1404,7 @@ func (x *SetEgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressRequest.ProtoReflect.Descriptor instead.
 func (*SetEgressRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetEgressRequest) GetSandboxId() string {
@@ -1030,7 +1429,7 @@ type SetEgressResponse struct {
 
 func (x *SetEgressResponse) Reset() {
 	*x = SetEgressResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[17]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1441,7 @@ func (x *SetEgressResponse) String() string {
 func (*SetEgressResponse) ProtoMessage() {}
 
 func (x *SetEgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[17]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1454,7 @@ func (x *SetEgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressResponse.ProtoReflect.Descriptor instead.
 func (*SetEgressResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 type SandboxInfo struct {
@@ -1074,7 +1473,7 @@ type SandboxInfo struct {
 
 func (x *SandboxInfo) Reset() {
 	*x = SandboxInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[18]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1485,7 @@ func (x *SandboxInfo) String() string {
 func (*SandboxInfo) ProtoMessage() {}
 
 func (x *SandboxInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[18]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1498,7 @@ func (x *SandboxInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxInfo.ProtoReflect.Descriptor instead.
 func (*SandboxInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SandboxInfo) GetId() string {
@@ -1153,7 +1552,7 @@ type DestroyRequest struct {
 
 func (x *DestroyRequest) Reset() {
 	*x = DestroyRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[19]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1165,7 +1564,7 @@ func (x *DestroyRequest) String() string {
 func (*DestroyRequest) ProtoMessage() {}
 
 func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[19]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1178,7 +1577,7 @@ func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyRequest.ProtoReflect.Descriptor instead.
 func (*DestroyRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DestroyRequest) GetSandboxId() string {
@@ -1196,7 +1595,7 @@ type DestroyResponse struct {
 
 func (x *DestroyResponse) Reset() {
 	*x = DestroyResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[20]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1607,7 @@ func (x *DestroyResponse) String() string {
 func (*DestroyResponse) ProtoMessage() {}
 
 func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[20]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1620,7 @@ func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyResponse.ProtoReflect.Descriptor instead.
 func (*DestroyResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{28}
 }
 
 type WaitRequest struct {
@@ -1233,7 +1632,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[21]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1644,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[21]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1657,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WaitRequest) GetSandboxId() string {
@@ -1278,7 +1677,7 @@ type SandboxEnd struct {
 
 func (x *SandboxEnd) Reset() {
 	*x = SandboxEnd{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[22]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1689,7 @@ func (x *SandboxEnd) String() string {
 func (*SandboxEnd) ProtoMessage() {}
 
 func (x *SandboxEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[22]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1702,7 @@ func (x *SandboxEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxEnd.ProtoReflect.Descriptor instead.
 func (*SandboxEnd) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SandboxEnd) GetReason() string {
@@ -1338,7 +1737,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[23]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1749,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[23]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1762,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecRequest) GetArgv() []string {
@@ -1439,7 +1838,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[24]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1850,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[24]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1863,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{24}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -1494,7 +1893,7 @@ type ExecClientMessage struct {
 
 func (x *ExecClientMessage) Reset() {
 	*x = ExecClientMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[25]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1905,7 @@ func (x *ExecClientMessage) String() string {
 func (*ExecClientMessage) ProtoMessage() {}
 
 func (x *ExecClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[25]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1918,7 @@ func (x *ExecClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecClientMessage.ProtoReflect.Descriptor instead.
 func (*ExecClientMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{25}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ExecClientMessage) GetMessage() isExecClientMessage_Message {
@@ -1577,7 +1976,7 @@ type OutputMessage struct {
 
 func (x *OutputMessage) Reset() {
 	*x = OutputMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[26]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1988,7 @@ func (x *OutputMessage) String() string {
 func (*OutputMessage) ProtoMessage() {}
 
 func (x *OutputMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[26]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +2001,7 @@ func (x *OutputMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputMessage.ProtoReflect.Descriptor instead.
 func (*OutputMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *OutputMessage) GetMessage() isOutputMessage_Message {
@@ -1677,7 +2076,7 @@ type ExitInfo struct {
 
 func (x *ExitInfo) Reset() {
 	*x = ExitInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[27]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +2088,7 @@ func (x *ExitInfo) String() string {
 func (*ExitInfo) ProtoMessage() {}
 
 func (x *ExitInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[27]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +2101,7 @@ func (x *ExitInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitInfo.ProtoReflect.Descriptor instead.
 func (*ExitInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ExitInfo) GetStatus() string {
@@ -1777,7 +2176,7 @@ type ProcInfo struct {
 
 func (x *ProcInfo) Reset() {
 	*x = ProcInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[28]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1789,7 +2188,7 @@ func (x *ProcInfo) String() string {
 func (*ProcInfo) ProtoMessage() {}
 
 func (x *ProcInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[28]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1802,7 +2201,7 @@ func (x *ProcInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcInfo.ProtoReflect.Descriptor instead.
 func (*ProcInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ProcInfo) GetId() string {
@@ -1864,7 +2263,7 @@ type StartProcessRequest struct {
 
 func (x *StartProcessRequest) Reset() {
 	*x = StartProcessRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[29]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1876,7 +2275,7 @@ func (x *StartProcessRequest) String() string {
 func (*StartProcessRequest) ProtoMessage() {}
 
 func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[29]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1889,7 +2288,7 @@ func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
 func (*StartProcessRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StartProcessRequest) GetSandboxId() string {
@@ -1915,7 +2314,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[30]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1927,7 +2326,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[30]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1940,7 +2339,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1959,7 +2358,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[31]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2370,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[31]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2383,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcInfo {
@@ -2004,7 +2403,7 @@ type AttachProcessRequest struct {
 
 func (x *AttachProcessRequest) Reset() {
 	*x = AttachProcessRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[32]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2016,7 +2415,7 @@ func (x *AttachProcessRequest) String() string {
 func (*AttachProcessRequest) ProtoMessage() {}
 
 func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[32]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2029,7 +2428,7 @@ func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProcessRequest.ProtoReflect.Descriptor instead.
 func (*AttachProcessRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AttachProcessRequest) GetSandboxId() string {
@@ -2056,7 +2455,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[33]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2467,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[33]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2480,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WaitProcessRequest) GetSandboxId() string {
@@ -2109,7 +2508,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[34]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2121,7 +2520,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[34]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2134,7 +2533,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -2166,7 +2565,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[35]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2577,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[35]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2590,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 type WriteStdinRequest struct {
@@ -2206,7 +2605,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2218,7 +2617,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2231,7 +2630,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -2270,7 +2669,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2282,7 +2681,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2295,7 +2694,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 type FileInfo struct {
@@ -2314,7 +2713,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2326,7 +2725,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2339,7 +2738,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2405,7 +2804,7 @@ type WriteFileStart struct {
 
 func (x *WriteFileStart) Reset() {
 	*x = WriteFileStart{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2816,7 @@ func (x *WriteFileStart) String() string {
 func (*WriteFileStart) ProtoMessage() {}
 
 func (x *WriteFileStart) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2829,7 @@ func (x *WriteFileStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileStart.ProtoReflect.Descriptor instead.
 func (*WriteFileStart) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WriteFileStart) GetSandboxId() string {
@@ -2488,7 +2887,7 @@ type WriteFileMessage struct {
 
 func (x *WriteFileMessage) Reset() {
 	*x = WriteFileMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2500,7 +2899,7 @@ func (x *WriteFileMessage) String() string {
 func (*WriteFileMessage) ProtoMessage() {}
 
 func (x *WriteFileMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2513,7 +2912,7 @@ func (x *WriteFileMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileMessage.ProtoReflect.Descriptor instead.
 func (*WriteFileMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *WriteFileMessage) GetMessage() isWriteFileMessage_Message {
@@ -2567,7 +2966,7 @@ type OpenFileRequest struct {
 
 func (x *OpenFileRequest) Reset() {
 	*x = OpenFileRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2579,7 +2978,7 @@ func (x *OpenFileRequest) String() string {
 func (*OpenFileRequest) ProtoMessage() {}
 
 func (x *OpenFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2592,7 +2991,7 @@ func (x *OpenFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenFileRequest.ProtoReflect.Descriptor instead.
 func (*OpenFileRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *OpenFileRequest) GetSandboxId() string {
@@ -2622,7 +3021,7 @@ type OpenFileMessage struct {
 
 func (x *OpenFileMessage) Reset() {
 	*x = OpenFileMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2634,7 +3033,7 @@ func (x *OpenFileMessage) String() string {
 func (*OpenFileMessage) ProtoMessage() {}
 
 func (x *OpenFileMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2647,7 +3046,7 @@ func (x *OpenFileMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenFileMessage.ProtoReflect.Descriptor instead.
 func (*OpenFileMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *OpenFileMessage) GetMessage() isOpenFileMessage_Message {
@@ -2701,7 +3100,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2713,7 +3112,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2726,7 +3125,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -2753,7 +3152,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2765,7 +3164,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2778,7 +3177,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -2804,7 +3203,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2816,7 +3215,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2829,7 +3228,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListDirResponse) GetFiles() []*FileInfo {
@@ -2852,7 +3251,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2864,7 +3263,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2877,7 +3276,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *MkdirRequest) GetSandboxId() string {
@@ -2926,7 +3325,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2938,7 +3337,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2951,7 +3350,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -2983,7 +3382,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3394,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3407,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{56}
 }
 
 type RenameRequest struct {
@@ -3022,7 +3421,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3034,7 +3433,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3047,7 +3446,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RenameRequest) GetSandboxId() string {
@@ -3082,7 +3481,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3094,7 +3493,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3107,7 +3506,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -3144,7 +3543,7 @@ type WatchDirMessage struct {
 
 func (x *WatchDirMessage) Reset() {
 	*x = WatchDirMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3156,7 +3555,7 @@ func (x *WatchDirMessage) String() string {
 func (*WatchDirMessage) ProtoMessage() {}
 
 func (x *WatchDirMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3169,7 +3568,7 @@ func (x *WatchDirMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirMessage.ProtoReflect.Descriptor instead.
 func (*WatchDirMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *WatchDirMessage) GetMessage() isWatchDirMessage_Message {
@@ -3221,7 +3620,7 @@ type WatchDirStarted struct {
 
 func (x *WatchDirStarted) Reset() {
 	*x = WatchDirStarted{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3233,7 +3632,7 @@ func (x *WatchDirStarted) String() string {
 func (*WatchDirStarted) ProtoMessage() {}
 
 func (x *WatchDirStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3246,7 +3645,7 @@ func (x *WatchDirStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirStarted.ProtoReflect.Descriptor instead.
 func (*WatchDirStarted) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{60}
 }
 
 type WatchEvent struct {
@@ -3261,7 +3660,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3273,7 +3672,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3286,7 +3685,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{53}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *WatchEvent) GetType() string {
@@ -3322,7 +3721,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3334,7 +3733,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3347,7 +3746,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{54}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ErrorDetail) GetKind() ErrorDetail_Kind {
@@ -3421,7 +3820,7 @@ type CapacityError struct {
 
 func (x *CapacityError) Reset() {
 	*x = CapacityError{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[55]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3433,7 +3832,7 @@ func (x *CapacityError) String() string {
 func (*CapacityError) ProtoMessage() {}
 
 func (x *CapacityError) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[55]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3446,7 +3845,7 @@ func (x *CapacityError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityError.ProtoReflect.Descriptor instead.
 func (*CapacityError) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{55}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CapacityError) GetResource() string {
@@ -3508,7 +3907,7 @@ type PortOpen struct {
 
 func (x *PortOpen) Reset() {
 	*x = PortOpen{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[56]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3520,7 +3919,7 @@ func (x *PortOpen) String() string {
 func (*PortOpen) ProtoMessage() {}
 
 func (x *PortOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[56]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3533,7 +3932,7 @@ func (x *PortOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortOpen.ProtoReflect.Descriptor instead.
 func (*PortOpen) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{56}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PortOpen) GetSandboxId() string {
@@ -3564,7 +3963,7 @@ type PortClientMessage struct {
 
 func (x *PortClientMessage) Reset() {
 	*x = PortClientMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[57]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3576,7 +3975,7 @@ func (x *PortClientMessage) String() string {
 func (*PortClientMessage) ProtoMessage() {}
 
 func (x *PortClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[57]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3589,7 +3988,7 @@ func (x *PortClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortClientMessage.ProtoReflect.Descriptor instead.
 func (*PortClientMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{57}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *PortClientMessage) GetMessage() isPortClientMessage_Message {
@@ -3662,7 +4061,7 @@ type PortServerMessage struct {
 
 func (x *PortServerMessage) Reset() {
 	*x = PortServerMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[58]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3674,7 +4073,7 @@ func (x *PortServerMessage) String() string {
 func (*PortServerMessage) ProtoMessage() {}
 
 func (x *PortServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[58]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3687,7 +4086,7 @@ func (x *PortServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortServerMessage.ProtoReflect.Descriptor instead.
 func (*PortServerMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{58}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *PortServerMessage) GetMessage() isPortServerMessage_Message {
@@ -3750,7 +4149,33 @@ var File_evalbox_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1aevalbox/node/v1/node.proto\x12\x0fevalbox.node.v1\"\x11\n" +
+	"\x1aevalbox/node/v1/node.proto\x12\x0fevalbox.node.v1\"0\n" +
+	"\x0fSnapshotRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\xf2\x01\n" +
+	"\fSnapshotInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12)\n" +
+	"\x04spec\x18\x03 \x01(\v2\x15.evalbox.node.v1.SpecR\x04spec\x12'\n" +
+	"\x0fruntime_version\x18\x04 \x01(\tR\x0eruntimeVersion\x12\x16\n" +
+	"\x06memory\x18\x05 \x01(\bR\x06memory\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x06 \x01(\x03R\tsizeBytes\x12/\n" +
+	"\x14created_at_unix_nano\x18\a \x01(\x03R\x11createdAtUnixNano\"8\n" +
+	"\x15DeleteSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\"\x18\n" +
+	"\x16DeleteSnapshotResponse\"-\n" +
+	"\fPauseRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x0f\n" +
+	"\rPauseResponse\"M\n" +
+	"\rResumeRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"wait_nanos\x18\x02 \x01(\x03R\twaitNanos\"\x10\n" +
+	"\x0eResumeResponse\"\x11\n" +
 	"\x0fRuntimesRequest\".\n" +
 	"\x10RuntimesResponse\x12\x1a\n" +
 	"\bruntimes\x18\x01 \x03(\tR\bruntimes\"\x11\n" +
@@ -3792,7 +4217,7 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x06target\x18\x03 \x01(\x03R\x06target\x12\x14\n" +
 	"\x05ready\x18\x04 \x01(\x03R\x05ready\"B\n" +
 	"\rPoolsResponse\x121\n" +
-	"\x05pools\x18\x01 \x03(\v2\x1b.evalbox.node.v1.PoolStatusR\x05pools\"\xc9\x02\n" +
+	"\x05pools\x18\x01 \x03(\v2\x1b.evalbox.node.v1.PoolStatusR\x05pools\"\xe5\x02\n" +
 	"\rCreateRequest\x12)\n" +
 	"\x04spec\x18\x01 \x01(\v2\x15.evalbox.node.v1.SpecR\x04spec\x12#\n" +
 	"\rtemplate_name\x18\x02 \x01(\tR\ftemplateName\x12\x1d\n" +
@@ -3800,7 +4225,8 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"wait_nanos\x18\x03 \x01(\x03R\twaitNanos\x12%\n" +
 	"\x0econtent_digest\x18\x04 \x01(\tR\rcontentDigest\x129\n" +
 	"\x03env\x18\x05 \x03(\v2'.evalbox.node.v1.CreateRequest.EnvEntryR\x03env\x12/\n" +
-	"\x06egress\x18\x06 \x01(\v2\x17.evalbox.node.v1.EgressR\x06egress\x1a6\n" +
+	"\x06egress\x18\x06 \x01(\v2\x17.evalbox.node.v1.EgressR\x06egress\x12\x1a\n" +
+	"\bsnapshot\x18\a \x01(\tR\bsnapshot\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"2\n" +
@@ -3978,7 +4404,7 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"WatchEvent\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\x94\x04\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xb1\x04\n" +
 	"\vErrorDetail\x125\n" +
 	"\x04kind\x18\x01 \x01(\x0e2!.evalbox.node.v1.ErrorDetail.KindR\x04kind\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\tR\x04code\x12\x18\n" +
@@ -3988,7 +4414,7 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"sandbox_id\x18\x05 \x01(\tR\tsandboxId\x12\x1b\n" +
 	"\toom_kills\x18\x06 \x01(\x03R\boomKills\x12'\n" +
 	"\x0ftemplate_digest\x18\a \x01(\tR\x0etemplateDigest\x12.\n" +
-	"\x13retry_after_seconds\x18\b \x01(\x03R\x11retryAfterSeconds\"\xce\x01\n" +
+	"\x13retry_after_seconds\x18\b \x01(\x03R\x11retryAfterSeconds\"\xeb\x01\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -3999,7 +4425,8 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x15KIND_TEMPLATE_MISSING\x10\x05\x12\x18\n" +
 	"\x14KIND_UNKNOWN_RUNTIME\x10\x06\x12\x14\n" +
 	"\x10KIND_NODE_CLOSED\x10\a\x12\f\n" +
-	"\bKIND_API\x10\b\"\xc2\x01\n" +
+	"\bKIND_API\x10\b\x12\x1b\n" +
+	"\x17KIND_SNAPSHOT_NOT_FOUND\x10\t\"\xc2\x01\n" +
 	"\rCapacityError\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x12\n" +
 	"\x04need\x18\x02 \x01(\x03R\x04need\x12\x1a\n" +
@@ -4023,7 +4450,7 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
 	"\vclose_write\x18\x03 \x01(\bH\x00R\n" +
 	"closeWriteB\t\n" +
-	"\amessage2\xe3\x0f\n" +
+	"\amessage2\xa6\x12\n" +
 	"\x04Node\x12O\n" +
 	"\bRuntimes\x12 .evalbox.node.v1.RuntimesRequest\x1a!.evalbox.node.v1.RuntimesResponse\x12M\n" +
 	"\bCapacity\x12 .evalbox.node.v1.CapacityRequest\x1a\x1f.evalbox.node.v1.CapacityStatus\x12g\n" +
@@ -4050,7 +4477,11 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x06Rename\x12\x1e.evalbox.node.v1.RenameRequest\x1a\x19.evalbox.node.v1.FileInfo\x12P\n" +
 	"\bWatchDir\x12 .evalbox.node.v1.WatchDirRequest\x1a .evalbox.node.v1.WatchDirMessage0\x01\x12Y\n" +
 	"\vConnectPort\x12\".evalbox.node.v1.PortClientMessage\x1a\".evalbox.node.v1.PortServerMessage(\x010\x01\x12R\n" +
-	"\tSetEgress\x12!.evalbox.node.v1.SetEgressRequest\x1a\".evalbox.node.v1.SetEgressResponseB;Z9github.com/evalbox/evalbox/internal/nodeapi/nodepb;nodepbb\x06proto3"
+	"\tSetEgress\x12!.evalbox.node.v1.SetEgressRequest\x1a\".evalbox.node.v1.SetEgressResponse\x12K\n" +
+	"\bSnapshot\x12 .evalbox.node.v1.SnapshotRequest\x1a\x1d.evalbox.node.v1.SnapshotInfo\x12a\n" +
+	"\x0eDeleteSnapshot\x12&.evalbox.node.v1.DeleteSnapshotRequest\x1a'.evalbox.node.v1.DeleteSnapshotResponse\x12F\n" +
+	"\x05Pause\x12\x1d.evalbox.node.v1.PauseRequest\x1a\x1e.evalbox.node.v1.PauseResponse\x12I\n" +
+	"\x06Resume\x12\x1e.evalbox.node.v1.ResumeRequest\x1a\x1f.evalbox.node.v1.ResumeResponseB;Z9github.com/evalbox/evalbox/internal/nodeapi/nodepb;nodepbb\x06proto3"
 
 var (
 	file_evalbox_node_v1_node_proto_rawDescOnce sync.Once
@@ -4065,152 +4496,169 @@ func file_evalbox_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_evalbox_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
 var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(ErrorDetail_Kind)(0),            // 0: evalbox.node.v1.ErrorDetail.Kind
-	(*RuntimesRequest)(nil),          // 1: evalbox.node.v1.RuntimesRequest
-	(*RuntimesResponse)(nil),         // 2: evalbox.node.v1.RuntimesResponse
-	(*CapacityRequest)(nil),          // 3: evalbox.node.v1.CapacityRequest
-	(*Resources)(nil),                // 4: evalbox.node.v1.Resources
-	(*CapacityStatus)(nil),           // 5: evalbox.node.v1.CapacityStatus
-	(*TemplatesPresentRequest)(nil),  // 6: evalbox.node.v1.TemplatesPresentRequest
-	(*TemplatesPresentResponse)(nil), // 7: evalbox.node.v1.TemplatesPresentResponse
-	(*Shape)(nil),                    // 8: evalbox.node.v1.Shape
-	(*Spec)(nil),                     // 9: evalbox.node.v1.Spec
-	(*SetPoolRequest)(nil),           // 10: evalbox.node.v1.SetPoolRequest
-	(*SetPoolResponse)(nil),          // 11: evalbox.node.v1.SetPoolResponse
-	(*PoolsRequest)(nil),             // 12: evalbox.node.v1.PoolsRequest
-	(*PoolStatus)(nil),               // 13: evalbox.node.v1.PoolStatus
-	(*PoolsResponse)(nil),            // 14: evalbox.node.v1.PoolsResponse
-	(*CreateRequest)(nil),            // 15: evalbox.node.v1.CreateRequest
-	(*Egress)(nil),                   // 16: evalbox.node.v1.Egress
-	(*SetEgressRequest)(nil),         // 17: evalbox.node.v1.SetEgressRequest
-	(*SetEgressResponse)(nil),        // 18: evalbox.node.v1.SetEgressResponse
-	(*SandboxInfo)(nil),              // 19: evalbox.node.v1.SandboxInfo
-	(*DestroyRequest)(nil),           // 20: evalbox.node.v1.DestroyRequest
-	(*DestroyResponse)(nil),          // 21: evalbox.node.v1.DestroyResponse
-	(*WaitRequest)(nil),              // 22: evalbox.node.v1.WaitRequest
-	(*SandboxEnd)(nil),               // 23: evalbox.node.v1.SandboxEnd
-	(*ExecRequest)(nil),              // 24: evalbox.node.v1.ExecRequest
-	(*ExecStart)(nil),                // 25: evalbox.node.v1.ExecStart
-	(*ExecClientMessage)(nil),        // 26: evalbox.node.v1.ExecClientMessage
-	(*OutputMessage)(nil),            // 27: evalbox.node.v1.OutputMessage
-	(*ExitInfo)(nil),                 // 28: evalbox.node.v1.ExitInfo
-	(*ProcInfo)(nil),                 // 29: evalbox.node.v1.ProcInfo
-	(*StartProcessRequest)(nil),      // 30: evalbox.node.v1.StartProcessRequest
-	(*ListProcessesRequest)(nil),     // 31: evalbox.node.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),    // 32: evalbox.node.v1.ListProcessesResponse
-	(*AttachProcessRequest)(nil),     // 33: evalbox.node.v1.AttachProcessRequest
-	(*WaitProcessRequest)(nil),       // 34: evalbox.node.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),     // 35: evalbox.node.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),    // 36: evalbox.node.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),        // 37: evalbox.node.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),       // 38: evalbox.node.v1.WriteStdinResponse
-	(*FileInfo)(nil),                 // 39: evalbox.node.v1.FileInfo
-	(*WriteFileStart)(nil),           // 40: evalbox.node.v1.WriteFileStart
-	(*WriteFileMessage)(nil),         // 41: evalbox.node.v1.WriteFileMessage
-	(*OpenFileRequest)(nil),          // 42: evalbox.node.v1.OpenFileRequest
-	(*OpenFileMessage)(nil),          // 43: evalbox.node.v1.OpenFileMessage
-	(*StatRequest)(nil),              // 44: evalbox.node.v1.StatRequest
-	(*ListDirRequest)(nil),           // 45: evalbox.node.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 46: evalbox.node.v1.ListDirResponse
-	(*MkdirRequest)(nil),             // 47: evalbox.node.v1.MkdirRequest
-	(*RemoveRequest)(nil),            // 48: evalbox.node.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 49: evalbox.node.v1.RemoveResponse
-	(*RenameRequest)(nil),            // 50: evalbox.node.v1.RenameRequest
-	(*WatchDirRequest)(nil),          // 51: evalbox.node.v1.WatchDirRequest
-	(*WatchDirMessage)(nil),          // 52: evalbox.node.v1.WatchDirMessage
-	(*WatchDirStarted)(nil),          // 53: evalbox.node.v1.WatchDirStarted
-	(*WatchEvent)(nil),               // 54: evalbox.node.v1.WatchEvent
-	(*ErrorDetail)(nil),              // 55: evalbox.node.v1.ErrorDetail
-	(*CapacityError)(nil),            // 56: evalbox.node.v1.CapacityError
-	(*PortOpen)(nil),                 // 57: evalbox.node.v1.PortOpen
-	(*PortClientMessage)(nil),        // 58: evalbox.node.v1.PortClientMessage
-	(*PortServerMessage)(nil),        // 59: evalbox.node.v1.PortServerMessage
-	nil,                              // 60: evalbox.node.v1.CreateRequest.EnvEntry
-	nil,                              // 61: evalbox.node.v1.ExecRequest.EnvEntry
+	(*SnapshotRequest)(nil),          // 1: evalbox.node.v1.SnapshotRequest
+	(*SnapshotInfo)(nil),             // 2: evalbox.node.v1.SnapshotInfo
+	(*DeleteSnapshotRequest)(nil),    // 3: evalbox.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),   // 4: evalbox.node.v1.DeleteSnapshotResponse
+	(*PauseRequest)(nil),             // 5: evalbox.node.v1.PauseRequest
+	(*PauseResponse)(nil),            // 6: evalbox.node.v1.PauseResponse
+	(*ResumeRequest)(nil),            // 7: evalbox.node.v1.ResumeRequest
+	(*ResumeResponse)(nil),           // 8: evalbox.node.v1.ResumeResponse
+	(*RuntimesRequest)(nil),          // 9: evalbox.node.v1.RuntimesRequest
+	(*RuntimesResponse)(nil),         // 10: evalbox.node.v1.RuntimesResponse
+	(*CapacityRequest)(nil),          // 11: evalbox.node.v1.CapacityRequest
+	(*Resources)(nil),                // 12: evalbox.node.v1.Resources
+	(*CapacityStatus)(nil),           // 13: evalbox.node.v1.CapacityStatus
+	(*TemplatesPresentRequest)(nil),  // 14: evalbox.node.v1.TemplatesPresentRequest
+	(*TemplatesPresentResponse)(nil), // 15: evalbox.node.v1.TemplatesPresentResponse
+	(*Shape)(nil),                    // 16: evalbox.node.v1.Shape
+	(*Spec)(nil),                     // 17: evalbox.node.v1.Spec
+	(*SetPoolRequest)(nil),           // 18: evalbox.node.v1.SetPoolRequest
+	(*SetPoolResponse)(nil),          // 19: evalbox.node.v1.SetPoolResponse
+	(*PoolsRequest)(nil),             // 20: evalbox.node.v1.PoolsRequest
+	(*PoolStatus)(nil),               // 21: evalbox.node.v1.PoolStatus
+	(*PoolsResponse)(nil),            // 22: evalbox.node.v1.PoolsResponse
+	(*CreateRequest)(nil),            // 23: evalbox.node.v1.CreateRequest
+	(*Egress)(nil),                   // 24: evalbox.node.v1.Egress
+	(*SetEgressRequest)(nil),         // 25: evalbox.node.v1.SetEgressRequest
+	(*SetEgressResponse)(nil),        // 26: evalbox.node.v1.SetEgressResponse
+	(*SandboxInfo)(nil),              // 27: evalbox.node.v1.SandboxInfo
+	(*DestroyRequest)(nil),           // 28: evalbox.node.v1.DestroyRequest
+	(*DestroyResponse)(nil),          // 29: evalbox.node.v1.DestroyResponse
+	(*WaitRequest)(nil),              // 30: evalbox.node.v1.WaitRequest
+	(*SandboxEnd)(nil),               // 31: evalbox.node.v1.SandboxEnd
+	(*ExecRequest)(nil),              // 32: evalbox.node.v1.ExecRequest
+	(*ExecStart)(nil),                // 33: evalbox.node.v1.ExecStart
+	(*ExecClientMessage)(nil),        // 34: evalbox.node.v1.ExecClientMessage
+	(*OutputMessage)(nil),            // 35: evalbox.node.v1.OutputMessage
+	(*ExitInfo)(nil),                 // 36: evalbox.node.v1.ExitInfo
+	(*ProcInfo)(nil),                 // 37: evalbox.node.v1.ProcInfo
+	(*StartProcessRequest)(nil),      // 38: evalbox.node.v1.StartProcessRequest
+	(*ListProcessesRequest)(nil),     // 39: evalbox.node.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),    // 40: evalbox.node.v1.ListProcessesResponse
+	(*AttachProcessRequest)(nil),     // 41: evalbox.node.v1.AttachProcessRequest
+	(*WaitProcessRequest)(nil),       // 42: evalbox.node.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),     // 43: evalbox.node.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),    // 44: evalbox.node.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),        // 45: evalbox.node.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),       // 46: evalbox.node.v1.WriteStdinResponse
+	(*FileInfo)(nil),                 // 47: evalbox.node.v1.FileInfo
+	(*WriteFileStart)(nil),           // 48: evalbox.node.v1.WriteFileStart
+	(*WriteFileMessage)(nil),         // 49: evalbox.node.v1.WriteFileMessage
+	(*OpenFileRequest)(nil),          // 50: evalbox.node.v1.OpenFileRequest
+	(*OpenFileMessage)(nil),          // 51: evalbox.node.v1.OpenFileMessage
+	(*StatRequest)(nil),              // 52: evalbox.node.v1.StatRequest
+	(*ListDirRequest)(nil),           // 53: evalbox.node.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 54: evalbox.node.v1.ListDirResponse
+	(*MkdirRequest)(nil),             // 55: evalbox.node.v1.MkdirRequest
+	(*RemoveRequest)(nil),            // 56: evalbox.node.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 57: evalbox.node.v1.RemoveResponse
+	(*RenameRequest)(nil),            // 58: evalbox.node.v1.RenameRequest
+	(*WatchDirRequest)(nil),          // 59: evalbox.node.v1.WatchDirRequest
+	(*WatchDirMessage)(nil),          // 60: evalbox.node.v1.WatchDirMessage
+	(*WatchDirStarted)(nil),          // 61: evalbox.node.v1.WatchDirStarted
+	(*WatchEvent)(nil),               // 62: evalbox.node.v1.WatchEvent
+	(*ErrorDetail)(nil),              // 63: evalbox.node.v1.ErrorDetail
+	(*CapacityError)(nil),            // 64: evalbox.node.v1.CapacityError
+	(*PortOpen)(nil),                 // 65: evalbox.node.v1.PortOpen
+	(*PortClientMessage)(nil),        // 66: evalbox.node.v1.PortClientMessage
+	(*PortServerMessage)(nil),        // 67: evalbox.node.v1.PortServerMessage
+	nil,                              // 68: evalbox.node.v1.CreateRequest.EnvEntry
+	nil,                              // 69: evalbox.node.v1.ExecRequest.EnvEntry
 }
 var file_evalbox_node_v1_node_proto_depIdxs = []int32{
-	4,  // 0: evalbox.node.v1.CapacityStatus.budget:type_name -> evalbox.node.v1.Resources
-	4,  // 1: evalbox.node.v1.CapacityStatus.reserved:type_name -> evalbox.node.v1.Resources
-	8,  // 2: evalbox.node.v1.Spec.shape:type_name -> evalbox.node.v1.Shape
-	9,  // 3: evalbox.node.v1.SetPoolRequest.spec:type_name -> evalbox.node.v1.Spec
-	9,  // 4: evalbox.node.v1.PoolStatus.spec:type_name -> evalbox.node.v1.Spec
-	13, // 5: evalbox.node.v1.PoolsResponse.pools:type_name -> evalbox.node.v1.PoolStatus
-	9,  // 6: evalbox.node.v1.CreateRequest.spec:type_name -> evalbox.node.v1.Spec
-	60, // 7: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
-	16, // 8: evalbox.node.v1.CreateRequest.egress:type_name -> evalbox.node.v1.Egress
-	16, // 9: evalbox.node.v1.SetEgressRequest.egress:type_name -> evalbox.node.v1.Egress
-	61, // 10: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
-	24, // 11: evalbox.node.v1.ExecStart.request:type_name -> evalbox.node.v1.ExecRequest
-	25, // 12: evalbox.node.v1.ExecClientMessage.start:type_name -> evalbox.node.v1.ExecStart
-	28, // 13: evalbox.node.v1.OutputMessage.exit:type_name -> evalbox.node.v1.ExitInfo
-	28, // 14: evalbox.node.v1.ProcInfo.exit:type_name -> evalbox.node.v1.ExitInfo
-	24, // 15: evalbox.node.v1.StartProcessRequest.request:type_name -> evalbox.node.v1.ExecRequest
-	29, // 16: evalbox.node.v1.ListProcessesResponse.processes:type_name -> evalbox.node.v1.ProcInfo
-	40, // 17: evalbox.node.v1.WriteFileMessage.start:type_name -> evalbox.node.v1.WriteFileStart
-	39, // 18: evalbox.node.v1.OpenFileMessage.info:type_name -> evalbox.node.v1.FileInfo
-	39, // 19: evalbox.node.v1.ListDirResponse.files:type_name -> evalbox.node.v1.FileInfo
-	53, // 20: evalbox.node.v1.WatchDirMessage.started:type_name -> evalbox.node.v1.WatchDirStarted
-	54, // 21: evalbox.node.v1.WatchDirMessage.event:type_name -> evalbox.node.v1.WatchEvent
-	0,  // 22: evalbox.node.v1.ErrorDetail.kind:type_name -> evalbox.node.v1.ErrorDetail.Kind
-	56, // 23: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
-	57, // 24: evalbox.node.v1.PortClientMessage.open:type_name -> evalbox.node.v1.PortOpen
-	1,  // 25: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
-	3,  // 26: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
-	6,  // 27: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
-	10, // 28: evalbox.node.v1.Node.SetPool:input_type -> evalbox.node.v1.SetPoolRequest
-	12, // 29: evalbox.node.v1.Node.Pools:input_type -> evalbox.node.v1.PoolsRequest
-	15, // 30: evalbox.node.v1.Node.Create:input_type -> evalbox.node.v1.CreateRequest
-	20, // 31: evalbox.node.v1.Node.Destroy:input_type -> evalbox.node.v1.DestroyRequest
-	22, // 32: evalbox.node.v1.Node.Wait:input_type -> evalbox.node.v1.WaitRequest
-	26, // 33: evalbox.node.v1.Node.Exec:input_type -> evalbox.node.v1.ExecClientMessage
-	30, // 34: evalbox.node.v1.Node.StartProcess:input_type -> evalbox.node.v1.StartProcessRequest
-	31, // 35: evalbox.node.v1.Node.ListProcesses:input_type -> evalbox.node.v1.ListProcessesRequest
-	33, // 36: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
-	34, // 37: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
-	35, // 38: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
-	37, // 39: evalbox.node.v1.Node.WriteStdin:input_type -> evalbox.node.v1.WriteStdinRequest
-	41, // 40: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
-	42, // 41: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
-	44, // 42: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
-	45, // 43: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
-	47, // 44: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
-	48, // 45: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
-	50, // 46: evalbox.node.v1.Node.Rename:input_type -> evalbox.node.v1.RenameRequest
-	51, // 47: evalbox.node.v1.Node.WatchDir:input_type -> evalbox.node.v1.WatchDirRequest
-	58, // 48: evalbox.node.v1.Node.ConnectPort:input_type -> evalbox.node.v1.PortClientMessage
-	17, // 49: evalbox.node.v1.Node.SetEgress:input_type -> evalbox.node.v1.SetEgressRequest
-	2,  // 50: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
-	5,  // 51: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
-	7,  // 52: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
-	11, // 53: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
-	14, // 54: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
-	19, // 55: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
-	21, // 56: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
-	23, // 57: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
-	27, // 58: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
-	29, // 59: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
-	32, // 60: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
-	27, // 61: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
-	28, // 62: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
-	36, // 63: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
-	38, // 64: evalbox.node.v1.Node.WriteStdin:output_type -> evalbox.node.v1.WriteStdinResponse
-	39, // 65: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
-	43, // 66: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
-	39, // 67: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
-	46, // 68: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
-	39, // 69: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
-	49, // 70: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
-	39, // 71: evalbox.node.v1.Node.Rename:output_type -> evalbox.node.v1.FileInfo
-	52, // 72: evalbox.node.v1.Node.WatchDir:output_type -> evalbox.node.v1.WatchDirMessage
-	59, // 73: evalbox.node.v1.Node.ConnectPort:output_type -> evalbox.node.v1.PortServerMessage
-	18, // 74: evalbox.node.v1.Node.SetEgress:output_type -> evalbox.node.v1.SetEgressResponse
-	50, // [50:75] is the sub-list for method output_type
-	25, // [25:50] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	17, // 0: evalbox.node.v1.SnapshotInfo.spec:type_name -> evalbox.node.v1.Spec
+	12, // 1: evalbox.node.v1.CapacityStatus.budget:type_name -> evalbox.node.v1.Resources
+	12, // 2: evalbox.node.v1.CapacityStatus.reserved:type_name -> evalbox.node.v1.Resources
+	16, // 3: evalbox.node.v1.Spec.shape:type_name -> evalbox.node.v1.Shape
+	17, // 4: evalbox.node.v1.SetPoolRequest.spec:type_name -> evalbox.node.v1.Spec
+	17, // 5: evalbox.node.v1.PoolStatus.spec:type_name -> evalbox.node.v1.Spec
+	21, // 6: evalbox.node.v1.PoolsResponse.pools:type_name -> evalbox.node.v1.PoolStatus
+	17, // 7: evalbox.node.v1.CreateRequest.spec:type_name -> evalbox.node.v1.Spec
+	68, // 8: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
+	24, // 9: evalbox.node.v1.CreateRequest.egress:type_name -> evalbox.node.v1.Egress
+	24, // 10: evalbox.node.v1.SetEgressRequest.egress:type_name -> evalbox.node.v1.Egress
+	69, // 11: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
+	32, // 12: evalbox.node.v1.ExecStart.request:type_name -> evalbox.node.v1.ExecRequest
+	33, // 13: evalbox.node.v1.ExecClientMessage.start:type_name -> evalbox.node.v1.ExecStart
+	36, // 14: evalbox.node.v1.OutputMessage.exit:type_name -> evalbox.node.v1.ExitInfo
+	36, // 15: evalbox.node.v1.ProcInfo.exit:type_name -> evalbox.node.v1.ExitInfo
+	32, // 16: evalbox.node.v1.StartProcessRequest.request:type_name -> evalbox.node.v1.ExecRequest
+	37, // 17: evalbox.node.v1.ListProcessesResponse.processes:type_name -> evalbox.node.v1.ProcInfo
+	48, // 18: evalbox.node.v1.WriteFileMessage.start:type_name -> evalbox.node.v1.WriteFileStart
+	47, // 19: evalbox.node.v1.OpenFileMessage.info:type_name -> evalbox.node.v1.FileInfo
+	47, // 20: evalbox.node.v1.ListDirResponse.files:type_name -> evalbox.node.v1.FileInfo
+	61, // 21: evalbox.node.v1.WatchDirMessage.started:type_name -> evalbox.node.v1.WatchDirStarted
+	62, // 22: evalbox.node.v1.WatchDirMessage.event:type_name -> evalbox.node.v1.WatchEvent
+	0,  // 23: evalbox.node.v1.ErrorDetail.kind:type_name -> evalbox.node.v1.ErrorDetail.Kind
+	64, // 24: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
+	65, // 25: evalbox.node.v1.PortClientMessage.open:type_name -> evalbox.node.v1.PortOpen
+	9,  // 26: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
+	11, // 27: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
+	14, // 28: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
+	18, // 29: evalbox.node.v1.Node.SetPool:input_type -> evalbox.node.v1.SetPoolRequest
+	20, // 30: evalbox.node.v1.Node.Pools:input_type -> evalbox.node.v1.PoolsRequest
+	23, // 31: evalbox.node.v1.Node.Create:input_type -> evalbox.node.v1.CreateRequest
+	28, // 32: evalbox.node.v1.Node.Destroy:input_type -> evalbox.node.v1.DestroyRequest
+	30, // 33: evalbox.node.v1.Node.Wait:input_type -> evalbox.node.v1.WaitRequest
+	34, // 34: evalbox.node.v1.Node.Exec:input_type -> evalbox.node.v1.ExecClientMessage
+	38, // 35: evalbox.node.v1.Node.StartProcess:input_type -> evalbox.node.v1.StartProcessRequest
+	39, // 36: evalbox.node.v1.Node.ListProcesses:input_type -> evalbox.node.v1.ListProcessesRequest
+	41, // 37: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
+	42, // 38: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
+	43, // 39: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
+	45, // 40: evalbox.node.v1.Node.WriteStdin:input_type -> evalbox.node.v1.WriteStdinRequest
+	49, // 41: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
+	50, // 42: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
+	52, // 43: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
+	53, // 44: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
+	55, // 45: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
+	56, // 46: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
+	58, // 47: evalbox.node.v1.Node.Rename:input_type -> evalbox.node.v1.RenameRequest
+	59, // 48: evalbox.node.v1.Node.WatchDir:input_type -> evalbox.node.v1.WatchDirRequest
+	66, // 49: evalbox.node.v1.Node.ConnectPort:input_type -> evalbox.node.v1.PortClientMessage
+	25, // 50: evalbox.node.v1.Node.SetEgress:input_type -> evalbox.node.v1.SetEgressRequest
+	1,  // 51: evalbox.node.v1.Node.Snapshot:input_type -> evalbox.node.v1.SnapshotRequest
+	3,  // 52: evalbox.node.v1.Node.DeleteSnapshot:input_type -> evalbox.node.v1.DeleteSnapshotRequest
+	5,  // 53: evalbox.node.v1.Node.Pause:input_type -> evalbox.node.v1.PauseRequest
+	7,  // 54: evalbox.node.v1.Node.Resume:input_type -> evalbox.node.v1.ResumeRequest
+	10, // 55: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
+	13, // 56: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
+	15, // 57: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
+	19, // 58: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
+	22, // 59: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
+	27, // 60: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
+	29, // 61: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
+	31, // 62: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
+	35, // 63: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
+	37, // 64: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
+	40, // 65: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
+	35, // 66: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
+	36, // 67: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
+	44, // 68: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
+	46, // 69: evalbox.node.v1.Node.WriteStdin:output_type -> evalbox.node.v1.WriteStdinResponse
+	47, // 70: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
+	51, // 71: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
+	47, // 72: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
+	54, // 73: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
+	47, // 74: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
+	57, // 75: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
+	47, // 76: evalbox.node.v1.Node.Rename:output_type -> evalbox.node.v1.FileInfo
+	60, // 77: evalbox.node.v1.Node.WatchDir:output_type -> evalbox.node.v1.WatchDirMessage
+	67, // 78: evalbox.node.v1.Node.ConnectPort:output_type -> evalbox.node.v1.PortServerMessage
+	26, // 79: evalbox.node.v1.Node.SetEgress:output_type -> evalbox.node.v1.SetEgressResponse
+	2,  // 80: evalbox.node.v1.Node.Snapshot:output_type -> evalbox.node.v1.SnapshotInfo
+	4,  // 81: evalbox.node.v1.Node.DeleteSnapshot:output_type -> evalbox.node.v1.DeleteSnapshotResponse
+	6,  // 82: evalbox.node.v1.Node.Pause:output_type -> evalbox.node.v1.PauseResponse
+	8,  // 83: evalbox.node.v1.Node.Resume:output_type -> evalbox.node.v1.ResumeResponse
+	55, // [55:84] is the sub-list for method output_type
+	26, // [26:55] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_evalbox_node_v1_node_proto_init() }
@@ -4218,33 +4666,33 @@ func file_evalbox_node_v1_node_proto_init() {
 	if File_evalbox_node_v1_node_proto != nil {
 		return
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[25].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[33].OneofWrappers = []any{
 		(*ExecClientMessage_Start)(nil),
 		(*ExecClientMessage_Stdin)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[26].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[34].OneofWrappers = []any{
 		(*OutputMessage_Stdout)(nil),
 		(*OutputMessage_Stderr)(nil),
 		(*OutputMessage_Exit)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[40].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[48].OneofWrappers = []any{
 		(*WriteFileMessage_Start)(nil),
 		(*WriteFileMessage_Data)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[42].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[50].OneofWrappers = []any{
 		(*OpenFileMessage_Info)(nil),
 		(*OpenFileMessage_Data)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[51].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[59].OneofWrappers = []any{
 		(*WatchDirMessage_Started)(nil),
 		(*WatchDirMessage_Event)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[57].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[65].OneofWrappers = []any{
 		(*PortClientMessage_Open)(nil),
 		(*PortClientMessage_Data)(nil),
 		(*PortClientMessage_CloseWrite)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[58].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[66].OneofWrappers = []any{
 		(*PortServerMessage_Opened)(nil),
 		(*PortServerMessage_Data)(nil),
 		(*PortServerMessage_CloseWrite)(nil),
@@ -4255,7 +4703,7 @@ func file_evalbox_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_evalbox_node_v1_node_proto_rawDesc), len(file_evalbox_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   61,
+			NumMessages:   69,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

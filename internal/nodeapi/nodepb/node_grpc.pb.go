@@ -52,6 +52,10 @@ const (
 	Node_WatchDir_FullMethodName         = "/evalbox.node.v1.Node/WatchDir"
 	Node_ConnectPort_FullMethodName      = "/evalbox.node.v1.Node/ConnectPort"
 	Node_SetEgress_FullMethodName        = "/evalbox.node.v1.Node/SetEgress"
+	Node_Snapshot_FullMethodName         = "/evalbox.node.v1.Node/Snapshot"
+	Node_DeleteSnapshot_FullMethodName   = "/evalbox.node.v1.Node/DeleteSnapshot"
+	Node_Pause_FullMethodName            = "/evalbox.node.v1.Node/Pause"
+	Node_Resume_FullMethodName           = "/evalbox.node.v1.Node/Resume"
 )
 
 // NodeClient is the client API for Node service.
@@ -113,6 +117,11 @@ type NodeClient interface {
 	// SetEgress replaces an outbound sandbox's egress rules (no egress:
 	// none, every public destination); open connections they deny are cut.
 	SetEgress(ctx context.Context, in *SetEgressRequest, opts ...grpc.CallOption) (*SetEgressResponse, error)
+	// Snapshots, pause and resume (docs/design/snapshots.md).
+	Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (*SnapshotInfo, error)
+	DeleteSnapshot(ctx context.Context, in *DeleteSnapshotRequest, opts ...grpc.CallOption) (*DeleteSnapshotResponse, error)
+	Pause(ctx context.Context, in *PauseRequest, opts ...grpc.CallOption) (*PauseResponse, error)
+	Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*ResumeResponse, error)
 }
 
 type nodeClient struct {
@@ -418,6 +427,46 @@ func (c *nodeClient) SetEgress(ctx context.Context, in *SetEgressRequest, opts .
 	return out, nil
 }
 
+func (c *nodeClient) Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (*SnapshotInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SnapshotInfo)
+	err := c.cc.Invoke(ctx, Node_Snapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) DeleteSnapshot(ctx context.Context, in *DeleteSnapshotRequest, opts ...grpc.CallOption) (*DeleteSnapshotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteSnapshotResponse)
+	err := c.cc.Invoke(ctx, Node_DeleteSnapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) Pause(ctx context.Context, in *PauseRequest, opts ...grpc.CallOption) (*PauseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseResponse)
+	err := c.cc.Invoke(ctx, Node_Pause_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*ResumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeResponse)
+	err := c.cc.Invoke(ctx, Node_Resume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServer is the server API for Node service.
 // All implementations must embed UnimplementedNodeServer
 // for forward compatibility.
@@ -477,6 +526,11 @@ type NodeServer interface {
 	// SetEgress replaces an outbound sandbox's egress rules (no egress:
 	// none, every public destination); open connections they deny are cut.
 	SetEgress(context.Context, *SetEgressRequest) (*SetEgressResponse, error)
+	// Snapshots, pause and resume (docs/design/snapshots.md).
+	Snapshot(context.Context, *SnapshotRequest) (*SnapshotInfo, error)
+	DeleteSnapshot(context.Context, *DeleteSnapshotRequest) (*DeleteSnapshotResponse, error)
+	Pause(context.Context, *PauseRequest) (*PauseResponse, error)
+	Resume(context.Context, *ResumeRequest) (*ResumeResponse, error)
 	mustEmbedUnimplementedNodeServer()
 }
 
@@ -561,6 +615,18 @@ func (UnimplementedNodeServer) ConnectPort(grpc.BidiStreamingServer[PortClientMe
 }
 func (UnimplementedNodeServer) SetEgress(context.Context, *SetEgressRequest) (*SetEgressResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetEgress not implemented")
+}
+func (UnimplementedNodeServer) Snapshot(context.Context, *SnapshotRequest) (*SnapshotInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method Snapshot not implemented")
+}
+func (UnimplementedNodeServer) DeleteSnapshot(context.Context, *DeleteSnapshotRequest) (*DeleteSnapshotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteSnapshot not implemented")
+}
+func (UnimplementedNodeServer) Pause(context.Context, *PauseRequest) (*PauseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Pause not implemented")
+}
+func (UnimplementedNodeServer) Resume(context.Context, *ResumeRequest) (*ResumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Resume not implemented")
 }
 func (UnimplementedNodeServer) mustEmbedUnimplementedNodeServer() {}
 func (UnimplementedNodeServer) testEmbeddedByValue()              {}
@@ -972,6 +1038,78 @@ func _Node_SetEgress_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Node_Snapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).Snapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_Snapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).Snapshot(ctx, req.(*SnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_DeleteSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteSnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).DeleteSnapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_DeleteSnapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).DeleteSnapshot(ctx, req.(*DeleteSnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_Pause_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).Pause(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_Pause_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).Pause(ctx, req.(*PauseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_Resume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).Resume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_Resume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).Resume(ctx, req.(*ResumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Node_ServiceDesc is the grpc.ServiceDesc for Node service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1050,6 +1188,22 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetEgress",
 			Handler:    _Node_SetEgress_Handler,
+		},
+		{
+			MethodName: "Snapshot",
+			Handler:    _Node_Snapshot_Handler,
+		},
+		{
+			MethodName: "DeleteSnapshot",
+			Handler:    _Node_DeleteSnapshot_Handler,
+		},
+		{
+			MethodName: "Pause",
+			Handler:    _Node_Pause_Handler,
+		},
+		{
+			MethodName: "Resume",
+			Handler:    _Node_Resume_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,364 @@
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/evalbox/evalbox/internal/agentproto"
+	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/nodeapi"
+	"github.com/evalbox/evalbox/internal/runtime"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// Snapshots. A node keeps each snapshot in a directory of its own under
+// Config.SnapshotDir, made whole or not at all (written as <id>.tmp, then
+// renamed):
+//
+//	<id>/meta.json  what it is a snapshot of (SnapshotMeta)
+//	<id>/image/     the runtime's checkpoint (gVisor: runsc's image files)
+//
+// Taking one suspends the agent's session (agentproto.Client.Suspend) so
+// that the image holds no call in flight, checkpoints the sandbox leaving
+// it running, and resumes the session. A sandbox restored from it gets a
+// session of its own over its new connection (agentproto.Redial).
+//
+// A pause is a checkpoint that stops the sandbox: its host processes,
+// cgroup and link go, its capacity is given back, and the image waits in
+// its state directory until Resume restores it under the same id.
+
+// SnapshotMeta describes a snapshot a node holds.
+type SnapshotMeta struct {
+	ID string `json:"id"`
+	// Source is the id of the sandbox it was taken of.
+	Source string `json:"source"`
+	// Spec is the source's: a sandbox restored from it has its template
+	// (which must stay on the node), runtime and shape.
+	Spec           nodeapi.Spec `json:"spec"`
+	RuntimeVersion string       `json:"runtime_version"`
+	// Memory is set when the snapshot holds memory and processes (gVisor),
+	// not only files.
+	Memory    bool      `json:"memory"`
+	CreatedAt time.Time `json:"created_at"`
+	// SizeBytes is its size on disk.
+	SizeBytes int64 `json:"size_bytes"`
+	// Nonce is the handover nonce the source's agent was suspended with.
+	Nonce []byte `json:"nonce"`
+}
+
+// Info is the contract's description of the snapshot.
+func (m SnapshotMeta) Info() nodeapi.SnapshotInfo {
+	return nodeapi.SnapshotInfo{ID: m.ID, Source: m.Source, Spec: m.Spec, RuntimeVersion: m.RuntimeVersion,
+		Memory: m.Memory, SizeBytes: m.SizeBytes, CreatedAt: m.CreatedAt}
+}
+
+// snapshotSource is a snapshot a start restores from.
+type snapshotSource struct {
+	id, image string
+	nonce     []byte
+}
+
+// pauseImage is the checkpoint of a paused sandbox.
+type pauseImage struct {
+	dir   string
+	nonce []byte
+}
+
+// snapshotIDPattern is the form of snapshot ids (NewSnapshotID).
+var snapshotIDPattern = regexp.MustCompile(`^snap-[a-z2-7]{16}$`)
+
+// NewSnapshotID returns a new random snapshot id.
+func NewSnapshotID() string { return "snap-" + NewID()[len("sb-"):] }
+
+// ValidSnapshotID reports whether id has the form of a snapshot id.
+func ValidSnapshotID(id string) bool { return snapshotIDPattern.MatchString(id) }
+
+// checkpointTimeout bounds one checkpoint or restore of the runtime.
+const checkpointTimeout = 2 * time.Minute
+
+// errNoCheckpoint is the error of a snapshot or pause of a sandbox whose
+// runtime cannot checkpoint.
+func errNoCheckpoint(sb *Sandbox, what string) error {
+	return &apierr.Error{Code: client.CodeNotImplemented,
+		Message: fmt.Sprintf("%s of a %s sandbox is not supported (gVisor sandboxes only)", what, sb.Runtime)}
+}
+
+func newNonce() []byte {
+	b := make([]byte, agentproto.NonceSize)
+	_, _ = rand.Read(b)
+	return b
+}
+
+// liveSandbox returns the live sandbox id, not paused.
+func (n *Node) liveSandbox(id string) (*Sandbox, error) {
+	n.mu.Lock()
+	sb := n.live[id]
+	n.mu.Unlock()
+	if sb == nil {
+		return nil, fmt.Errorf("node: sandbox %s: %w", id, nodeapi.ErrSandboxNotFound)
+	}
+	return sb, nil
+}
+
+// errPaused is the error of an operation a paused sandbox cannot do.
+func errPaused(id string) error {
+	return &apierr.Error{Code: client.CodeSandboxNotRunning, Message: fmt.Sprintf("sandbox %s is paused", id)}
+}
+
+// Snapshot snapshots the running sandbox id: its files and, on gVisor, its
+// memory and processes. Calls in flight in it fail (foreground execs are
+// killed, attaches and watches cut: agentproto.ErrSuspended) and calls
+// made meanwhile wait; the sandbox goes on after it. A sandbox whose
+// session could not be resumed is destroyed.
+func (n *Node) Snapshot(ctx context.Context, id string) (SnapshotMeta, error) {
+	sb, err := n.liveSandbox(id)
+	if err != nil {
+		return SnapshotMeta{}, err
+	}
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	if sb.paused.Load() {
+		return SnapshotMeta{}, errPaused(id)
+	}
+	cp, ok := sb.runtime().(runtime.Checkpointer)
+	if !ok {
+		return SnapshotMeta{}, errNoCheckpoint(sb, "a snapshot")
+	}
+	if n.cfg.SnapshotDir == "" {
+		return SnapshotMeta{}, errors.New("node: no snapshot directory configured")
+	}
+	meta := SnapshotMeta{ID: NewSnapshotID(), Source: id, RuntimeVersion: sb.RuntimeVersion, Memory: true,
+		Spec: PoolKey{Template: sb.Template.Digest, Runtime: sb.Runtime, Shape: sb.Shape}, Nonce: newNonce()}
+	tmp := filepath.Join(n.cfg.SnapshotDir, meta.ID+".tmp")
+	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
+		return SnapshotMeta{}, fmt.Errorf("node: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = os.RemoveAll(tmp)
+		}
+	}()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkpointTimeout)
+	defer cancel()
+	if err := sb.Agent.Suspend(cctx, meta.Nonce); err != nil {
+		n.lose(sb, "its session could not be suspended for a snapshot", err)
+		return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, err)
+	}
+	cerr := cp.Checkpoint(cctx, filepath.Join(tmp, "image"), true)
+	if err := sb.Agent.Resume(nil); err != nil {
+		n.lose(sb, "its session could not be resumed after a snapshot", err)
+		return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, errors.Join(cerr, err))
+	}
+	if cerr != nil {
+		return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, cerr)
+	}
+	meta.CreatedAt = time.Now().UTC()
+	meta.SizeBytes = dirSize(tmp)
+	b, err := json.Marshal(meta)
+	if err != nil {
+		return SnapshotMeta{}, fmt.Errorf("node: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "meta.json"), b, 0o600); err != nil {
+		return SnapshotMeta{}, fmt.Errorf("node: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(n.cfg.SnapshotDir, meta.ID)); err != nil {
+		return SnapshotMeta{}, fmt.Errorf("node: %w", err)
+	}
+	done = true
+	n.log.Info("snapshot taken", "sandbox", id, "snapshot", meta.ID, "size_bytes", meta.SizeBytes)
+	return meta, nil
+}
+
+// lose destroys a sandbox the node can no longer talk to.
+func (n *Node) lose(sb *Sandbox, why string, err error) {
+	n.log.Error("destroying a sandbox: "+why, "sandbox", sb.ID, "err", err)
+	if derr := n.destroy(context.Background(), sb); derr != nil {
+		n.log.Error("destroy sandbox", "sandbox", sb.ID, "err", derr)
+	}
+}
+
+// SnapshotInfo reads the snapshot id's metadata (ErrSnapshotNotFound when
+// the node has none of that id).
+func (n *Node) SnapshotInfo(id string) (SnapshotMeta, error) {
+	if !ValidSnapshotID(id) || n.cfg.SnapshotDir == "" {
+		return SnapshotMeta{}, fmt.Errorf("node: snapshot %q: %w", id, nodeapi.ErrSnapshotNotFound)
+	}
+	b, err := os.ReadFile(filepath.Join(n.cfg.SnapshotDir, id, "meta.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return SnapshotMeta{}, fmt.Errorf("node: snapshot %s: %w", id, nodeapi.ErrSnapshotNotFound)
+	}
+	if err != nil {
+		return SnapshotMeta{}, fmt.Errorf("node: %w", err)
+	}
+	var meta SnapshotMeta
+	if err := json.Unmarshal(b, &meta); err != nil || meta.ID != id || len(meta.Nonce) != agentproto.NonceSize {
+		return SnapshotMeta{}, fmt.Errorf("node: snapshot %s: its metadata is damaged (%v)", id, err)
+	}
+	return meta, nil
+}
+
+// DeleteSnapshot removes the snapshot id (an unknown id is not an error).
+// Sandboxes restored from it do not need it.
+func (n *Node) DeleteSnapshot(id string) error {
+	if !ValidSnapshotID(id) || n.cfg.SnapshotDir == "" {
+		return nil
+	}
+	if err := os.RemoveAll(filepath.Join(n.cfg.SnapshotDir, id)); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	return nil
+}
+
+// CreateFromSnapshot starts a sandbox restored from the snapshot id, once
+// host capacity is reserved (queueing up to wait), with the snapshot's
+// template, runtime and shape, which key must be. On error nothing is
+// left.
+func (n *Node) CreateFromSnapshot(ctx context.Context, id string, key PoolKey, wait time.Duration) (*Sandbox, error) {
+	meta, err := n.SnapshotInfo(id)
+	if err != nil {
+		return nil, err
+	}
+	if key != meta.Spec {
+		return nil, &apierr.Error{Code: client.CodeBadRequest,
+			Message: fmt.Sprintf("snapshot %s is of %s, not %s", id, meta.Spec, key)}
+	}
+	src := &snapshotSource{id: id, image: filepath.Join(n.cfg.SnapshotDir, id, "image"), nonce: meta.Nonce}
+	sb, err := n.start(ctx, meta.Spec, func(ctx context.Context, cost runtime.Resources) (func(), error) {
+		return n.reserve(ctx, cost, wait)
+	}, src)
+	if err != nil {
+		return nil, err
+	}
+	sb.given.Store(true)
+	return sb, nil
+}
+
+// Pause checkpoints the sandbox id and stops it: its memory and processes
+// go to disk (its state directory), and it holds no host processes,
+// memory or capacity until Resume. Calls made to it meanwhile wait. A
+// sandbox whose pause failed midway is destroyed.
+func (n *Node) Pause(ctx context.Context, id string) error {
+	sb, err := n.liveSandbox(id)
+	if err != nil {
+		return err
+	}
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	if sb.paused.Load() {
+		return &apierr.Error{Code: client.CodeConflict, Message: fmt.Sprintf("sandbox %s is already paused", id)}
+	}
+	rt := sb.runtime()
+	cp, ok := rt.(runtime.Checkpointer)
+	if !ok {
+		return errNoCheckpoint(sb, "a pause")
+	}
+	img := &pauseImage{dir: filepath.Join(sb.stateDir, "pause-"+NewID()[len("sb-"):]), nonce: newNonce()}
+	if err := os.Mkdir(img.dir, 0o700); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkpointTimeout)
+	defer cancel()
+	if err := sb.Agent.Suspend(cctx, img.nonce); err != nil {
+		n.lose(sb, "its session could not be suspended for a pause", err)
+		return fmt.Errorf("node: pause of %s: %w", id, err)
+	}
+	if err := cp.Checkpoint(cctx, img.dir, false); err != nil {
+		// The checkpoint may have stopped it: it cannot be trusted.
+		n.lose(sb, "its pause failed", err)
+		return fmt.Errorf("node: pause of %s: %w", id, err)
+	}
+	if err := rt.Destroy(cctx); err != nil {
+		n.log.Warn("pause: removing the stopped sandbox", "sandbox", id, "err", err)
+	}
+	sb.pause = img
+	sb.paused.Store(true)
+	n.mu.Lock()
+	release := sb.release
+	sb.release = nil
+	n.mu.Unlock()
+	if release != nil {
+		release()
+	}
+	n.log.Info("sandbox paused", "sandbox", id, "size_bytes", dirSize(img.dir))
+	return nil
+}
+
+// Resume restores a paused sandbox under its id, once host capacity is
+// reserved (queueing up to wait), and resumes its agent's session. When
+// the restore fails it stays paused (and can be resumed again); when its
+// agent does not answer after it, it is destroyed.
+func (n *Node) Resume(ctx context.Context, id string, wait time.Duration) error {
+	sb, err := n.liveSandbox(id)
+	if err != nil {
+		return err
+	}
+	sb.op.Lock()
+	defer sb.op.Unlock()
+	if !sb.paused.Load() {
+		return &apierr.Error{Code: client.CodeConflict, Message: fmt.Sprintf("sandbox %s is not paused", id)}
+	}
+	rt := n.runtimes[sb.Runtime]
+	rr, ok := rt.(runtime.Restorer)
+	if !ok {
+		return errNoCheckpoint(sb, "a resume")
+	}
+	key := PoolKey{Template: sb.Template.Digest, Runtime: sb.Runtime, Shape: sb.Shape}
+	cost, err := hostCost(rt, key.Shape)
+	if err != nil {
+		return err
+	}
+	release, err := n.reserve(ctx, cost, wait)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkpointTimeout)
+	defer cancel()
+	rsb, err := rr.Restore(cctx, runtimeSpec(id, sb.Template, key, sb.stateDir, n.cfg.AgentPath), sb.pause.dir)
+	if err != nil {
+		release()
+		return fmt.Errorf("node: resume of %s: %w", id, err)
+	}
+	sb.rtMu.Lock()
+	sb.rt = rsb
+	sb.rtMu.Unlock()
+	n.mu.Lock()
+	sb.release = release
+	n.mu.Unlock()
+	if err := sb.Agent.Resume(rsb.Conn()); err == nil {
+		err = sb.Agent.Ping(cctx)
+	}
+	if err != nil {
+		n.lose(sb, "its agent did not answer after a resume", err)
+		return fmt.Errorf("node: resume of %s: the agent did not answer: %w", id, err)
+	}
+	if err := os.RemoveAll(sb.pause.dir); err != nil {
+		n.log.Warn("resume: removing the pause image", "sandbox", id, "err", err)
+	}
+	sb.pause = nil
+	sb.paused.Store(false)
+	n.log.Info("sandbox resumed", "sandbox", id)
+	return nil
+}
+
+// dirSize is the size of the regular files under dir.
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
