@@ -179,6 +179,13 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("PUT /v1/sandboxes/{id}/network", a(s.setNetwork))
 	s.mux.HandleFunc("PUT /v1/sandboxes/{id}/ports", a(s.setPorts))
 	s.mux.HandleFunc("POST /v1/sandboxes/{id}/traffic-token", a(s.rotateTrafficToken))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/snapshots", a(s.snapshotSandbox))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/fork", a(s.forkSandbox))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/pause", a(s.pauseSandbox))
+	s.mux.HandleFunc("POST /v1/sandboxes/{id}/resume", a(s.resumeSandbox))
+	s.mux.HandleFunc("GET /v1/snapshots", a(s.listSnapshots))
+	s.mux.HandleFunc("GET /v1/snapshots/{id}", a(s.getSnapshot))
+	s.mux.HandleFunc("DELETE /v1/snapshots/{id}", a(s.deleteSnapshot))
 	// Port URLs authenticate themselves (ports.go): the API key, the
 	// sandbox's traffic token, or a public port.
 	s.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}", s.portRoot)

@@ -268,6 +268,7 @@ func (n *Node) Sweep(ctx context.Context) ([]string, error) {
 			}
 		}
 	}
+	errs = append(errs, n.sweepSnapshots()...)
 	n.mu.Lock()
 	held := maps.Clone(n.held)
 	n.mu.Unlock()

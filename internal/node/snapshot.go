@@ -3,13 +3,17 @@ package node
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/evalbox/evalbox/internal/agentproto"
@@ -52,6 +56,9 @@ type SnapshotMeta struct {
 	SizeBytes int64 `json:"size_bytes"`
 	// Nonce is the handover nonce the source's agent was suspended with.
 	Nonce []byte `json:"nonce"`
+	// ImageDigest is imageDigest of the image: a restore checks it, so
+	// that a damaged image is refused rather than restored.
+	ImageDigest string `json:"image_digest"`
 }
 
 // Info is the contract's description of the snapshot.
@@ -163,6 +170,9 @@ func (n *Node) Snapshot(ctx context.Context, id string) (SnapshotMeta, error) {
 	}
 	meta.CreatedAt = time.Now().UTC()
 	meta.SizeBytes = dirSize(tmp)
+	if meta.ImageDigest, err = imageDigest(filepath.Join(tmp, "image")); err != nil {
+		return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, err)
+	}
 	b, err := json.Marshal(meta)
 	if err != nil {
 		return SnapshotMeta{}, fmt.Errorf("node: %w", err)
@@ -200,8 +210,9 @@ func (n *Node) SnapshotInfo(id string) (SnapshotMeta, error) {
 		return SnapshotMeta{}, fmt.Errorf("node: %w", err)
 	}
 	var meta SnapshotMeta
-	if err := json.Unmarshal(b, &meta); err != nil || meta.ID != id || len(meta.Nonce) != agentproto.NonceSize {
-		return SnapshotMeta{}, fmt.Errorf("node: snapshot %s: its metadata is damaged (%v)", id, err)
+	if err := json.Unmarshal(b, &meta); err != nil || meta.ID != id || len(meta.Nonce) != agentproto.NonceSize || meta.ImageDigest == "" {
+		n.log.Error("a snapshot's metadata is damaged", "snapshot", id, "err", err)
+		return SnapshotMeta{}, errDamaged(id)
 	}
 	return meta, nil
 }
@@ -220,18 +231,22 @@ func (n *Node) DeleteSnapshot(id string) error {
 
 // CreateFromSnapshot starts a sandbox restored from the snapshot id, once
 // host capacity is reserved (queueing up to wait), with the snapshot's
-// template, runtime and shape, which key must be. On error nothing is
-// left.
+// template, runtime and shape, which key must be unless it is zero. On
+// error nothing is left.
 func (n *Node) CreateFromSnapshot(ctx context.Context, id string, key PoolKey, wait time.Duration) (*Sandbox, error) {
 	meta, err := n.SnapshotInfo(id)
 	if err != nil {
 		return nil, err
 	}
-	if key != meta.Spec {
+	if key != (PoolKey{}) && key != meta.Spec {
 		return nil, &apierr.Error{Code: client.CodeBadRequest,
 			Message: fmt.Sprintf("snapshot %s is of %s, not %s", id, meta.Spec, key)}
 	}
 	src := &snapshotSource{id: id, image: filepath.Join(n.cfg.SnapshotDir, id, "image"), nonce: meta.Nonce}
+	if d, err := imageDigest(src.image); err != nil || d != meta.ImageDigest {
+		n.log.Error("a snapshot's image is damaged", "snapshot", id, "err", err)
+		return nil, errDamaged(id)
+	}
 	sb, err := n.start(ctx, meta.Spec, func(ctx context.Context, cost runtime.Resources) (func(), error) {
 		return n.reserve(ctx, cost, wait)
 	}, src)
@@ -347,6 +362,65 @@ func (n *Node) Resume(ctx context.Context, id string, wait time.Duration) error 
 	sb.paused.Store(false)
 	n.log.Info("sandbox resumed", "sandbox", id)
 	return nil
+}
+
+// sweepSnapshots removes what snapshots cut short left (a <id>.tmp
+// directory older than a checkpoint can take).
+func (n *Node) sweepSnapshots() []error {
+	if n.cfg.SnapshotDir == "" {
+		return nil
+	}
+	entries, _ := os.ReadDir(n.cfg.SnapshotDir)
+	var errs []error
+	for _, e := range entries {
+		id, tmp := strings.CutSuffix(e.Name(), ".tmp")
+		if !tmp || !ValidSnapshotID(id) {
+			continue
+		}
+		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < 2*checkpointTimeout {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(n.cfg.SnapshotDir, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// errDamaged is the error of a restore from a snapshot whose files were
+// changed or cut on disk.
+func errDamaged(id string) error {
+	return &apierr.Error{Code: client.CodeConflict,
+		Message: fmt.Sprintf("snapshot %s is damaged on disk (its files do not match what was written): delete it", id)}
+}
+
+// imageDigest is the sha256 of an image directory's regular files: each
+// one's name, size and bytes, by name.
+func imageDigest(dir string) (string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	for _, e := range entries { // sorted by name
+		if !e.Type().IsRegular() {
+			continue
+		}
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return "", err
+		}
+		fi, err := f.Stat()
+		if err == nil {
+			fmt.Fprintf(h, "%s\x00%d\x00", e.Name(), fi.Size())
+			_, err = io.Copy(h, f)
+		}
+		f.Close()
+		if err != nil {
+			return "", err
+		}
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // dirSize is the size of the regular files under dir.

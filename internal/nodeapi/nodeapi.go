@@ -252,9 +252,9 @@ type CreateRequest struct {
 	// rules (mode rules): applied when it is claimed, as Env is.
 	Egress *Egress
 	// Snapshot, when set, is a snapshot of the node's that the sandbox is
-	// restored from instead of booted (never from the warm pool); Spec
-	// must be the snapshot's (ErrSnapshotNotFound: the node has none of
-	// that id).
+	// restored from instead of booted (never from the warm pool); Spec,
+	// unless zero, must be the snapshot's (ErrSnapshotNotFound: the node
+	// has none of that id).
 	Snapshot string
 }
 

@@ -178,7 +178,7 @@ func Open(ctx context.Context, cfg Config) (_ *Host, err error) {
 		return nil, fmt.Errorf("nodehost: %w", err)
 	}
 	h.Node, err = node.New(node.Config{Runtimes: runtimes, Templates: templates, AgentPath: cfg.Agent,
-		StateDir: filepath.Join(cfg.DataDir, "sandboxes"), Build: cfg.Build, Capacity: capacity, Logger: log})
+		StateDir: filepath.Join(cfg.DataDir, "sandboxes"), SnapshotDir: filepath.Join(cfg.DataDir, "snapshots"), Build: cfg.Build, Capacity: capacity, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("nodehost: %w", err)
 	}

@@ -53,6 +53,13 @@ type Store interface {
 	SetNetwork(ctx context.Context, teamID, id, mode string, rules *client.NetworkRuleLists) error
 	SetPorts(ctx context.Context, teamID, id string, ports []client.PortSpec) error
 	SetTrafficTokenHash(ctx context.Context, teamID, id, hash string) error
+
+	// Snapshots and pauses (snapshot.go).
+	InsertSnapshot(ctx context.Context, sn client.Snapshot) (client.Snapshot, error)
+	GetSnapshot(ctx context.Context, teamID, id string) (client.Snapshot, error)
+	ListSnapshots(ctx context.Context, teamID string) ([]client.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, teamID, id string) (client.Snapshot, error)
+	SetPaused(ctx context.Context, teamID, id string, at *time.Time) error
 }
 
 // Templates resolves the template a team names for a new sandbox.
@@ -113,6 +120,9 @@ type Config struct {
 	// last renewal (renewed every SlotTTL/6): what a replica that dies
 	// mid-create holds its teams' slots for (0: 1 minute).
 	SlotTTL time.Duration
+	// Storage accounts for what teams store, snapshots included (nil: no
+	// limit).
+	Storage *quota.Storage
 }
 
 // DefaultPids is the default task limit of a sandbox.
@@ -469,6 +479,9 @@ func (s *Service) ForgetTeam(teamID string) {
 // (queueing up to req.WaitSeconds), starts the sandbox and records it. It
 // returns once the sandbox's agent answers; on error nothing is left.
 func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSandboxRequest) (client.Sandbox, error) {
+	if req.Snapshot != "" {
+		return s.createFromSnapshot(ctx, teamID, req)
+	}
 	key, ttl, nw, err := s.validateCreate(ctx, req)
 	if err != nil {
 		return client.Sandbox{}, err
@@ -493,6 +506,14 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 	if req.DiskMB == 0 {
 		key.Shape.DiskMB = tpl.Defaults.DiskMB
 	}
+	return s.admit(ctx, teamID, req, key, nw, ttl, tpl, "")
+}
+
+// admit takes the team's slot for a create and starts its sandbox (from
+// snapshot, when set: key then only names the runtime and the shape the
+// row records).
+func (s *Service) admit(ctx context.Context, teamID string, req client.CreateSandboxRequest, key nodeapi.Spec, nw network, ttl time.Duration,
+	tpl *template.Template, snapshot string) (client.Sandbox, error) {
 	team, err := s.Team(ctx, teamID)
 	if err != nil {
 		return client.Sandbox{}, err
@@ -528,7 +549,7 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 		}
 		return client.Sandbox{}, err
 	}
-	return s.createInSlot(ctx, teamID, req, key, nw, ttl, tpl, wait, deadline, slot, release)
+	return s.createInSlot(ctx, teamID, req, key, nw, ttl, tpl, snapshot, wait, deadline, slot, release)
 }
 
 // takeSlot takes one of the team's slots in the database, retrying with
@@ -556,7 +577,7 @@ func (s *Service) takeSlot(ctx context.Context, teamID string, deadline time.Tim
 // createInSlot starts the sandbox that holds the team's slot (slot in the
 // database; localRelease gives back this process's) and records it.
 func (s *Service) createInSlot(ctx context.Context, teamID string, req client.CreateSandboxRequest, key nodeapi.Spec, nw network, ttl time.Duration,
-	tpl *template.Template, wait time.Duration, deadline time.Time, slot string, localRelease func()) (client.Sandbox, error) {
+	tpl *template.Template, snapshot string, wait time.Duration, deadline time.Time, slot string, localRelease func()) (client.Sandbox, error) {
 	// Until the sandbox's row replaces it, the slot is given back on
 	// failure (the database's first: then this process's waiters).
 	release := func() {
@@ -573,7 +594,10 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 	}
 	// The node keeps the env with the sandbox, for any replica's execs.
 	creq := nodeapi.CreateRequest{Spec: key, Wait: hostWait, Env: req.Env, Egress: nw.egress}
-	if s.cfg.ContentDigest != nil {
+	if snapshot != "" {
+		// The node restores the snapshot's own spec.
+		creq.Spec, creq.Snapshot = nodeapi.Spec{}, snapshot
+	} else if s.cfg.ContentDigest != nil {
 		d, err := s.cfg.ContentDigest(ctx, key.Template)
 		if err != nil {
 			release()
@@ -622,7 +646,7 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 		Runtime: sb.Runtime, RuntimeVersion: sb.RuntimeVersion, State: client.StateRunning,
 		CPU: key.Shape.CPU, MemoryMB: key.Shape.MemoryMB, DiskMB: key.Shape.DiskMB, Network: nw.mode, NetworkRules: nw.lists,
 		Ports: req.Ports, Metadata: req.Metadata, EnvKeys: envKeys, CreatedAt: now, ExpiresAt: now.Add(ttl), FromPool: sb.FromPool,
-		NodeID: cmp.Or(sb.Node, s.cfg.NodeID), TrafficTokenHash: tokenHash,
+		NodeID: cmp.Or(sb.Node, s.cfg.NodeID), TrafficTokenHash: tokenHash, Snapshot: snapshot,
 	}
 	if row.Metadata == nil {
 		row.Metadata = map[string]string{}
@@ -703,14 +727,9 @@ func (s *Service) validateCreate(ctx context.Context, req client.CreateSandboxRe
 	if !slices.Contains(runtimes, rt) {
 		return key, 0, network{}, errorf(client.CodeBadRequest, "runtime %q is not available (have %s)", rt, strings.Join(runtimes, ", "))
 	}
-	ttl := s.cfg.DefaultTimeout
-	switch {
-	case req.Timeout < 0:
-		return key, 0, network{}, errorf(client.CodeBadRequest, "timeout must be ≥ 0 seconds, got %d", req.Timeout)
-	case time.Duration(req.Timeout)*time.Second > s.cfg.MaxTimeout:
-		return key, 0, network{}, errorf(client.CodeBadRequest, "timeout %ds is above the maximum %ds", req.Timeout, int(s.cfg.MaxTimeout.Seconds()))
-	case req.Timeout > 0:
-		ttl = time.Duration(req.Timeout) * time.Second
+	ttl, err := s.ttl(req.Timeout)
+	if err != nil {
+		return key, 0, network{}, err
 	}
 	shape := nodeapi.Shape{Pids: s.cfg.Pids, Network: client.NetworkNone}
 	if req.CPU != 0 {
@@ -750,6 +769,20 @@ func (s *Service) validateCreate(ctx context.Context, req client.CreateSandboxRe
 	}
 	key = nodeapi.Spec{Template: req.Template, Runtime: rt, Shape: shape}
 	return key, ttl, nw, nil
+}
+
+// ttl is the TTL of a create that asks for timeout seconds (0: the
+// default).
+func (s *Service) ttl(timeout int) (time.Duration, error) {
+	switch {
+	case timeout < 0:
+		return 0, errorf(client.CodeBadRequest, "timeout must be ≥ 0 seconds, got %d", timeout)
+	case time.Duration(timeout)*time.Second > s.cfg.MaxTimeout:
+		return 0, errorf(client.CodeBadRequest, "timeout %ds is above the maximum %ds", timeout, int(s.cfg.MaxTimeout.Seconds()))
+	case timeout > 0:
+		return time.Duration(timeout) * time.Second, nil
+	}
+	return s.cfg.DefaultTimeout, nil
 }
 
 func validateEnv(env map[string]string) error {

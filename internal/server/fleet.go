@@ -70,7 +70,7 @@ type fleetPlane struct {
 
 // startFleet watches the node Leases and returns once they were first
 // listed. lookup finds the node of a sandbox this replica did not create.
-func startFleet(ctx context.Context, cfg FleetConfig, token string, lookup func(context.Context, string) (string, error), log *slog.Logger) (*fleetPlane, error) {
+func startFleet(ctx context.Context, cfg FleetConfig, token string, lookup nodeLookup, log *slog.Logger) (*fleetPlane, error) {
 	if cfg.Namespace == "" {
 		cfg.Namespace = "evalbox"
 	}
@@ -117,7 +117,8 @@ func startFleet(ctx context.Context, cfg FleetConfig, token string, lookup func(
 			}
 			return grpcnode.NewClient(cc), cc, nil
 		},
-		Lookup: lookup,
+		Lookup:         lookup.sandbox,
+		LookupSnapshot: lookup.snapshot,
 		OnNodeLost: func(id, reason string) {
 			fp.mu.Lock()
 			f := fp.onLost
@@ -197,14 +198,26 @@ func openTemplates(ctx context.Context, cfg Config, log *slog.Logger) (*template
 	return templates, nil
 }
 
-// lookupNode reads a sandbox's node from its row.
-func lookupNode(st *store.Store) func(context.Context, string) (string, error) {
-	return func(ctx context.Context, id string) (string, error) {
-		n, err := st.SandboxNode(ctx, id)
-		if errors.Is(err, store.ErrNotFound) {
-			return "", fmt.Errorf("%w: %w", nodeapi.ErrSandboxNotFound, err)
-		}
-		return n, err
+// nodeLookup reads the node of a sandbox or a snapshot from its row.
+type nodeLookup struct{ sandbox, snapshot func(context.Context, string) (string, error) }
+
+// lookupNode reads the node of a sandbox or a snapshot from its row.
+func lookupNode(st *store.Store) nodeLookup {
+	return nodeLookup{
+		sandbox: func(ctx context.Context, id string) (string, error) {
+			n, err := st.SandboxNode(ctx, id)
+			if errors.Is(err, store.ErrNotFound) {
+				return "", fmt.Errorf("%w: %w", nodeapi.ErrSandboxNotFound, err)
+			}
+			return n, err
+		},
+		snapshot: func(ctx context.Context, id string) (string, error) {
+			n, err := st.SnapshotNode(ctx, id)
+			if errors.Is(err, store.ErrNotFound) {
+				return "", fmt.Errorf("%w: %w", nodeapi.ErrSnapshotNotFound, err)
+			}
+			return n, err
+		},
 	}
 }
 

@@ -277,6 +277,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	storage.AddSource(tmpls.StoredBytes)
 	storage.AddSource(st.EvalInputBytes)
+	storage.AddSource(st.SnapshotBytes)
+	svcConf.Storage = storage
 	// Stops builds (their sandboxes go with the node, closed before).
 	defer tmpls.Close()
 	// Several API replicas may share a PostgreSQL database; an SQLite one

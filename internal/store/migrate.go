@@ -180,6 +180,30 @@ var migrations = []string{
 		PRIMARY KEY (team_id, template, tag)
 	);
 	CREATE INDEX template_tags_digest ON template_tags(digest);`,
+	// 13: snapshots of sandboxes (held by a node), and sandboxes paused or
+	// restored from one.
+	`CREATE TABLE snapshots (
+		id              TEXT PRIMARY KEY,
+		team_id         TEXT NOT NULL REFERENCES teams(id),
+		sandbox_id      TEXT NOT NULL,
+		template        TEXT NOT NULL,
+		template_digest TEXT NOT NULL,
+		runtime         TEXT NOT NULL,
+		runtime_version TEXT NOT NULL DEFAULT '',
+		cpu             REAL NOT NULL,
+		memory_mb       INTEGER NOT NULL,
+		disk_mb         INTEGER NOT NULL,
+		network         TEXT NOT NULL,
+		network_rules   TEXT NOT NULL DEFAULT '',
+		memory          INTEGER NOT NULL,
+		size_bytes      INTEGER NOT NULL,
+		created_at      INTEGER NOT NULL,
+		node_id         TEXT NOT NULL DEFAULT ''
+	);
+	CREATE INDEX snapshots_team ON snapshots(team_id, created_at);
+	CREATE INDEX snapshots_digest ON snapshots(template_digest);
+	ALTER TABLE sandboxes ADD COLUMN paused_at INTEGER;
+	ALTER TABLE sandboxes ADD COLUMN snapshot TEXT NOT NULL DEFAULT '';`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

@@ -20,7 +20,8 @@ import (
 
 const sandboxCols = `id, team_id, template, template_digest, runtime, runtime_version, state,
 	cpu, memory_mb, disk_mb, network, metadata, env_keys, from_pool,
-	created_at, expires_at, ended_at, end_reason, node_id, network_rules, ports, traffic_token_hash`
+	created_at, expires_at, ended_at, end_reason, node_id, network_rules, ports, traffic_token_hash,
+	paused_at, snapshot`
 
 // SandboxFilter selects sandboxes in ListSandboxes.
 type SandboxFilter struct {
@@ -48,7 +49,7 @@ func (s *Store) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sa
 
 // insertSandboxSQL inserts a row of sandboxArgs.
 const insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxCols + `)
-	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 // sandboxArgs fills sb's defaults (InsertSandbox's) and returns it with the
 // values of sandboxCols.
@@ -69,6 +70,10 @@ func sandboxArgs(sb client.Sandbox) (client.Sandbox, []any, error) {
 	if sb.EndedAt != nil {
 		t := norm(*sb.EndedAt)
 		sb.EndedAt = &t
+	}
+	if sb.PausedAt != nil {
+		t := norm(*sb.PausedAt)
+		sb.PausedAt = &t
 	}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
@@ -100,7 +105,7 @@ func sandboxArgs(sb client.Sandbox) (client.Sandbox, []any, error) {
 	return sb, []any{sb.ID, sb.TeamID, sb.Template, sb.TemplateDigest, sb.Runtime, sb.RuntimeVersion, sb.State,
 		sb.CPU, sb.MemoryMB, sb.DiskMB, sb.Network, string(meta), string(envKeys), boolInt(sb.FromPool),
 		toDB(sb.CreatedAt), toDB(sb.ExpiresAt), nullTime(sb.EndedAt), sb.EndReason, sb.NodeID,
-		rules, string(ports), sb.TrafficTokenHash}, nil
+		rules, string(ports), sb.TrafficTokenHash, nullTime(sb.PausedAt), sb.Snapshot}, nil
 }
 
 // rulesJSON is the stored form of a sandbox's rule lists: ” for none.
@@ -172,6 +177,16 @@ func (s *Store) SetPorts(ctx context.Context, teamID, id string, ports []client.
 		js = []byte("[]")
 	}
 	return s.updateRunning(ctx, "set ports of", teamID, id, `ports = ?`, string(js))
+}
+
+// SetPaused records that the team's running sandbox was paused at t, or
+// resumed (nil).
+func (s *Store) SetPaused(ctx context.Context, teamID, id string, t *time.Time) error {
+	if t != nil {
+		v := norm(*t)
+		t = &v
+	}
+	return s.updateRunning(ctx, "set paused of", teamID, id, `paused_at = ?`, nullTime(t))
 }
 
 // SetTrafficTokenHash replaces the hash of the team's running sandbox's
@@ -373,10 +388,11 @@ func scanSandbox(sc scanner) (client.Sandbox, error) {
 	var sb client.Sandbox
 	var meta, envKeys, rules, ports string
 	var created, expires, fromPool int64
-	var ended sql.NullInt64
+	var ended, paused sql.NullInt64
 	err := sc.Scan(&sb.ID, &sb.TeamID, &sb.Template, &sb.TemplateDigest, &sb.Runtime, &sb.RuntimeVersion, &sb.State,
 		&sb.CPU, &sb.MemoryMB, &sb.DiskMB, &sb.Network, &meta, &envKeys, &fromPool,
-		&created, &expires, &ended, &sb.EndReason, &sb.NodeID, &rules, &ports, &sb.TrafficTokenHash)
+		&created, &expires, &ended, &sb.EndReason, &sb.NodeID, &rules, &ports, &sb.TrafficTokenHash,
+		&paused, &sb.Snapshot)
 	if errors.Is(err, sql.ErrNoRows) {
 		return client.Sandbox{}, ErrNotFound
 	}
@@ -408,6 +424,6 @@ func scanSandbox(sc scanner) (client.Sandbox, error) {
 		sb.Ports = nil
 	}
 	sb.FromPool = fromPool != 0
-	sb.CreatedAt, sb.ExpiresAt, sb.EndedAt = fromDB(created), fromDB(expires), timePtr(ended)
+	sb.CreatedAt, sb.ExpiresAt, sb.EndedAt, sb.PausedAt = fromDB(created), fromDB(expires), timePtr(ended), timePtr(paused)
 	return sb, nil
 }

@@ -133,7 +133,8 @@ func (s *Store) DeleteTemplate(ctx context.Context, teamID, name string) (string
 // TemplateDigests returns every digest that a template name or tag of any
 // team points at.
 func (s *Store) TemplateDigests(ctx context.Context) (map[string]bool, error) {
-	rows, err := s.query(ctx, `SELECT digest FROM templates UNION SELECT digest FROM template_tags`)
+	rows, err := s.query(ctx, `SELECT digest FROM templates UNION SELECT digest FROM template_tags
+		UNION SELECT template_digest FROM snapshots`)
 	if err != nil {
 		return nil, fmt.Errorf("store: template digests: %w", err)
 	}
@@ -149,15 +150,17 @@ func (s *Store) TemplateDigests(ctx context.Context) (map[string]bool, error) {
 	return out, rows.Err()
 }
 
-// DigestInUse reports whether a template name or tag points at digest or
-// a running sandbox runs from it.
+// DigestInUse reports whether a template name or tag points at digest, a
+// running sandbox runs from it or a snapshot was taken of one that did (a
+// sandbox restored from it needs its files).
 func (s *Store) DigestInUse(ctx context.Context, digest string) (bool, error) {
 	var n int
 	err := s.queryRow(ctx, `SELECT
 		(SELECT COUNT(*) FROM templates WHERE digest = ?) +
 		(SELECT COUNT(*) FROM template_tags WHERE digest = ?) +
-		(SELECT COUNT(*) FROM sandboxes WHERE template_digest = ? AND state = ?)`,
-		digest, digest, digest, client.StateRunning).Scan(&n)
+		(SELECT COUNT(*) FROM sandboxes WHERE template_digest = ? AND state = ?) +
+		(SELECT COUNT(*) FROM snapshots WHERE template_digest = ?)`,
+		digest, digest, digest, client.StateRunning, digest).Scan(&n)
 	if err != nil {
 		return false, fmt.Errorf("store: digest in use: %w", err)
 	}

@@ -107,6 +107,9 @@ const (
 	StateDeleted = "deleted" // deleted by a user or bulk delete
 	StateExpired = "expired" // removed by the TTL reaper
 	StateLost    = "lost"    // its processes died (crash, server restart, agent killed)
+	// StatePaused is how the API shows a running sandbox that is paused
+	// (Sandbox.PausedAt): never a state of the server's records.
+	StatePaused = "paused"
 )
 
 // Exec statuses.
@@ -171,7 +174,8 @@ type ErrorDetail struct {
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes.
 type CreateSandboxRequest struct {
-	Template string  `json:"template"`
+	// Template is required unless Snapshot is set.
+	Template string  `json:"template,omitempty"`
 	Runtime  string  `json:"runtime,omitempty"`
 	Timeout  int     `json:"timeout,omitempty"` // TTL in seconds; 0 = server default
 	CPU      float64 `json:"cpu,omitempty"`
@@ -188,6 +192,11 @@ type CreateSandboxRequest struct {
 	// WaitSeconds > 0 queues the request (FIFO) up to that long when the
 	// team is at its active-sandbox limit, instead of failing with 429.
 	WaitSeconds int `json:"wait_seconds,omitempty"`
+	// Snapshot, when set, restores the sandbox from one of the team's
+	// snapshots (its files and, with memory, its processes) instead of
+	// booting a template: Template, Runtime, CPU, MemoryMB, DiskMB and
+	// Network then come from the snapshot and must be left unset.
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // Sandbox is a sandbox as the API returns it.
@@ -230,6 +239,88 @@ type Sandbox struct {
 	// TrafficTokenHash is the server's record of the traffic token; it is
 	// never sent.
 	TrafficTokenHash string `json:"-"`
+	// PausedAt is set while the sandbox is paused (POST
+	// /v1/sandboxes/{id}/pause). A paused sandbox is running in the
+	// server's records (it keeps its team slot and its TTL); the API
+	// shows its state as "paused".
+	PausedAt *time.Time `json:"paused_at,omitempty"`
+	// Snapshot is the snapshot the sandbox was restored from, if any.
+	Snapshot string `json:"snapshot,omitempty"`
+}
+
+// MarshalJSON writes the sandbox with state "paused" while it is paused.
+func (s Sandbox) MarshalJSON() ([]byte, error) {
+	type plain Sandbox
+	if s.PausedAt != nil && s.State == StateRunning {
+		s.State = StatePaused
+	}
+	return json.Marshal(plain(s))
+}
+
+// Snapshot is a snapshot of a sandbox (POST /v1/sandboxes/{id}/snapshots):
+// its files and, with Memory (gVisor), its memory and processes. Sandboxes
+// are created from it with CreateSandboxRequest.Snapshot, or by a fork.
+type Snapshot struct {
+	ID     string `json:"id"`
+	TeamID string `json:"team_id"`
+	// SandboxID is the sandbox it was taken of.
+	SandboxID string `json:"sandbox_id"`
+	// What a sandbox restored from it gets: the source's template,
+	// runtime, shape and network.
+	Template       string            `json:"template"`
+	TemplateDigest string            `json:"template_digest"`
+	Runtime        string            `json:"runtime"`
+	RuntimeVersion string            `json:"runtime_version,omitempty"`
+	CPU            float64           `json:"cpu"`
+	MemoryMB       int               `json:"memory_mb"`
+	DiskMB         int               `json:"disk_mb"`
+	Network        string            `json:"network"`
+	NetworkRules   *NetworkRuleLists `json:"network_rules,omitempty"`
+	// Memory is true when the snapshot holds the sandbox's memory and
+	// processes (gVisor), false when only its files.
+	Memory bool `json:"memory"`
+	// SizeBytes is its size on disk, which counts against the team's
+	// storage limit.
+	SizeBytes int64     `json:"size_bytes"`
+	CreatedAt time.Time `json:"created_at"`
+	// NodeID is the node that holds it.
+	NodeID string `json:"node_id,omitempty"`
+}
+
+// SnapshotList is the body of GET /v1/snapshots.
+type SnapshotList struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// MaxForkCount is the most sandboxes one fork makes.
+const MaxForkCount = 100
+
+// ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
+type ForkRequest struct {
+	// Count is how many sandboxes to make (1 to MaxForkCount).
+	Count int `json:"count"`
+	// Timeout is their TTL in seconds (0: the server default).
+	Timeout int `json:"timeout,omitempty"`
+	// Metadata is set on each of them.
+	Metadata map[string]string `json:"metadata,omitempty"`
+	// KeepSnapshot keeps the snapshot the fork takes (listed, usable in
+	// later creates); by default it is deleted once the forks run.
+	KeepSnapshot bool `json:"keep_snapshot,omitempty"`
+	// WaitSeconds, as CreateSandboxRequest's, for each of them.
+	WaitSeconds int `json:"wait_seconds,omitempty"`
+}
+
+// ResumeRequest is the (optional) body of POST /v1/sandboxes/{id}/resume.
+type ResumeRequest struct {
+	// WaitSeconds > 0 waits up to that long for host capacity.
+	WaitSeconds int `json:"wait_seconds,omitempty"`
+}
+
+// ForkResult is the answer of a fork: the new sandboxes (with their
+// traffic tokens), and the snapshot when it was kept.
+type ForkResult struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+	Snapshot  *Snapshot `json:"snapshot,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.

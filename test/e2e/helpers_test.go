@@ -50,7 +50,7 @@ func mustCreate(t *testing.T, c *client.Client, req client.CreateSandboxRequest)
 // mustCreateOn is mustCreate on server s.
 func mustCreateOn(t *testing.T, s *server, c *client.Client, req client.CreateSandboxRequest) *client.Sandbox {
 	t.Helper()
-	if req.Template == "" {
+	if req.Template == "" && req.Snapshot == "" {
 		req.Template = "base"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -16,8 +16,9 @@ import (
 // memory, for the unit tests and benchmarks of the service and of what
 // wraps it.
 type MemStore struct {
-	mu   sync.Mutex
-	rows map[string]client.Sandbox
+	mu        sync.Mutex
+	rows      map[string]client.Sandbox
+	snapshots map[string]client.Snapshot
 	// Full makes TakeSlot answer that the team is at its limit (other
 	// replicas hold its slots); Slots counts the slots held.
 	Full  atomic.Bool
@@ -196,4 +197,59 @@ func (m *MemStore) SetPorts(ctx context.Context, teamID, id string, ports []clie
 
 func (m *MemStore) SetTrafficTokenHash(ctx context.Context, teamID, id, hash string) error {
 	return m.update(teamID, id, func(r *client.Sandbox) { r.TrafficTokenHash = hash })
+}
+
+// SetPaused records a pause (at) or a resume (nil).
+func (m *MemStore) SetPaused(ctx context.Context, teamID, id string, at *time.Time) error {
+	return m.update(teamID, id, func(r *client.Sandbox) { r.PausedAt = at })
+}
+
+// InsertSnapshot stores a snapshot row.
+func (m *MemStore) InsertSnapshot(ctx context.Context, sn client.Snapshot) (client.Snapshot, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.snapshots == nil {
+		m.snapshots = map[string]client.Snapshot{}
+	}
+	if _, ok := m.snapshots[sn.ID]; ok {
+		return client.Snapshot{}, store.ErrConflict
+	}
+	m.snapshots[sn.ID] = sn
+	return sn, nil
+}
+
+// GetSnapshot returns the team's snapshot.
+func (m *MemStore) GetSnapshot(ctx context.Context, teamID, id string) (client.Snapshot, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sn, ok := m.snapshots[id]
+	if !ok || sn.TeamID != teamID {
+		return client.Snapshot{}, store.ErrNotFound
+	}
+	return sn, nil
+}
+
+// ListSnapshots returns the team's snapshots.
+func (m *MemStore) ListSnapshots(ctx context.Context, teamID string) ([]client.Snapshot, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := []client.Snapshot{}
+	for _, sn := range m.snapshots {
+		if sn.TeamID == teamID {
+			out = append(out, sn)
+		}
+	}
+	return out, nil
+}
+
+// DeleteSnapshot removes the team's snapshot.
+func (m *MemStore) DeleteSnapshot(ctx context.Context, teamID, id string) (client.Snapshot, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sn, ok := m.snapshots[id]
+	if !ok || sn.TeamID != teamID {
+		return client.Snapshot{}, store.ErrNotFound
+	}
+	delete(m.snapshots, id)
+	return sn, nil
 }
