@@ -199,7 +199,9 @@ func openTemplates(ctx context.Context, cfg Config, log *slog.Logger) (*template
 }
 
 // nodeLookup reads the node of a sandbox or a snapshot from its row.
-type nodeLookup struct{ sandbox, snapshot func(context.Context, string) (string, error) }
+type nodeLookup struct {
+	sandbox, snapshot func(context.Context, string) (string, error)
+}
 
 // lookupNode reads the node of a sandbox or a snapshot from its row.
 func lookupNode(st *store.Store) nodeLookup {
