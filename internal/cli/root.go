@@ -165,6 +165,7 @@ with the key --api-key (default $` + client.EnvAPIKey + `).
 		newServeCmd(),
 		newNodeCmd(),
 		newSandboxCmd(a),
+		newSnapshotCmd(a),
 		newKeysCmd(a),
 		newTeamsCmd(a),
 		newTemplateCmd(a),

@@ -28,6 +28,10 @@ func newSandboxCmd(a *app) *cobra.Command {
 		newSandboxKillCmd(a),
 		newSandboxPortCmd(a),
 		newSandboxNetworkCmd(a),
+		newSandboxSnapshotCmd(a),
+		newSandboxForkCmd(a),
+		newSandboxPauseCmd(a),
+		newSandboxResumeCmd(a),
 	)
 	return cmd
 }
@@ -64,6 +68,9 @@ instead of failing with insufficient_capacity.`,
 			req.Timeout = wholeSeconds(time.Duration(timeout))
 			req.WaitSeconds = wholeSeconds(time.Duration(wait))
 			req.Network = networkSpec(netMode, allow, deny)
+			if req.Snapshot != "" && !cmd.Flags().Changed("template") {
+				req.Template = "" // the snapshot's
+			}
 			for _, p := range public {
 				req.Ports = append(req.Ports, client.PortSpec{Port: p, Public: true})
 			}
@@ -92,6 +99,7 @@ instead of failing with insufficient_capacity.`,
 	f.StringArrayVar(&deny, "deny", nil, "network rules: a CIDR, domain or *.domain refused even when allowed (repeatable)")
 	f.IntSliceVar(&public, "public-port", nil, "open this port's URLs to anyone, with no key or token (repeatable)")
 	f.Var(&wait, "wait", "queue up to this long when the team is at its sandbox limit or the host has no room")
+	f.StringVar(&req.Snapshot, "snapshot", "", "restore the sandbox from this snapshot (its template, runtime, shape and network)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }

@@ -355,3 +355,61 @@ func TestPauseResume(t *testing.T) {
 	}
 	assertGone(t, srv, short.ID)
 }
+
+// TestSnapshotCLI drives snapshots, forks, pause and resume through the
+// evalbox CLI; bad input exits non-zero with one readable line.
+func TestSnapshotCLI(t *testing.T) {
+	t.Parallel()
+	c, _, key := newTeam(t, srv, client.Limits{MaxSandboxes: 6, MaxConcurrentExec: 8})
+	run := func(args ...string) string {
+		t.Helper()
+		stdout, stderr, code := cliAs(t, key, args...)
+		if code != 0 {
+			t.Fatalf("evalbox %s: exit %d: %s", strings.Join(args, " "), code, stderr)
+		}
+		return strings.TrimSpace(stdout)
+	}
+	src := mustCreate(t, c, client.CreateSandboxRequest{Runtime: client.RuntimeGVisor})
+	mustExec(t, c, src.ID, client.ExecRequest{Cmd: "echo cli > /root/f"})
+	snap := run("sandbox", "snapshot", src.ID)
+	if !strings.HasPrefix(snap, "snap-") {
+		t.Fatalf("snapshot id %q", snap)
+	}
+	id := run("sandbox", "create", "--snapshot", snap, "--metadata", "via=cli")
+	sb, err := c.GetSandbox(context.Background(), id)
+	if err != nil || sb.Snapshot != snap || sb.Metadata["via"] != "cli" {
+		t.Fatalf("created from the snapshot: %+v %v", sb, err)
+	}
+	deleteAtEnd(t, c, *sb)
+	if got := mustExec(t, c, id, client.ExecRequest{Cmd: "cat /root/f"}).Stdout; got != "cli\n" {
+		t.Errorf("restored /root/f %q", got)
+	}
+	forks := strings.Fields(run("sandbox", "fork", src.ID, "-n", "2"))
+	if len(forks) != 2 {
+		t.Fatalf("fork printed %q", forks)
+	}
+	for _, f := range forks {
+		deleteAtEnd(t, c, client.Sandbox{ID: f})
+	}
+	if ls := run("snapshot", "ls"); !strings.Contains(ls, snap) || strings.Count(ls, "snap-") != 1 {
+		t.Errorf("snapshot ls:\n%s", ls)
+	}
+	if got := run("sandbox", "pause", src.ID); got != src.ID+" paused" {
+		t.Errorf("pause printed %q", got)
+	}
+	if got := run("sandbox", "resume", src.ID); got != src.ID+" running" {
+		t.Errorf("resume printed %q", got)
+	}
+	run("snapshot", "rm", snap)
+	for _, bad := range [][]string{
+		{"sandbox", "fork", src.ID, "-n", "0"},
+		{"sandbox", "resume", src.ID},
+		{"snapshot", "rm", snap},
+		{"sandbox", "snapshot"},
+	} {
+		_, stderr, code := cliAs(t, key, bad...)
+		if code == 0 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || stderr == "" {
+			t.Errorf("evalbox %s: exit %d, stderr %q (want non-zero and one line)", strings.Join(bad, " "), code, stderr)
+		}
+	}
+}
