@@ -31,13 +31,27 @@ from ._async import (
     AsyncFiles,
     AsyncNetwork,
     AsyncSandbox,
+    AsyncSnapshots,
     AsyncTemplates,
     async_evals,
     async_execute,
     async_templates,
 )
 from ._core import TRAFFIC_TOKEN_HEADER
-from ._sync import Client, CommandHandle, Commands, Evals, Files, Network, Sandbox, Templates, evals, execute, templates
+from ._sync import (
+    Client,
+    CommandHandle,
+    Commands,
+    Evals,
+    Files,
+    Network,
+    Sandbox,
+    Snapshots,
+    Templates,
+    evals,
+    execute,
+    templates,
+)
 from .errors import (
     APIConnectionError,
     AuthenticationError,
@@ -48,6 +62,7 @@ from .errors import (
     InsufficientCapacityError,
     NoSpaceError,
     NotFoundError,
+    NotImplementedByRuntimeError,
     OutputBudgetExhaustedError,
     PayloadTooLargeError,
     PermissionDeniedError,
@@ -73,6 +88,7 @@ from .models import (
     PhaseStats,
     ProcessInfo,
     SandboxInfo,
+    SnapshotInfo,
     TemplateInfo,
 )
 
@@ -91,6 +107,7 @@ __all__ = [
     "AsyncFiles",
     "AsyncNetwork",
     "AsyncSandbox",
+    "AsyncSnapshots",
     "AsyncTemplates",
     "AuthenticationError",
     "BadRequestError",
@@ -116,6 +133,7 @@ __all__ = [
     "NetworkRules",
     "NoSpaceError",
     "NotFoundError",
+    "NotImplementedByRuntimeError",
     "OutputBudgetExhaustedError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
@@ -128,6 +146,8 @@ __all__ = [
     "SandboxNotRunningError",
     "ServerError",
     "ServiceUnavailableError",
+    "SnapshotInfo",
+    "Snapshots",
     "StorageQuotaExceededError",
     "TemplateInfo",
     "Templates",

@@ -41,6 +41,7 @@ from .models import (
     FileInfo,
     ProcessInfo,
     SandboxInfo,
+    SnapshotInfo,
     TemplateInfo,
 )
 
@@ -51,6 +52,7 @@ __all__ = [
     "AsyncEvals",
     "AsyncFiles",
     "AsyncSandbox",
+    "AsyncSnapshots",
     "AsyncTemplates",
     "async_evals",
     "async_execute",
@@ -138,6 +140,11 @@ class AsyncClient:
     def evals(self) -> AsyncEvals:
         """This client's eval runs (like :data:`evalbox.async_evals`)."""
         return AsyncEvals(self)
+
+    @property
+    def snapshots(self) -> AsyncSnapshots:
+        """This client's snapshots."""
+        return AsyncSnapshots(self)
 
     @property
     def templates(self) -> AsyncTemplates:
@@ -452,6 +459,28 @@ class AsyncEvals:
             await resp.aclose()
 
 
+class AsyncSnapshots:
+    """The team's snapshots (``client.snapshots``); take one with :meth:`AsyncSandbox.snapshot`."""
+
+    def __init__(self, client: AsyncClient | None = None) -> None:
+        self._c = client
+
+    async def list(self) -> builtins.list[SnapshotInfo]:
+        """The team's snapshots, newest first."""
+        c = _client(self._c, None, None)
+        return await c._run(core.list_snapshots(c._cfg))
+
+    async def get(self, snapshot_id: str) -> SnapshotInfo:
+        """A snapshot by id (:class:`~evalbox.NotFoundError` if the team has none of that id)."""
+        c = _client(self._c, None, None)
+        return await c._run(core.get_snapshot(c._cfg, snapshot_id))
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Delete a snapshot; sandboxes made from it go on."""
+        c = _client(self._c, None, None)
+        await c._run(core.delete_snapshot(c._cfg, snapshot_id))
+
+
 class AsyncTemplates:
     """The templates, async: :data:`evalbox.async_templates` or ``client.templates``."""
 
@@ -505,7 +534,7 @@ class AsyncSandbox:
     @classmethod
     async def create(
         cls,
-        template: str = "base",
+        template: str | None = None,
         *,
         runtime: str | None = None,
         timeout: int | None = None,
@@ -519,6 +548,7 @@ class AsyncSandbox:
         deny: Sequence[str] | None = None,
         public_ports: Iterable[int] | None = None,
         wait: float | None = None,
+        snapshot: str | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
         client: AsyncClient | None = None,
@@ -528,7 +558,7 @@ class AsyncSandbox:
         info = await c._run(
             core.create_sandbox(
                 c._cfg,
-                template=template,
+                template=template or ("" if snapshot else "base"),
                 runtime=runtime,
                 timeout=timeout,
                 cpu=cpu,
@@ -541,6 +571,7 @@ class AsyncSandbox:
                 allow=allow,
                 deny=deny,
                 public_ports=public_ports,
+                snapshot=snapshot,
             )
         )
         return cls(info, c)
@@ -681,6 +712,58 @@ class AsyncSandbox:
         """Give the sandbox a new traffic token and return it."""
         self.traffic_token = await self._client._run(core.rotate_traffic_token(self._client._cfg, self.id))
         return self.traffic_token
+
+    async def snapshot(self) -> SnapshotInfo:
+        """Snapshot the sandbox (on gVisor its files, memory and running processes) and return the snapshot.
+
+        The sandbox goes on; commands and calls in flight in it fail with
+        :class:`~evalbox.ConflictError` (run them again). Make sandboxes from it
+        with ``AsyncSandbox.create(snapshot=...)``; delete it with
+        ``client.snapshots.delete(...)``. Other runtimes raise
+        :class:`~evalbox.NotImplementedByRuntimeError`.
+        """
+        return await self._client._run(core.snapshot_sandbox(self._client._cfg, self.id))
+
+    async def fork(
+        self,
+        n: int,
+        *,
+        timeout: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+        keep_snapshot: bool = False,
+        wait: float | None = None,
+    ) -> builtins.list[AsyncSandbox]:
+        """Make ``n`` copies of the sandbox (1 to 100): each has its files and running processes, and
+        is independent of it and of the others. All or none: when one fails, the others are deleted.
+
+        Args:
+            n: How many.
+            timeout: Their TTL in seconds; default the server's.
+            metadata: Labels of each.
+            keep_snapshot: Keep the snapshot the fork takes (by default it is deleted once they run).
+            wait: Seconds each may wait for a team slot or host capacity.
+        """
+        infos, _ = await self._client._run(
+            core.fork_sandbox(
+                self._client._cfg,
+                self.id,
+                n,
+                timeout=timeout,
+                metadata=metadata,
+                keep_snapshot=keep_snapshot,
+                wait=wait,
+            )
+        )
+        return [type(self)(info, self._client) for info in infos]
+
+    async def pause(self) -> SandboxInfo:
+        """Pause the sandbox: its memory and processes go to disk, and it takes no CPU or memory until
+        :meth:`resume`. It keeps its TTL. Calls to it raise :class:`~evalbox.SandboxNotRunningError` meanwhile."""
+        return await self._client._run(core.pause_sandbox(self._client._cfg, self.id))
+
+    async def resume(self, *, wait: float | None = None) -> SandboxInfo:
+        """Resume a paused sandbox where it was (``wait``: seconds to wait for host capacity)."""
+        return await self._client._run(core.resume_sandbox(self._client._cfg, self.id, wait=wait))
 
     async def set_timeout(self, seconds: int) -> SandboxInfo:
         """Make the sandbox expire ``seconds`` from now."""

@@ -58,6 +58,7 @@ from .models import (
     FileInfo,
     ProcessInfo,
     SandboxInfo,
+    SnapshotInfo,
     TemplateInfo,
 )
 
@@ -651,6 +652,7 @@ def create_sandbox(
     allow: Sequence[str] | None = None,
     deny: Sequence[str] | None = None,
     public_ports: Iterable[int] | None = None,
+    snapshot: str | None = None,
 ) -> Op[SandboxInfo]:
     """``POST /v1/sandboxes``.
 
@@ -660,9 +662,16 @@ def create_sandbox(
     (honouring Retry-After) as long as the ``wait`` budget lasts; each attempt
     asks the server to queue for what is left of it.
     """
-    if not template:
+    body: dict[str, Any] = {}
+    if snapshot:
+        # The snapshot's template, runtime, shape and network.
+        if runtime or cpu or memory_mb or disk_mb or network or allow or deny:
+            raise ValueError("a sandbox made from a snapshot has its runtime, cpu, memory, disk and network")
+        body["snapshot"] = snapshot
+    elif not template:
         raise ValueError("empty template")
-    body: dict[str, Any] = {"template": template}
+    else:
+        body["template"] = template
     if runtime:
         body["runtime"] = runtime
     if timeout:
@@ -741,6 +750,82 @@ def delete_sandboxes(cfg: Config, metadata: Mapping[str, str]) -> Op[list[str]]:
         raise ValueError("a bulk delete needs at least one metadata filter")
     resp = yield from request(cfg, Call("DELETE", "/sandboxes", params=metadata_params(metadata), retry=True))
     return list(resp.json()["deleted"])
+
+
+def snapshot_sandbox(cfg: Config, sandbox_id: str) -> Op[SnapshotInfo]:
+    """``POST /v1/sandboxes/{id}/snapshots``. Never retried (a retry would take a second one)."""
+    resp = yield from request(cfg, Call("POST", sandbox_path(sandbox_id, "/snapshots")))
+    return SnapshotInfo.from_json(resp.json())
+
+
+def fork_sandbox(
+    cfg: Config,
+    sandbox_id: str,
+    count: int,
+    *,
+    timeout: int | None,
+    metadata: Mapping[str, str] | None,
+    keep_snapshot: bool,
+    wait: float | None,
+) -> Op[tuple[list[SandboxInfo], SnapshotInfo | None]]:
+    """``POST /v1/sandboxes/{id}/fork``: the new sandboxes, and the snapshot when kept. Never retried."""
+    if not 1 <= count <= MAX_FORK_COUNT:
+        raise ValueError(f"count must be between 1 and {MAX_FORK_COUNT}, not {count}")
+    body: dict[str, Any] = {"count": int(count)}
+    if timeout:
+        body["timeout"] = int(timeout)
+    if metadata:
+        body["metadata"] = dict(metadata)
+    if keep_snapshot:
+        body["keep_snapshot"] = True
+    read_timeout: float | None = None
+    if wait and wait > 0:
+        body["wait_seconds"] = max(math.ceil(wait), 1)
+        read_timeout = body["wait_seconds"] + TIMEOUT_MARGIN
+    call = Call("POST", sandbox_path(sandbox_id, "/fork"), json=body, read_timeout=read_timeout)
+    resp = yield from request(cfg, call)
+    d = resp.json()
+    kept = d.get("snapshot")
+    return [SandboxInfo.from_json(x) for x in d["sandboxes"]], SnapshotInfo.from_json(kept) if kept else None
+
+
+#: The most sandboxes one fork makes.
+MAX_FORK_COUNT = 100
+
+
+def pause_sandbox(cfg: Config, sandbox_id: str) -> Op[SandboxInfo]:
+    """``POST /v1/sandboxes/{id}/pause``."""
+    resp = yield from request(cfg, Call("POST", sandbox_path(sandbox_id, "/pause")))
+    return SandboxInfo.from_json(resp.json())
+
+
+def resume_sandbox(cfg: Config, sandbox_id: str, *, wait: float | None) -> Op[SandboxInfo]:
+    """``POST /v1/sandboxes/{id}/resume``."""
+    body: dict[str, Any] = {}
+    read_timeout: float | None = None
+    if wait and wait > 0:
+        body["wait_seconds"] = max(math.ceil(wait), 1)
+        read_timeout = body["wait_seconds"] + TIMEOUT_MARGIN
+    call = Call("POST", sandbox_path(sandbox_id, "/resume"), json=body, read_timeout=read_timeout)
+    resp = yield from request(cfg, call)
+    return SandboxInfo.from_json(resp.json())
+
+
+def list_snapshots(cfg: Config) -> Op[list[SnapshotInfo]]:
+    """``GET /v1/snapshots``."""
+    resp = yield from request(cfg, Call("GET", "/snapshots", retry=True))
+    return [SnapshotInfo.from_json(d) for d in resp.json()["snapshots"]]
+
+
+def get_snapshot(cfg: Config, snapshot_id: str) -> Op[SnapshotInfo]:
+    """``GET /v1/snapshots/{id}``."""
+    resp = yield from request(cfg, Call("GET", "/snapshots/" + quote(snapshot_id, safe=""), retry=True))
+    return SnapshotInfo.from_json(resp.json())
+
+
+def delete_snapshot(cfg: Config, snapshot_id: str) -> Op[None]:
+    """``DELETE /v1/snapshots/{id}``."""
+    yield from request(cfg, Call("DELETE", "/snapshots/" + quote(snapshot_id, safe=""), retry=True))
 
 
 def set_timeout(cfg: Config, sandbox_id: str, seconds: int) -> Op[SandboxInfo]:

@@ -30,6 +30,7 @@ from .models import (
     FileInfo,
     ProcessInfo,
     SandboxInfo,
+    SnapshotInfo,
     TemplateInfo,
 )
 
@@ -40,6 +41,7 @@ __all__ = [
     "Evals",
     "Files",
     "Sandbox",
+    "Snapshots",
     "Templates",
     "evals",
     "execute",
@@ -121,6 +123,11 @@ class Client:
     def evals(self) -> Evals:
         """This client's eval runs (like :data:`evalbox.evals`)."""
         return Evals(self)
+
+    @property
+    def snapshots(self) -> Snapshots:
+        """This client's snapshots."""
+        return Snapshots(self)
 
     @property
     def templates(self) -> Templates:
@@ -431,6 +438,28 @@ class Evals:
             resp.close()
 
 
+class Snapshots:
+    """The team's snapshots (``client.snapshots``); take one with :meth:`Sandbox.snapshot`."""
+
+    def __init__(self, client: Client | None = None) -> None:
+        self._c = client
+
+    def list(self) -> builtins.list[SnapshotInfo]:
+        """The team's snapshots, newest first."""
+        c = _client(self._c, None, None)
+        return c._run(core.list_snapshots(c._cfg))
+
+    def get(self, snapshot_id: str) -> SnapshotInfo:
+        """A snapshot by id (:class:`~evalbox.NotFoundError` if the team has none of that id)."""
+        c = _client(self._c, None, None)
+        return c._run(core.get_snapshot(c._cfg, snapshot_id))
+
+    def delete(self, snapshot_id: str) -> None:
+        """Delete a snapshot; sandboxes made from it go on."""
+        c = _client(self._c, None, None)
+        c._run(core.delete_snapshot(c._cfg, snapshot_id))
+
+
 class Templates:
     """The templates sandboxes are created from: :data:`evalbox.templates` or ``client.templates``."""
 
@@ -492,7 +521,7 @@ class Sandbox:
     @classmethod
     def create(
         cls,
-        template: str = "base",
+        template: str | None = None,
         *,
         runtime: str | None = None,
         timeout: int | None = None,
@@ -506,6 +535,7 @@ class Sandbox:
         deny: Sequence[str] | None = None,
         public_ports: Iterable[int] | None = None,
         wait: float | None = None,
+        snapshot: str | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
         client: Client | None = None,
@@ -513,7 +543,7 @@ class Sandbox:
         """Create a sandbox and return once it runs.
 
         Args:
-            template: Template name (``base``, ``python``, …).
+            template: Template name (``base``, ``python``, …); default ``base``.
             runtime: ``gvisor`` or ``namespaces``; default the server's (gvisor).
             timeout: TTL in seconds (the server deletes it then); default the server's.
             cpu: vCPUs; default the template's.
@@ -532,6 +562,10 @@ class Sandbox:
                 active-sandbox limit (the server queues the request; 429/503
                 answers are retried within this budget). Without it such a
                 create raises :class:`~evalbox.TooManySandboxesError` at once.
+            snapshot: Make the sandbox from this snapshot (:meth:`snapshot`)
+                instead of a template: its files and, on gVisor, its running
+                processes; its template, runtime, shape and network (leave
+                those unset).
             api_url: API URL (default ``$EVALBOX_API_URL``).
             api_key: API key (default ``$EVALBOX_API_KEY``).
             client: A :class:`Client` to use instead of ``api_url``/``api_key``.
@@ -540,7 +574,7 @@ class Sandbox:
         info = c._run(
             core.create_sandbox(
                 c._cfg,
-                template=template,
+                template=template or ("" if snapshot else "base"),
                 runtime=runtime,
                 timeout=timeout,
                 cpu=cpu,
@@ -553,6 +587,7 @@ class Sandbox:
                 allow=allow,
                 deny=deny,
                 public_ports=public_ports,
+                snapshot=snapshot,
             )
         )
         return cls(info, c)
@@ -713,6 +748,58 @@ class Sandbox:
         """Give the sandbox a new traffic token (the old one stops working at once) and return it."""
         self.traffic_token = self._client._run(core.rotate_traffic_token(self._client._cfg, self.id))
         return self.traffic_token
+
+    def snapshot(self) -> SnapshotInfo:
+        """Snapshot the sandbox (on gVisor its files, memory and running processes) and return the snapshot.
+
+        The sandbox goes on; commands and calls in flight in it fail with
+        :class:`~evalbox.ConflictError` (run them again). Make sandboxes from it
+        with ``Sandbox.create(snapshot=...)``; delete it with
+        ``client.snapshots.delete(...)``. Other runtimes raise
+        :class:`~evalbox.NotImplementedByRuntimeError`.
+        """
+        return self._client._run(core.snapshot_sandbox(self._client._cfg, self.id))
+
+    def fork(
+        self,
+        n: int,
+        *,
+        timeout: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+        keep_snapshot: bool = False,
+        wait: float | None = None,
+    ) -> builtins.list[Sandbox]:
+        """Make ``n`` copies of the sandbox (1 to 100): each has its files and running processes, and
+        is independent of it and of the others. All or none: when one fails, the others are deleted.
+
+        Args:
+            n: How many.
+            timeout: Their TTL in seconds; default the server's.
+            metadata: Labels of each.
+            keep_snapshot: Keep the snapshot the fork takes (by default it is deleted once they run).
+            wait: Seconds each may wait for a team slot or host capacity.
+        """
+        infos, _ = self._client._run(
+            core.fork_sandbox(
+                self._client._cfg,
+                self.id,
+                n,
+                timeout=timeout,
+                metadata=metadata,
+                keep_snapshot=keep_snapshot,
+                wait=wait,
+            )
+        )
+        return [type(self)(info, self._client) for info in infos]
+
+    def pause(self) -> SandboxInfo:
+        """Pause the sandbox: its memory and processes go to disk, and it takes no CPU or memory until
+        :meth:`resume`. It keeps its TTL. Calls to it raise :class:`~evalbox.SandboxNotRunningError` meanwhile."""
+        return self._client._run(core.pause_sandbox(self._client._cfg, self.id))
+
+    def resume(self, *, wait: float | None = None) -> SandboxInfo:
+        """Resume a paused sandbox where it was (``wait``: seconds to wait for host capacity)."""
+        return self._client._run(core.resume_sandbox(self._client._cfg, self.id, wait=wait))
 
     def set_timeout(self, seconds: int) -> SandboxInfo:
         """Make the sandbox expire ``seconds`` from now (bounded by the server's maximum)."""

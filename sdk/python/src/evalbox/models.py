@@ -31,7 +31,7 @@ class SandboxInfo:
     template: str
     runtime: str
     state: str
-    """``running``, ``deleted``, ``expired`` or ``lost``."""
+    """``running``, ``paused``, ``deleted``, ``expired`` or ``lost``."""
     cpu: float
     memory_mb: int
     disk_mb: int
@@ -54,11 +54,16 @@ class SandboxInfo:
     """Opens the sandbox's port URLs; only in the answer of the create (and kept by :class:`Sandbox`)."""
     domain: str = ""
     """The server's sandbox domain, when it has one: port URLs of the host form are ``{port}-{id}.{domain}``."""
+    paused_at: datetime | None = None
+    """When it was paused, while it is."""
+    snapshot: str = ""
+    """The snapshot it was restored from, if any."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SandboxInfo:
         """Parse a ``Sandbox`` JSON object."""
         ended = d.get("ended_at")
+        paused = d.get("paused_at")
         rules = d.get("network_rules")
         return cls(
             id=d["id"],
@@ -83,6 +88,58 @@ class SandboxInfo:
             public_ports=tuple(int(p["port"]) for p in d.get("ports") or () if p.get("public")),
             traffic_token=d.get("traffic_token", ""),
             domain=d.get("domain", ""),
+            paused_at=parse_time(paused) if paused else None,
+            snapshot=d.get("snapshot", ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotInfo:
+    """A snapshot of a sandbox (``Snapshot`` in ``api/openapi.yaml``).
+
+    Sandboxes made from it (``Sandbox.create(snapshot=...)``) get its
+    template, runtime, shape and network, its files and, with ``memory``
+    (gVisor), its running processes.
+    """
+
+    id: str
+    team_id: str
+    sandbox_id: str
+    """The sandbox it was taken of."""
+    template: str
+    template_digest: str
+    runtime: str
+    cpu: float
+    memory_mb: int
+    disk_mb: int
+    network: str
+    memory: bool
+    """True when it holds memory and processes, False when only files."""
+    size_bytes: int
+    """Its size on disk, counted against the team's storage limit."""
+    created_at: datetime
+    runtime_version: str = ""
+    node_id: str = ""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SnapshotInfo:
+        """Parse a ``Snapshot`` JSON object."""
+        return cls(
+            id=d["id"],
+            team_id=d["team_id"],
+            sandbox_id=d["sandbox_id"],
+            template=d["template"],
+            template_digest=d["template_digest"],
+            runtime=d["runtime"],
+            cpu=float(d["cpu"]),
+            memory_mb=int(d["memory_mb"]),
+            disk_mb=int(d["disk_mb"]),
+            network=d["network"],
+            memory=bool(d["memory"]),
+            size_bytes=int(d["size_bytes"]),
+            created_at=parse_time(d["created_at"]),
+            runtime_version=d.get("runtime_version", ""),
+            node_id=d.get("node_id", ""),
         )
 
 
