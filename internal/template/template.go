@@ -184,8 +184,11 @@ func (s BuiltinSpec) Digest(mirror string) string {
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
-// ValidName reports whether name can name a template.
-func ValidName(name string) bool { return nameRE.MatchString(name) }
+// ValidName reports whether name can name a template: 1–63 of a-z 0-9
+// . _ -, starting with a letter or digit, and not "snap-…", the form of
+// snapshot ids (the E2B layer takes a snapshot id where a template id
+// goes).
+func ValidName(name string) bool { return nameRE.MatchString(name) && !strings.HasPrefix(name, "snap-") }
 
 // DefaultTag is the tag of a template's untagged name: "name" and
 // "name:default" are one (E2B's default tag).

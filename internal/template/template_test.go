@@ -45,3 +45,14 @@ func TestByDigest(t *testing.T) {
 		}
 	}
 }
+
+func TestValidName(t *testing.T) {
+	for name, want := range map[string]bool{
+		"python": true, "my-task": true, "a.b_c": true, "snapshot-runner": true,
+		"": false, "-x": false, "Upper": false, "snap-wsis4vanzc4aaexe": false, "snap-": false,
+	} {
+		if got := ValidName(name); got != want {
+			t.Errorf("ValidName(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

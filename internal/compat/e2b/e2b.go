@@ -56,6 +56,14 @@ type Sandboxes interface {
 	Delete(ctx context.Context, teamID, id string) error
 	SetTimeout(ctx context.Context, teamID, id string, timeout int) (client.Sandbox, error)
 
+	// Snapshots, forks, pause and resume (snapshots.go).
+	Snapshot(ctx context.Context, teamID, id string) (client.Snapshot, error)
+	ListSnapshots(ctx context.Context, teamID string) ([]client.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, teamID, id string) error
+	Fork(ctx context.Context, teamID, id string, req client.ForkRequest) (client.ForkResult, error)
+	Pause(ctx context.Context, teamID, id string) (client.Sandbox, error)
+	Resume(ctx context.Context, teamID, id string, waitSeconds int) (client.Sandbox, error)
+
 	StartProcess(ctx context.Context, teamID, id string, req client.ExecRequest) (client.Process, error)
 	ListProcesses(ctx context.Context, teamID, id string) ([]client.Process, error)
 	AttachProcess(ctx context.Context, teamID, id, pid string, stdout, stderr io.Writer) (client.ExecResult, error)
@@ -151,8 +159,11 @@ func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("POST /sandboxes/{id}/timeout", a(h.setTimeout))
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", a(h.connectSandbox))
 	mux.HandleFunc("POST /sandboxes/{id}/connect", a(h.connectSandbox))
-	mux.HandleFunc("POST /sandboxes/{id}/pause", a(h.notYet("pausing a sandbox (snapshots are a later issue)")))
-	mux.HandleFunc("POST /sandboxes/{id}/resume", a(h.notYet("resuming a sandbox (snapshots are a later issue)")))
+	mux.HandleFunc("POST /sandboxes/{id}/pause", a(h.pauseSandbox))
+	mux.HandleFunc("POST /sandboxes/{id}/resume", a(h.resumeSandbox))
+	mux.HandleFunc("POST /sandboxes/{id}/fork", a(h.forkSandbox))
+	mux.HandleFunc("POST /sandboxes/{id}/snapshots", a(h.snapshotSandbox))
+	mux.HandleFunc("GET /snapshots", a(h.listSnapshots))
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", a(h.metrics))
 	h.registerTemplates(mux)
 }

@@ -114,6 +114,17 @@ func (h *Handler) translateCreate(req createRequest) (client.CreateSandboxReques
 	if tmpl == "" {
 		tmpl = "base"
 	}
+	if isSnapshotID(tmpl) {
+		// The snapshot's template, shape and network.
+		out := client.CreateSandboxRequest{Snapshot: tmpl, Metadata: req.Metadata, Env: req.EnvVars}
+		if req.Timeout != nil {
+			if *req.Timeout <= 0 {
+				return out, errorf(client.CodeBadRequest, "timeout %d: want a positive number of seconds", *req.Timeout)
+			}
+			out.Timeout = *req.Timeout
+		}
+		return out, nil
+	}
 	name, tag, err := templateRef(tmpl)
 	if err != nil {
 		return client.CreateSandboxRequest{}, err
@@ -127,9 +138,9 @@ func (h *Handler) translateCreate(req createRequest) (client.CreateSandboxReques
 	}
 	switch {
 	case req.AutoPause != nil && *req.AutoPause:
-		return out, errorf(client.CodeNotImplemented, "autoPause: evalbox cannot pause sandboxes yet")
+		return out, errorf(client.CodeNotImplemented, "autoPause: evalbox does not pause sandboxes at their timeout (pause them with POST /sandboxes/{id}/pause)")
 	case req.AutoResume != nil && req.AutoResume.Enabled:
-		return out, errorf(client.CodeNotImplemented, "autoResume: evalbox cannot pause sandboxes yet")
+		return out, errorf(client.CodeNotImplemented, "autoResume: evalbox does not resume sandboxes on traffic (connect resumes one)")
 	case len(req.MCP) > 0:
 		return out, errorf(client.CodeNotImplemented, "mcp: evalbox has no MCP gateway")
 	case len(req.VolumeMounts) > 0:
@@ -218,9 +229,13 @@ func listed(sb client.Sandbox) listedSandbox {
 	if md == nil {
 		md = map[string]string{}
 	}
+	state := "running"
+	if sb.PausedAt != nil {
+		state = "paused"
+	}
 	return listedSandbox{TemplateID: e2bRef(sb.Template), SandboxID: sb.ID, ClientID: clientID(sb),
 		StartedAt: sb.CreatedAt, EndAt: sb.ExpiresAt, CPUCount: int(math.Ceil(sb.CPU)), MemoryMB: sb.MemoryMB,
-		DiskSizeMB: sb.DiskMB, State: "running", EnvdVersion: EnvdVersion, Metadata: md}
+		DiskSizeMB: sb.DiskMB, State: state, EnvdVersion: EnvdVersion, Metadata: md}
 }
 
 // running returns the team's sandbox id while it runs; an ended one is
@@ -285,8 +300,8 @@ func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request, p auth.Prin
 }
 
 // connectSandbox answers a running sandbox with its tokens (another
-// process of the caller's connects to it by id), extending its timeout
-// when asked. evalbox does not pause sandboxes, so there is none to resume.
+// process of the caller's connects to it by id), resuming it when it is
+// paused and extending its timeout when asked.
 func (h *Handler) connectSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	var req struct {
 		Timeout *int  `json:"timeout"`
@@ -302,7 +317,16 @@ func (h *Handler) connectSandbox(w http.ResponseWriter, r *http.Request, p auth.
 		h.writeError(w, err)
 		return
 	}
-	if req.Timeout != nil {
+	if sb.PausedAt != nil {
+		if err := memoryOnly(req.Memory, "a resume"); err != nil {
+			h.writeError(w, err)
+			return
+		}
+		if sb, err = h.resumeWithTimeout(r, p, id, req.Timeout); err != nil {
+			h.writeError(w, err)
+			return
+		}
+	} else if req.Timeout != nil {
 		if *req.Timeout <= 0 {
 			h.writeError(w, errorf(client.CodeBadRequest, "timeout: want a positive number of seconds"))
 			return
@@ -329,8 +353,8 @@ func notRunningIsGone(err error) error {
 	return err
 }
 
-// listSandboxes serves GET /v2/sandboxes: the team's running sandboxes
-// (evalbox has no paused ones), filtered by metadata, a page at a time
+// listSandboxes serves GET /v2/sandboxes: the team's running and paused
+// sandboxes (by state), filtered by metadata, a page at a time
 // (limit, nextToken; the next page's token in x-next-token).
 func (h *Handler) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	q := r.URL.Query()
@@ -339,14 +363,15 @@ func (h *Handler) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.P
 		h.writeError(w, err)
 		return
 	}
-	running := true
+	running, paused := true, true
 	if st := q.Get("state"); st != "" {
-		running = false
+		running, paused = false, false
 		for s := range strings.SplitSeq(st, ",") {
 			switch s {
 			case "running":
 				running = true
 			case "paused":
+				paused = true
 			default:
 				h.writeError(w, errorf(client.CodeBadRequest, "state %q: want running or paused", s))
 				return
@@ -368,12 +393,15 @@ func (h *Handler) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.P
 		}
 	}
 	out := []listedSandbox{}
-	if running {
+	if running || paused {
 		sbs, err := h.cfg.Sandboxes.List(r.Context(), p.TeamID, md, false)
 		if err != nil {
 			h.writeError(w, err)
 			return
 		}
+		sbs = slices.DeleteFunc(sbs, func(sb client.Sandbox) bool {
+			return (sb.PausedAt != nil && !paused) || (sb.PausedAt == nil && !running)
+		})
 		if q.Get("order") == "desc" {
 			slices.Reverse(sbs)
 		}

@@ -940,6 +940,15 @@ func (h *Handler) listTemplates(w http.ResponseWriter, r *http.Request, p auth.P
 
 // deleteTemplate is DELETE /templates/{id}.
 func (h *Handler) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if id := r.PathValue("id"); isSnapshotID(id) {
+		// Sandbox.delete_snapshot: a snapshot is deleted as a template.
+		if err := h.cfg.Sandboxes.DeleteSnapshot(r.Context(), p.TeamID, id); err != nil {
+			h.writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 	if h.cfg.Templates == nil {
 		h.templatesOff(w)
 		return
