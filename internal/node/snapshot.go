@@ -94,8 +94,8 @@ const checkpointTimeout = 2 * time.Minute
 // errNoCheckpoint is the error of a snapshot or pause of a sandbox whose
 // runtime cannot checkpoint.
 func errNoCheckpoint(sb *Sandbox, what string) error {
-	return &apierr.Error{Code: client.CodeNotImplemented,
-		Message: fmt.Sprintf("%s of a %s sandbox is not supported (gVisor sandboxes only)", what, sb.Runtime)}
+	return &apierr.Error{Code: client.CodeBadRequest,
+		Message: fmt.Sprintf("%s of a %s sandbox is not supported: create the sandbox with runtime gvisor", what, sb.Runtime)}
 }
 
 func newNonce() []byte {

@@ -128,7 +128,7 @@ type Node interface {
 	// (docs/design/snapshots.md): its files and, with SnapshotInfo.Memory,
 	// its memory and processes. The sandbox goes on; calls in flight in it
 	// fail with an *apierr.Error conflict, calls made meanwhile wait. A
-	// runtime that cannot is an *apierr.Error not_implemented; a paused
+	// runtime that cannot is an *apierr.Error bad_request; a paused
 	// sandbox one of sandbox_not_running.
 	Snapshot(ctx context.Context, id string) (SnapshotInfo, error)
 	// DeleteSnapshot removes a snapshot of the node's. An unknown id is

@@ -51,7 +51,7 @@ func deleteAtEnd(t *testing.T, c *client.Client, sbs ...client.Sandbox) {
 // have its files and processes and are independent of it and of each
 // other; forks are all or none; snapshots are the team's only; a deleted
 // one leaves its sandboxes running; a damaged one is refused; one past
-// the storage limit is not kept; namespaces answers 501.
+// the storage limit is not kept; namespaces answers 400.
 func TestSnapshots(t *testing.T) {
 	t.Parallel()
 	c, _, _ := newTeam(t, srv, client.Limits{MaxSandboxes: 8, MaxConcurrentExec: 16})
@@ -226,12 +226,14 @@ func TestSnapshots(t *testing.T) {
 	_, err = c.Snapshot(ctx, gone.ID)
 	wantCode(t, "a snapshot of a deleted sandbox", err, http.StatusConflict, client.CodeSandboxNotRunning)
 
-	// Namespaces keeps no memory: not yet.
+	// Namespaces keeps no memory: not yet (400, never a 5xx).
 	ns := mustCreate(t, c, client.CreateSandboxRequest{Runtime: client.RuntimeNamespaces})
 	_, err = c.Snapshot(ctx, ns.ID)
-	wantCode(t, "a snapshot of a namespaces sandbox", err, http.StatusNotImplemented, client.CodeNotImplemented)
+	wantCode(t, "a snapshot of a namespaces sandbox", err, http.StatusBadRequest, client.CodeBadRequest)
 	_, err = c.Pause(ctx, ns.ID)
-	wantCode(t, "a pause of a namespaces sandbox", err, http.StatusNotImplemented, client.CodeNotImplemented)
+	wantCode(t, "a pause of a namespaces sandbox", err, http.StatusBadRequest, client.CodeBadRequest)
+	_, err = c.Fork(ctx, ns.ID, client.ForkRequest{Count: 1})
+	wantCode(t, "a fork of a namespaces sandbox", err, http.StatusBadRequest, client.CodeBadRequest)
 	if l, _ := c.ListSnapshots(ctx); len(l) != 0 {
 		t.Errorf("snapshots left: %+v", l)
 	}

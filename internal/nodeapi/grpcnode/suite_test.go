@@ -235,7 +235,7 @@ func agentCode(err error) string {
 // snapshots: a snapshot of a gVisor sandbox restores into new sandboxes
 // with its files and processes; a pause takes the sandbox's calls away
 // until its resume, twice; bad input is refused; a namespaces sandbox
-// says it cannot.
+// says it cannot (400).
 func snapshots(t *testing.T, n nodeapi.Node) {
 	ctx := t.Context()
 	src := create(t, n, "gvisor")
@@ -283,7 +283,7 @@ func snapshots(t *testing.T, n nodeapi.Node) {
 		t.Errorf("snapshot of an unknown sandbox: %v", err)
 	}
 	nsb := create(t, n, "namespaces")
-	if _, err := n.Snapshot(ctx, nsb); apiCode(err) != client.CodeNotImplemented {
+	if _, err := n.Snapshot(ctx, nsb); apiCode(err) != client.CodeBadRequest {
 		t.Errorf("snapshot of a namespaces sandbox: %v", err)
 	}
 

@@ -61,9 +61,9 @@ def test_snapshot_fork_pause_resume(team: Team) -> None:
 
 def test_namespaces_cannot(team: Team) -> None:
     with Sandbox.create(runtime=NS, timeout=60) as sb:
-        with pytest.raises(evalbox.NotImplementedByRuntimeError):
+        with pytest.raises(evalbox.BadRequestError, match="gvisor"):
             sb.snapshot()
-        with pytest.raises(evalbox.NotImplementedByRuntimeError):
+        with pytest.raises(evalbox.BadRequestError, match="gvisor"):
             sb.pause()
 
 

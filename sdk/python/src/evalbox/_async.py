@@ -720,7 +720,7 @@ class AsyncSandbox:
         :class:`~evalbox.ConflictError` (run them again). Make sandboxes from it
         with ``AsyncSandbox.create(snapshot=...)``; delete it with
         ``client.snapshots.delete(...)``. Other runtimes raise
-        :class:`~evalbox.NotImplementedByRuntimeError`.
+        :class:`~evalbox.BadRequestError`.
         """
         return await self._client._run(core.snapshot_sandbox(self._client._cfg, self.id))
 

@@ -756,7 +756,7 @@ class Sandbox:
         :class:`~evalbox.ConflictError` (run them again). Make sandboxes from it
         with ``Sandbox.create(snapshot=...)``; delete it with
         ``client.snapshots.delete(...)``. Other runtimes raise
-        :class:`~evalbox.NotImplementedByRuntimeError`.
+        :class:`~evalbox.BadRequestError`.
         """
         return self._client._run(core.snapshot_sandbox(self._client._cfg, self.id))
 

@@ -173,10 +173,6 @@ class PortClosedError(ServerError):
     closed the connection before answering."""
 
 
-class NotImplementedByRuntimeError(ServerError):
-    """``not_implemented`` (501): the sandbox's runtime cannot do this (snapshots, pause and resume need gVisor)."""
-
-
 class APIConnectionError(EvalboxError):
     """The server could not be reached, or the connection broke mid-answer.
 
@@ -210,7 +206,6 @@ _BY_CODE: dict[str, type[EvalboxError]] = {
     "unavailable": ServiceUnavailableError,
     "insufficient_capacity": InsufficientCapacityError,
     "port_closed": PortClosedError,
-    "not_implemented": NotImplementedByRuntimeError,
 }
 
 
