@@ -94,6 +94,20 @@ func run() int {
 			}
 		}()
 	} else {
+		// Signals the agent was started with ignored (nohup's SIGHUP) stay
+		// ignored by the agent, received and dropped, but not by its
+		// processes: an ignored signal is inherited across exec, a caught
+		// one is reset.
+		drop := make(chan os.Signal, 8)
+		for sig := syscall.Signal(1); sig < 32; sig++ {
+			if sig != syscall.SIGKILL && sig != syscall.SIGSTOP && signal.Ignored(sig) {
+				signal.Notify(drop, sig)
+			}
+		}
+		go func() {
+			for range drop {
+			}
+		}()
 		var stop context.CancelFunc
 		ctx, stop = signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
