@@ -188,7 +188,9 @@ var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 // . _ -, starting with a letter or digit, and not "snap-…", the form of
 // snapshot ids (the E2B layer takes a snapshot id where a template id
 // goes).
-func ValidName(name string) bool { return nameRE.MatchString(name) && !strings.HasPrefix(name, "snap-") }
+func ValidName(name string) bool {
+	return nameRE.MatchString(name) && !strings.HasPrefix(name, "snap-")
+}
 
 // DefaultTag is the tag of a template's untagged name: "name" and
 // "name:default" are one (E2B's default tag).
