@@ -62,7 +62,7 @@ func (l *localRunner) run(ctx context.Context, program string) (eval.Run, error)
 	if ctx.Err() != nil {
 		return eval.Run{}, ctx.Err()
 	}
-	r := eval.Run{Status: "exited", Stderr: stderr.String()}
+	r := eval.Run{Status: "exited", Stderr: stderr.String(), Path: path}
 	var ee *exec.ExitError
 	switch {
 	case timedOut.Load():

