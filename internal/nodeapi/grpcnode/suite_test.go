@@ -1060,3 +1060,45 @@ func (r repeatReader) Read(p []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// TestContractPauseFreesCapacity: a paused sandbox holds none of the
+// host's capacity: another sandbox takes its room; its resume then finds
+// none (a capacity error, and it stays paused), and gets it back once
+// there is.
+func TestContractPauseFreesCapacity(t *testing.T) {
+	// A gVisor sandbox of testShape costs 256 + 256 pids: one fits.
+	n := newRealNode(t, node.CapacityConfig{HostPids: 700}, true)
+	if !strings.Contains(strings.Join(n.Runtimes(), ","), "gvisor") {
+		t.Skip("no runsc")
+	}
+	for name, impl := range impls(t, n) {
+		t.Run(name, func(t *testing.T) {
+			ctx := t.Context()
+			a := create(t, impl, "gvisor")
+			run(t, impl, a, "echo kept > /root/a")
+			if _, err := impl.Create(ctx, nodeapi.CreateRequest{Spec: testSpec("gvisor")}); !errors.Is(err, nodeapi.ErrInsufficientCapacity) {
+				t.Fatalf("a second sandbox on a full host: %v", err)
+			}
+			if err := impl.Pause(ctx, a); err != nil {
+				t.Fatal(err)
+			}
+			b := create(t, impl, "gvisor") // in the paused one's room
+			var cerr *nodeapi.CapacityError
+			if err := impl.Resume(ctx, a, 200*time.Millisecond); !errors.As(err, &cerr) {
+				t.Fatalf("a resume on a full host: %v", err)
+			}
+			if _, err := impl.Exec(ctx, a, nodeapi.ExecRequest{Argv: []string{"true"}}, nil, nil, nil); apiCode(err) != client.CodeSandboxNotRunning {
+				t.Errorf("exec after a refused resume (still paused): %v", err)
+			}
+			if err := impl.Destroy(ctx, b); err != nil {
+				t.Fatal(err)
+			}
+			if err := impl.Resume(ctx, a, 10*time.Second); err != nil {
+				t.Fatalf("resume once there is room: %v", err)
+			}
+			if got := run(t, impl, a, "cat /root/a"); got != "kept\n" {
+				t.Errorf("after the resume: %q", got)
+			}
+		})
+	}
+}
