@@ -116,7 +116,8 @@ func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.
 	var sb *Sandbox
 	var err error
 	if req.Snapshot != "" {
-		sb, err = l.n.CreateFromSnapshot(ctx, req.Snapshot, req.Spec, req.Wait)
+		// The rules are in force before the restored processes run.
+		sb, err = l.n.CreateFromSnapshot(ctx, req.Snapshot, req.Spec, req.Wait, req.Egress)
 	} else {
 		sb, err = l.n.Create(ctx, req.Spec, req.Wait)
 	}
@@ -124,7 +125,7 @@ func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.
 		return nodeapi.SandboxInfo{}, err
 	}
 	sb.SetEnv(req.Env)
-	if req.Egress != nil {
+	if req.Egress != nil && req.Snapshot == "" {
 		// Before the sandbox is handed out: nothing of the caller's has run
 		// in it yet.
 		if err := sb.SetEgress(ctx, req.Egress); err != nil {

@@ -114,6 +114,9 @@ type Sandbox struct {
 	op     sync.Mutex
 	paused atomic.Bool
 	pause  *pauseImage // under op
+	// egress is the rules in force (SetEgress), which a resume restores
+	// with the sandbox.
+	egress atomic.Pointer[netrules.Rules]
 	// release gives the sandbox's host capacity back.
 	release func()
 	once    sync.Once
@@ -149,6 +152,7 @@ func (s *Sandbox) SetEgress(ctx context.Context, e *nodeapi.Egress) error {
 	if err := f.SetEgress(ctx, rules); err != nil {
 		return fmt.Errorf("node: egress rules of %s: %w", s.ID, err)
 	}
+	s.egress.Store(rules)
 	return nil
 }
 
@@ -502,6 +506,8 @@ func (n *Node) start(ctx context.Context, key PoolKey, admit admitFunc, from *sn
 	}()
 	spec := runtimeSpec(id, tpl, key, stateDir, n.cfg.AgentPath)
 	if from != nil {
+		spec.Egress = from.egress
+		sb.egress.Store(from.egress)
 		rr, ok := rt.(runtime.Restorer)
 		if !ok {
 			return nil, fmt.Errorf("node: the %s runtime cannot restore snapshots", rt.Name())

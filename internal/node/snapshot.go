@@ -18,6 +18,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/agentproto"
 	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/netrules"
 	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/pkg/client"
@@ -71,6 +72,9 @@ func (m SnapshotMeta) Info() nodeapi.SnapshotInfo {
 type snapshotSource struct {
 	id, image string
 	nonce     []byte
+	// egress is the new sandbox's rules, in force before its processes
+	// run again.
+	egress *netrules.Rules
 }
 
 // pauseImage is the checkpoint of a paused sandbox.
@@ -233,7 +237,7 @@ func (n *Node) DeleteSnapshot(id string) error {
 // host capacity is reserved (queueing up to wait), with the snapshot's
 // template, runtime and shape, which key must be unless it is zero. On
 // error nothing is left.
-func (n *Node) CreateFromSnapshot(ctx context.Context, id string, key PoolKey, wait time.Duration) (*Sandbox, error) {
+func (n *Node) CreateFromSnapshot(ctx context.Context, id string, key PoolKey, wait time.Duration, egress *nodeapi.Egress) (*Sandbox, error) {
 	meta, err := n.SnapshotInfo(id)
 	if err != nil {
 		return nil, err
@@ -243,6 +247,16 @@ func (n *Node) CreateFromSnapshot(ctx context.Context, id string, key PoolKey, w
 			Message: fmt.Sprintf("snapshot %s is of %s, not %s", id, meta.Spec, key)}
 	}
 	src := &snapshotSource{id: id, image: filepath.Join(n.cfg.SnapshotDir, id, "image"), nonce: meta.Nonce}
+	if egress != nil {
+		if meta.Spec.Shape.Network != runtime.NetworkOutbound {
+			return nil, &apierr.Error{Code: client.CodeConflict, Message: fmt.Sprintf("snapshot %s has no network to set egress rules on", id)}
+		}
+		r, err := netrules.Parse(egress.Allow, egress.Deny)
+		if err != nil {
+			return nil, &apierr.Error{Code: client.CodeBadRequest, Message: err.Error()}
+		}
+		src.egress = r
+	}
 	if d, err := imageDigest(src.image); err != nil || d != meta.ImageDigest {
 		n.log.Error("a snapshot's image is damaged", "snapshot", id, "err", err)
 		return nil, errDamaged(id)
@@ -337,7 +351,9 @@ func (n *Node) Resume(ctx context.Context, id string, wait time.Duration) error 
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkpointTimeout)
 	defer cancel()
-	rsb, err := rr.Restore(cctx, runtimeSpec(id, sb.Template, key, sb.stateDir, n.cfg.AgentPath), sb.pause.dir)
+	spec := runtimeSpec(id, sb.Template, key, sb.stateDir, n.cfg.AgentPath)
+	spec.Egress = sb.egress.Load() // in force before its processes run again
+	rsb, err := rr.Restore(cctx, spec, sb.pause.dir)
 	if err != nil {
 		release()
 		return fmt.Errorf("node: resume of %s: %w", id, err)

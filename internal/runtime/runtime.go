@@ -51,6 +51,12 @@ type Spec struct {
 
 	Network  string
 	Hostname string
+	// Egress, for an outbound sandbox, limits its egress to these rules
+	// from before its first instruction runs (a sandbox restored from a
+	// checkpoint runs its processes at once: rules set after Start or
+	// Restore would come too late). Nil: none. Drivers that implement
+	// EgressFilter honour it.
+	Egress *netrules.Rules
 }
 
 // AgentGuestPath is the agent's argv[0] in every sandbox, and where the

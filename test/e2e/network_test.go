@@ -442,6 +442,39 @@ func TestNetworkRules(t *testing.T) {
 			if _, err := c.SetNetwork(ctxT(t, time.Minute), sb.ID, client.Network(client.NetworkNone)); client.ErrorCode(err) != client.CodeConflict {
 				t.Errorf("to none: %v, want conflict", err)
 			}
+
+			if rt != client.RuntimeGVisor {
+				return
+			}
+			// The rules survive a pause and come with a fork: in force on
+			// the new link before the restored processes run again.
+			ctx := ctxT(t, 2*time.Minute)
+			ruled := create(client.NetworkSpec{Mode: client.NetworkRules, Allow: []string{"allowed.test"}})
+			if _, err := c.Pause(ctx, ruled.ID); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Resume(ctx, ruled.ID, client.ResumeRequest{}); err != nil {
+				t.Fatal(err)
+			}
+			fork, err := c.Fork(ctx, ruled.ID, client.ForkRequest{Count: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := fork.Sandboxes[0]
+			t.Cleanup(func() {
+				if err := c.DeleteSandbox(context.Background(), f.ID); err != nil && !client.IsNotFound(err) {
+					t.Errorf("delete %s: %v", f.ID, err)
+				}
+				assertGone(t, s, f.ID)
+			})
+			if f.Network != client.NetworkRules || f.NetworkRules == nil || !slices.Equal(f.NetworkRules.Allow, []string{"allowed.test"}) {
+				t.Errorf("fork's network: %s %+v", f.Network, f.NetworkRules)
+			}
+			for _, id := range []string{ruled.ID, f.ID} {
+				want(probe(id, "https", "allowed.test", "allowed.test"), "tls allowed.test host allowed.test at "+srvIP)
+				refused(probe(id, "https", "other.test", "other.test"))
+				refused(probe(id, "http", inet.Unnamed.String(), inet.Unnamed.String()))
+			}
 		})
 	}
 }

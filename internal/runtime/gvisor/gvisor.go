@@ -247,6 +247,12 @@ func (r *Runtime) launch(ctx context.Context, spec runtime.Spec, restore string)
 				}
 			}
 		}()
+		if spec.Egress != nil {
+			// In force before anything of the sandbox runs.
+			if err := r.net.SetEgress(ctx, nw.lease, spec.Egress); err != nil {
+				return nil, fmt.Errorf("gvisor: egress rules: %w", err)
+			}
+		}
 	}
 	cfg, err := json.Marshal(ociSpec(spec, r.cfg.CgroupParent, sb.net))
 	if err != nil {
