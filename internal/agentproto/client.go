@@ -101,7 +101,11 @@ func (c *Client) Close() error {
 	c.endLocked()
 	sess, ho := c.sess, c.ho
 	c.mu.Unlock()
-	return errors.Join(sess.Close(), ho.Close())
+	err := sess.Close()
+	// The connection too, also when the session was handed over (then
+	// the session's Close left it open); closing it twice is no error.
+	_ = ho.Close()
+	return err
 }
 
 // Done is closed when the session ends: Close was called or the connection
