@@ -182,15 +182,20 @@ func (s *server) session(ctx context.Context, conn io.ReadWriteCloser, ho *agent
 		suspending = true
 		return nil
 	}
+	// handOver ends the session: its reads and writes stop at once (the
+	// next session's reads begin after MarkerToAgent), its streams are
+	// cut; once every handler has returned (a foreground exec's process
+	// tree killed), the marker tells the host the agent is quiet.
+	var marker []byte
 	handOver := func(nonce []byte) {
 		nextMu.Lock()
-		defer nextMu.Unlock()
-		n, err := ho.Next(agentproto.MarkerToHost(nonce), agentproto.MarkerToAgent(nonce))
+		n, err := ho.Next(nil, agentproto.MarkerToAgent(nonce))
 		if err != nil {
 			s.log.Warn("agent: hand over the session", "err", err)
 		} else {
-			next = n
+			next, marker = n, agentproto.MarkerToHost(nonce)
 		}
+		nextMu.Unlock()
 		sess.Close()
 	}
 	for {
@@ -208,6 +213,11 @@ func (s *server) session(ctx context.Context, conn io.ReadWriteCloser, ho *agent
 	handlers.Wait()
 	nextMu.Lock()
 	defer nextMu.Unlock()
+	if next != nil {
+		if _, err := next.Write(marker); err != nil {
+			return nil, fmt.Errorf("agent: hand over the session: %w", err)
+		}
+	}
 	return next, nil
 }
 

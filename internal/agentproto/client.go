@@ -52,9 +52,11 @@ type Client struct {
 	// resumed is closed unless the session is suspended: calls opened
 	// meanwhile wait for it.
 	resumed chan struct{}
-	nonce   []byte // of the suspension in progress
-	done    chan struct{}
-	ended   bool // done is closed
+	// parked is closed by Park: calls waiting for the resume fail.
+	parked chan struct{}
+	nonce  []byte // of the suspension in progress
+	done   chan struct{}
+	ended  bool // done is closed
 }
 
 // Dial starts a protocol session over conn, which the Client owns from now
@@ -128,7 +130,7 @@ func (c *Client) Err() error {
 func (c *Client) session(ctx context.Context) (*yamux.Session, error) {
 	for {
 		c.mu.Lock()
-		sess, resumed := c.sess, c.resumed
+		sess, resumed, parked := c.sess, c.resumed, c.parked
 		c.mu.Unlock()
 		select {
 		case <-resumed:
@@ -137,6 +139,8 @@ func (c *Client) session(ctx context.Context) (*yamux.Session, error) {
 		}
 		select {
 		case <-resumed:
+		case <-parked:
+			return nil, ErrSuspended
 		case <-c.done:
 			return nil, ErrSessionClosed
 		case <-ctx.Done():
@@ -166,34 +170,57 @@ func (c *Client) Suspend(ctx context.Context, nonce []byte) error {
 		return fmt.Errorf("agentproto suspend: already suspended")
 	}
 	c.nonce = append([]byte{}, nonce...)
-	c.resumed = make(chan struct{})
+	c.resumed, c.parked = make(chan struct{}), make(chan struct{})
+	ho := c.ho
 	c.mu.Unlock()
 	// The session reads nothing more from now on (else it could take the
 	// agent's marker for a frame): the agent answers with the marker, not
 	// on the session. The request is on the wire once openOn returns (a
 	// stream write returns once written).
-	c.ho.Freeze()
-	k, err := c.openOn(ctx, sess, &Request{Op: OpSuspend, Nonce: nonce})
-	if err != nil {
-		return err
-	}
-	next, err := c.ho.Next(nil, MarkerToHost(nonce))
-	k.stop()
-	_ = sess.Close()
-	if err != nil {
-		return fmt.Errorf("agentproto suspend: %w", err)
-	}
-	synced := make(chan error, 1)
-	go func() { synced <- next.Sync() }()
+	ho.Freeze()
+	// A stuck agent (stopped by a signal from inside) must not hold the
+	// caller past ctx: then the connection is closed, and the client is
+	// unusable.
+	done := make(chan error, 1)
+	go func() {
+		k, err := c.openOn(ctx, sess, &Request{Op: OpSuspend, Nonce: nonce})
+		if err != nil {
+			done <- err
+			return
+		}
+		next, err := ho.Next(nil, MarkerToHost(nonce))
+		k.stop()
+		_ = sess.Close()
+		if err == nil {
+			err = next.Sync()
+		}
+		done <- err
+	}()
 	select {
-	case err = <-synced:
+	case err = <-done:
 	case <-ctx.Done():
+		_ = ho.Close()
 		err = ctx.Err()
 	}
 	if err != nil {
-		return fmt.Errorf("agentproto suspend: waiting for the agent's marker: %w", err)
+		return fmt.Errorf("agentproto suspend: %w", err)
 	}
 	return nil
+}
+
+// Park makes the calls that wait for the suspended session's resume, and
+// those made until it, fail at once with ErrSuspended: for a suspension
+// that lasts (a pause), rather than calls that wait for hours.
+func (c *Client) Park() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.nonce != nil {
+		select {
+		case <-c.parked:
+		default:
+			close(c.parked)
+		}
+	}
 }
 
 // Resume starts the next session after Suspend: on the same connection
@@ -207,6 +234,9 @@ func (c *Client) Resume(conn io.ReadWriteCloser) error {
 		return errors.New("agentproto resume: not suspended")
 	}
 	if c.ended {
+		if conn != nil {
+			conn.Close()
+		}
 		return fmt.Errorf("agentproto resume: %w", ErrSessionClosed)
 	}
 	if conn != nil {

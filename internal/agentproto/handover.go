@@ -23,9 +23,11 @@ import (
 //
 //	host  → agent  OpSuspend{Nonce}      (old session; the host's session
 //	                                     reads nothing more once it is sent)
-//	agent → host   MarkerToHost          the agent's old session is over;
-//	                                     its next session reads only what
-//	                                     follows MarkerToAgent
+//	agent → host   MarkerToHost          the agent's old session is over
+//	                                     (its streams cut, its foreground
+//	                                     execs killed); its next session
+//	                                     reads only what follows
+//	                                     MarkerToAgent
 //	host           reads up to MarkerToHost: the agent is quiet, the
 //	               sandbox can be checkpointed
 //	host  → agent  MarkerToAgent, then the new session (same connection, or
@@ -55,28 +57,63 @@ func marker(to byte, nonce []byte) []byte {
 // connection was handed over to the next one.
 var ErrHandedOver = errors.New("agentproto: session handed over")
 
+// maxPending bounds what the reader goroutine reads ahead of the session
+// (yamux's own flow control bounds what the peer sends).
+const maxPending = 4 << 20
+
 // Handover carries successive sessions over one connection. The current
 // session's connection is Session; Next starts the next one, after which
-// reads and writes of the previous one fail with ErrHandedOver, and what
-// the previous one had read but not yet returned is the next one's.
+// reads and writes of the previous one fail with ErrHandedOver at once.
+// One goroutine reads the connection: no read of a session that is over
+// waits on it (a yamux session's Close waits for its reader to end).
 type Handover struct {
 	conn io.ReadWriteCloser
 	gen  atomic.Uint64
 
-	rmu     sync.Mutex // one read of conn at a time; guards what follows
+	mu      sync.Mutex
+	cond    *sync.Cond // signalled on data, an error, a handover, a freeze's end
 	pending []byte     // read from conn, not yet returned to a session
 	readErr error      // conn's read error, once it failed
-	// frozen, while set, holds what the current session reads back for
-	// the next one (Freeze); Next closes it. Guarded by fmu (not wmu: a
-	// write blocked on a full pipe must not stop the reads).
-	fmu    sync.Mutex
-	frozen chan struct{}
+	frozen  bool       // Freeze: the current session reads nothing
+	closed  bool
 
 	wmu sync.Mutex // writes of conn, and Next's switch
 }
 
 // NewHandover wraps conn, whose first session starts at once.
-func NewHandover(conn io.ReadWriteCloser) *Handover { return &Handover{conn: conn} }
+func NewHandover(conn io.ReadWriteCloser) *Handover {
+	h := &Handover{conn: conn}
+	h.cond = sync.NewCond(&h.mu)
+	go h.pump()
+	return h
+}
+
+// pump reads conn until it fails, at most maxPending ahead of the reads.
+func (h *Handover) pump() {
+	buf := make([]byte, 256<<10)
+	for {
+		h.mu.Lock()
+		for len(h.pending) >= maxPending && !h.closed {
+			h.cond.Wait()
+		}
+		closed := h.closed
+		h.mu.Unlock()
+		if closed {
+			return
+		}
+		n, err := h.conn.Read(buf)
+		h.mu.Lock()
+		h.pending = append(h.pending, buf[:n]...)
+		if err != nil {
+			h.readErr = err
+		}
+		h.cond.Broadcast()
+		h.mu.Unlock()
+		if err != nil {
+			return
+		}
+	}
+}
 
 // Session returns the connection of the current session.
 func (h *Handover) Session() *Session { return &Session{h: h, gen: h.gen.Load()} }
@@ -87,29 +124,23 @@ func (h *Handover) Session() *Session { return &Session{h: h, gen: h.gen.Load()}
 // freezes before it sends OpSuspend, so that its session cannot take the
 // agent's marker for a frame.
 func (h *Handover) Freeze() {
-	h.fmu.Lock()
-	defer h.fmu.Unlock()
-	if h.frozen == nil {
-		h.frozen = make(chan struct{})
-	}
+	h.mu.Lock()
+	h.frozen = true
+	h.mu.Unlock()
 }
 
 // Next ends the current session and returns the connection of the next
 // one: it writes send (if any) and, when expect is set, the next session
 // reads only what comes after expect. The old session's reads and writes
-// fail from now on (a read waiting on the connection fails once bytes
-// come, which are then the next session's), and its Close leaves the
-// connection open.
+// fail from now on, and its Close leaves the connection open.
 func (h *Handover) Next(send, expect []byte) (*Session, error) {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
-	h.fmu.Lock()
+	h.mu.Lock()
 	s := &Session{h: h, gen: h.gen.Add(1), expect: expect}
-	if h.frozen != nil {
-		close(h.frozen)
-		h.frozen = nil
-	}
-	h.fmu.Unlock()
+	h.frozen = false
+	h.cond.Broadcast()
+	h.mu.Unlock()
 	if len(send) > 0 {
 		if _, err := h.conn.Write(send); err != nil {
 			return nil, err
@@ -118,8 +149,17 @@ func (h *Handover) Next(send, expect []byte) (*Session, error) {
 	return s, nil
 }
 
-// Close closes the connection.
-func (h *Handover) Close() error { return h.conn.Close() }
+// Close closes the connection; reads waiting end.
+func (h *Handover) Close() error {
+	h.mu.Lock()
+	h.closed = true
+	if h.readErr == nil {
+		h.readErr = io.ErrClosedPipe
+	}
+	h.cond.Broadcast()
+	h.mu.Unlock()
+	return h.conn.Close()
+}
 
 // Session is one session's connection over a Handover.
 type Session struct {
@@ -127,7 +167,7 @@ type Session struct {
 	gen uint64
 	// expect: the session reads only what follows it (nil once found);
 	// seen is the tail of what was read while looking for it. Both are
-	// used under h.rmu.
+	// used under h.mu.
 	expect, seen []byte
 }
 
@@ -136,19 +176,19 @@ func (s *Session) stale() bool { return s.h.gen.Load() != s.gen }
 // Sync reads up to the marker the session expects (Next's expect),
 // blocking until it has come or the connection fails.
 func (s *Session) Sync() error {
-	s.h.rmu.Lock()
-	defer s.h.rmu.Unlock()
-	if s.stale() {
-		return ErrHandedOver
-	}
+	h := s.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	return s.awaitLocked()
 }
 
-// awaitLocked reads and drops what comes before s.expect.
+// awaitLocked drops what comes before s.expect (h.mu held).
 func (s *Session) awaitLocked() error {
 	h := s.h
-	var buf []byte
 	for s.expect != nil {
+		if s.stale() {
+			return ErrHandedOver
+		}
 		data := append(s.seen, h.pending...)
 		h.pending = nil
 		if i := bytes.Index(data, s.expect); i >= 0 {
@@ -164,75 +204,37 @@ func (s *Session) awaitLocked() error {
 		if h.readErr != nil {
 			return h.readErr
 		}
-		if buf == nil {
-			buf = make([]byte, 32<<10)
-		}
-		n, err := h.conn.Read(buf)
-		h.pending = append(h.pending, buf[:n]...)
-		if err != nil {
-			h.readErr = err
-		}
-		if s.stale() {
-			return ErrHandedOver
-		}
+		h.cond.Broadcast() // room for the reader
+		h.cond.Wait()
 	}
 	return nil
 }
 
 func (s *Session) Read(p []byte) (int, error) {
 	h := s.h
-	h.rmu.Lock()
-	if s.stale() {
-		h.rmu.Unlock()
-		return 0, ErrHandedOver
-	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if err := s.awaitLocked(); err != nil {
-		h.rmu.Unlock()
 		return 0, err
 	}
-	if frozen := s.frozen(); frozen != nil {
-		h.rmu.Unlock()
-		<-frozen
-		return 0, ErrHandedOver
-	}
-	if len(h.pending) > 0 {
-		n := copy(p, h.pending)
-		h.pending = h.pending[n:]
-		h.rmu.Unlock()
-		return n, nil
-	}
-	if h.readErr != nil {
-		h.rmu.Unlock()
-		return 0, h.readErr
-	}
-	n, err := h.conn.Read(p)
-	frozen := s.frozen()
-	if s.stale() || frozen != nil {
-		// Next (or Freeze) was called while this read waited: what it
-		// read is the next session's.
-		h.pending = append(h.pending, p[:n]...)
-		if err != nil {
-			h.readErr = err
+	for {
+		switch {
+		case s.stale():
+			return 0, ErrHandedOver
+		case h.frozen:
+		case len(h.pending) > 0:
+			n := copy(p, h.pending)
+			h.pending = h.pending[n:]
+			if len(h.pending) == 0 {
+				h.pending = nil
+			}
+			h.cond.Broadcast() // room for the reader
+			return n, nil
+		case h.readErr != nil:
+			return 0, h.readErr
 		}
-		h.rmu.Unlock()
-		if frozen != nil {
-			<-frozen
-		}
-		return 0, ErrHandedOver
+		h.cond.Wait()
 	}
-	h.rmu.Unlock()
-	return n, err
-}
-
-// frozen returns the channel Next closes while the session is frozen (nil
-// when it is not).
-func (s *Session) frozen() chan struct{} {
-	s.h.fmu.Lock()
-	defer s.h.fmu.Unlock()
-	if s.stale() {
-		return nil
-	}
-	return s.h.frozen
 }
 
 func (s *Session) Write(p []byte) (int, error) {
@@ -250,5 +252,5 @@ func (s *Session) Close() error {
 	if s.stale() {
 		return nil
 	}
-	return s.h.conn.Close()
+	return s.h.Close()
 }

@@ -2,6 +2,7 @@ package agentproto
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -129,5 +130,40 @@ func TestHandoverFreeze(t *testing.T) {
 	}
 	if err := next.Sync(); err != nil {
 		t.Fatalf("the marker the frozen read took is not the next session's: %v", err)
+	}
+}
+
+// TestSuspendOfAStuckAgent: an agent that never answers (stopped by a
+// signal from inside) holds a suspend only until its context ends, and
+// the client closes after it.
+func TestSuspendOfAStuckAgent(t *testing.T) {
+	host, agent := net.Pipe()
+	defer agent.Close()
+	go func() { _, _ = io.Copy(io.Discard, agent) }() // reads, never answers
+	c, err := Dial(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	if err := c.Suspend(ctx, bytes.Repeat([]byte{4}, NonceSize)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("suspend of a stuck agent: %v", err)
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Errorf("the suspend took %v", d)
+	}
+	closed := make(chan struct{})
+	go func() {
+		_ = c.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hangs after a failed suspend")
+	}
+	if err := c.Ping(context.Background()); !errors.Is(err, ErrSessionClosed) {
+		t.Errorf("ping after: %v", err)
 	}
 }

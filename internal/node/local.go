@@ -51,6 +51,9 @@ func callErr(sb *Sandbox, err error) error {
 		return &nodeapi.StoppedError{ID: sb.ID, OOMKills: sb.OOMKills()}
 	}
 	if errors.Is(err, agentproto.ErrSuspended) {
+		if sb.paused.Load() {
+			return errPaused(sb.ID)
+		}
 		return &apierr.Error{Code: client.CodeConflict, Message: fmt.Sprintf("the call was cut off by a snapshot or pause of sandbox %s: try it again", sb.ID)}
 	}
 	return err

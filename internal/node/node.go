@@ -578,6 +578,8 @@ func (n *Node) Destroy(ctx context.Context, id string) error {
 func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 	var err error
 	sb.once.Do(func() {
+		// Before the runtime is read: a resume in flight sees it and
+		// destroys what it restored itself (Resume).
 		sb.destroyed.Store(true)
 		if sb.Agent != nil {
 			_ = sb.Agent.Close()
@@ -591,11 +593,13 @@ func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 		}
 		n.mu.Lock()
 		delete(n.live, sb.ID)
-		if rtErr != nil && sb.release != nil {
+		release := sb.release
+		sb.release = nil
+		if rtErr != nil && release != nil {
 			// Its processes or cgroups may still hold host pids and
 			// memory: the capacity stays taken until Sweep removed them.
-			n.held[sb.ID] = sb.release
-			sb.release = nil
+			n.held[sb.ID] = release
+			release = nil
 		}
 		n.mu.Unlock()
 		if rtErr != nil {
@@ -604,8 +608,8 @@ func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 			default:
 			}
 		}
-		if sb.release != nil {
-			sb.release()
+		if release != nil {
+			release()
 		}
 		if err != nil {
 			n.log.Error("destroy sandbox", "sandbox", sb.ID, "err", err)

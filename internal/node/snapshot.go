@@ -306,10 +306,15 @@ func (n *Node) Pause(ctx context.Context, id string) error {
 		return fmt.Errorf("node: pause of %s: %w", id, err)
 	}
 	if err := rt.Destroy(cctx); err != nil {
-		n.log.Warn("pause: removing the stopped sandbox", "sandbox", id, "err", err)
+		// What is left of it would hold host pids and memory that the
+		// pause gives back (and the sweep keeps a live id's): the whole
+		// sandbox goes, its capacity held until the sweep removed it.
+		n.lose(sb, "its stopped sandbox could not be removed at a pause", err)
+		return fmt.Errorf("node: pause of %s: %w", id, err)
 	}
 	sb.pause = img
 	sb.paused.Store(true)
+	sb.Agent.Park() // its calls in the meantime fail, they do not wait for the resume
 	n.mu.Lock()
 	release := sb.release
 	sb.release = nil
@@ -359,11 +364,19 @@ func (n *Node) Resume(ctx context.Context, id string, wait time.Duration) error 
 		return fmt.Errorf("node: resume of %s: %w", id, err)
 	}
 	sb.rtMu.Lock()
+	if sb.destroyed.Load() {
+		// Destroyed while it was restored (a delete, its TTL): what the
+		// restore made is this call's to remove.
+		sb.rtMu.Unlock()
+		_ = rsb.Destroy(context.WithoutCancel(ctx))
+		release()
+		return fmt.Errorf("node: sandbox %s: %w", id, nodeapi.ErrSandboxNotFound)
+	}
 	sb.rt = rsb
-	sb.rtMu.Unlock()
 	n.mu.Lock()
 	sb.release = release
 	n.mu.Unlock()
+	sb.rtMu.Unlock()
 	if err := sb.Agent.Resume(rsb.Conn()); err == nil {
 		err = sb.Agent.Ping(cctx)
 	}

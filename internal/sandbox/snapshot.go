@@ -30,9 +30,18 @@ func (s *Service) Snapshot(ctx context.Context, teamID, id string) (client.Snaps
 	if err != nil {
 		return client.Snapshot{}, err
 	}
-	s.mu.Lock()
-	row := e.row
-	s.mu.Unlock()
+	// The network as it is now (the store's row: an update changes it,
+	// not the entry's), held while the snapshot is taken, so that its
+	// copies get the rules its processes ran under.
+	e.netMu.Lock()
+	defer e.netMu.Unlock()
+	row, err := s.store.GetSandbox(ctx, teamID, id)
+	if err != nil {
+		return client.Snapshot{}, err
+	}
+	if row.State != client.StateRunning {
+		return client.Snapshot{}, errorf(client.CodeSandboxNotRunning, "sandbox %s is %s", id, row.State)
+	}
 	if row.PausedAt != nil {
 		return client.Snapshot{}, errorf(client.CodeSandboxNotRunning, "sandbox %s is paused: resume it first", id)
 	}
@@ -42,7 +51,11 @@ func (s *Service) Snapshot(ctx context.Context, teamID, id string) (client.Snaps
 		return client.Snapshot{}, storageErr(err)
 	}
 	defer res.Release()
-	info, err := s.node.Snapshot(ctx, id)
+	// The node's outcome is what is recorded: a caller that goes away
+	// meanwhile leaves no image without a row.
+	nctx, cancel := nodeCallContext(ctx, 0)
+	defer cancel()
+	info, err := s.node.Snapshot(nctx, id)
 	if err != nil {
 		return client.Snapshot{}, nodeErr(err)
 	}
@@ -101,17 +114,28 @@ func (s *Service) ListSnapshots(ctx context.Context, teamID string) ([]client.Sn
 // its node (sandboxes restored from it go on). A node that cannot be
 // reached leaves its files to the node's sweep.
 func (s *Service) DeleteSnapshot(ctx context.Context, teamID, id string) error {
-	sn, err := s.store.DeleteSnapshot(ctx, teamID, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return errorf(client.CodeNotFound, "snapshot %s not found", id)
-	}
-	if err != nil {
+	if _, err := s.GetSnapshot(ctx, teamID, id); err != nil {
 		return err
 	}
-	if err := s.node.DeleteSnapshot(context.WithoutCancel(ctx), id); err != nil {
-		s.log.Warn("removing a snapshot's files", "snapshot", id, "node", sn.NodeID, "err", err)
+	// Its files first, while the row still says where they are (a fleet
+	// finds the node by it); a node that is gone took them with it.
+	nctx, cancel := nodeCallContext(ctx, 0)
+	defer cancel()
+	if err := s.node.DeleteSnapshot(nctx, id); err != nil {
+		return nodeErr(err)
+	}
+	if _, err := s.store.DeleteSnapshot(context.WithoutCancel(ctx), teamID, id); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
 	}
 	return nil
+}
+
+// nodeCallContext is the context of a node call whose outcome the
+// service must learn to keep its records true (a snapshot, a pause, a
+// resume): not ended by its caller going away, bounded by the node's
+// own work (and wait, a resume's queueing).
+func nodeCallContext(ctx context.Context, wait time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute+wait)
 }
 
 // createFromSnapshot is Create of a sandbox restored from the team's
@@ -246,7 +270,9 @@ func (s *Service) Pause(ctx context.Context, teamID, id string) (client.Sandbox,
 	if err != nil {
 		return client.Sandbox{}, err
 	}
-	if err := s.node.Pause(ctx, id); err != nil {
+	nctx, cancel := nodeCallContext(ctx, 0)
+	defer cancel()
+	if err := s.node.Pause(nctx, id); err != nil {
 		return client.Sandbox{}, nodeErr(err)
 	}
 	at := time.Now().UTC()
@@ -264,7 +290,10 @@ func (s *Service) Resume(ctx context.Context, teamID, id string, waitSeconds int
 	if err != nil {
 		return client.Sandbox{}, err
 	}
-	if err := s.node.Resume(ctx, id, time.Duration(waitSeconds)*time.Second); err != nil {
+	wait := time.Duration(waitSeconds) * time.Second
+	nctx, cancel := nodeCallContext(ctx, wait)
+	defer cancel()
+	if err := s.node.Resume(nctx, id, wait); err != nil {
 		if cerr := (*nodeapi.CapacityError)(nil); errors.As(err, &cerr) {
 			return client.Sandbox{}, &apierr.Error{Code: client.CodeInsufficientCapacity, RetryAfter: 1, Err: err,
 				Message: fmt.Sprintf("the host has no room to resume sandbox %s: %v; retry later, or pass wait_seconds", id, cerr)}

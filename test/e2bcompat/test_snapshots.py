@@ -63,6 +63,9 @@ def test_snapshots(key: str, server: Server) -> None:
         assert [s.snapshot_id for s in listed] == [snap.snapshot_id]
         of_sb = Sandbox.list_snapshots(sandbox_id=sb.sandbox_id).next_items()
         assert [s.snapshot_id for s in of_sb] == [snap.snapshot_id]
+        # A copy has its snapshot's network: asking for another is refused.
+        with pytest.raises(SandboxException):
+            Sandbox.create(snap.snapshot_id, timeout=120, allow_internet_access=False)
         copy = Sandbox.create(snap.snapshot_id, timeout=120)
         assert copy.files.read("/root/state") == "snapshotted"
         assert Sandbox.delete_snapshot(snap.snapshot_id) is True

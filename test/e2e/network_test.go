@@ -446,10 +446,12 @@ func TestNetworkRules(t *testing.T) {
 			if rt != client.RuntimeGVisor {
 				return
 			}
-			// The rules survive a pause and come with a fork: in force on
-			// the new link before the restored processes run again.
+			// The rules survive a pause and come with a fork, as they are
+			// when it is taken (after an update): in force on the new link
+			// before the restored processes run again.
 			ctx := ctxT(t, 2*time.Minute)
-			ruled := create(client.NetworkSpec{Mode: client.NetworkRules, Allow: []string{"allowed.test"}})
+			ruled := create(client.NetworkSpec{Mode: client.NetworkRules, Allow: []string{"allowed.test", "*.wild.test"}})
+			set(ruled.ID, []string{"allowed.test"}, nil)
 			if _, err := c.Pause(ctx, ruled.ID); err != nil {
 				t.Fatal(err)
 			}
@@ -473,6 +475,7 @@ func TestNetworkRules(t *testing.T) {
 			for _, id := range []string{ruled.ID, f.ID} {
 				want(probe(id, "https", "allowed.test", "allowed.test"), "tls allowed.test host allowed.test at "+srvIP)
 				refused(probe(id, "https", "other.test", "other.test"))
+				refused(probe(id, "https", "a.wild.test", "a.wild.test"))
 				refused(probe(id, "http", inet.Unnamed.String(), inet.Unnamed.String()))
 			}
 		})

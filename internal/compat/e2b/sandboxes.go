@@ -115,7 +115,16 @@ func (h *Handler) translateCreate(req createRequest) (client.CreateSandboxReques
 		tmpl = "base"
 	}
 	if isSnapshotID(tmpl) {
-		// The snapshot's template, shape and network.
+		// The snapshot's template, shape and network: one asked for is
+		// refused, not dropped (allow_internet_access true, the SDKs'
+		// default, asks for nothing).
+		switch {
+		case req.AllowInternetAccess != nil && !*req.AllowInternetAccess, req.Network != nil:
+			return client.CreateSandboxRequest{}, errorf(client.CodeBadRequest,
+				"a sandbox made from snapshot %s has its network: leave allow_internet_access and network unset", tmpl)
+		case req.AutoPause != nil && *req.AutoPause, req.AutoResume != nil && req.AutoResume.Enabled, len(req.MCP) > 0, len(req.VolumeMounts) > 0:
+			return client.CreateSandboxRequest{}, errorf(client.CodeNotImplemented, "autoPause, autoResume, mcp and volumeMounts are not supported")
+		}
 		out := client.CreateSandboxRequest{Snapshot: tmpl, Metadata: req.Metadata, Env: req.EnvVars}
 		if req.Timeout != nil {
 			if *req.Timeout <= 0 {
