@@ -57,24 +57,28 @@ func marker(to byte, nonce []byte) []byte {
 // connection was handed over to the next one.
 var ErrHandedOver = errors.New("agentproto: session handed over")
 
-// maxPending bounds what the reader goroutine reads ahead of the session
-// (yamux's own flow control bounds what the peer sends).
-const maxPending = 4 << 20
+// ringSize is the reader goroutine's buffer: what it reads ahead of the
+// session (yamux's own flow control bounds what the peer sends). Fixed, so
+// that the hot path allocates nothing.
+const ringSize = 64 << 10
 
 // Handover carries successive sessions over one connection. The current
 // session's connection is Session; Next starts the next one, after which
 // reads and writes of the previous one fail with ErrHandedOver at once.
-// One goroutine reads the connection: no read of a session that is over
-// waits on it (a yamux session's Close waits for its reader to end).
+// One goroutine reads the connection into a ring buffer: no read of a
+// session that is over waits on it (a yamux session's Close waits for its
+// reader to end).
 type Handover struct {
 	conn io.ReadWriteCloser
 	gen  atomic.Uint64
 
 	mu      sync.Mutex
-	cond    *sync.Cond // signalled on data, an error, a handover, a freeze's end
-	pending []byte     // read from conn, not yet returned to a session
-	readErr error      // conn's read error, once it failed
-	frozen  bool       // Freeze: the current session reads nothing
+	cond    *sync.Cond // signalled on data, room, an error, a handover, a close
+	ring    []byte     // ringSize bytes; ring[r:r+n] (wrapping) is unread
+	r, n    int
+	carry   []byte // read past a marker, for the session after it (before the ring)
+	readErr error  // conn's read error, once it failed
+	frozen  bool   // Freeze: the current session reads nothing
 	closed  bool
 
 	wmu sync.Mutex // writes of conn, and Next's switch
@@ -82,29 +86,35 @@ type Handover struct {
 
 // NewHandover wraps conn, whose first session starts at once.
 func NewHandover(conn io.ReadWriteCloser) *Handover {
-	h := &Handover{conn: conn}
+	h := &Handover{conn: conn, ring: make([]byte, ringSize)}
 	h.cond = sync.NewCond(&h.mu)
 	go h.pump()
 	return h
 }
 
-// pump reads conn until it fails, at most maxPending ahead of the reads.
+// pump reads conn into the ring's free space until conn fails. The space
+// it reads into is the consumers' only once it counted it in n.
 func (h *Handover) pump() {
-	buf := make([]byte, 256<<10)
 	for {
 		h.mu.Lock()
-		for len(h.pending) >= maxPending && !h.closed {
+		for h.n == len(h.ring) && !h.closed {
 			h.cond.Wait()
 		}
-		closed := h.closed
-		h.mu.Unlock()
-		if closed {
+		if h.closed {
+			h.mu.Unlock()
 			return
 		}
-		n, err := h.conn.Read(buf)
+		w := (h.r + h.n) % len(h.ring)
+		free := len(h.ring) - h.n
+		if w+free > len(h.ring) {
+			free = len(h.ring) - w
+		}
+		region := h.ring[w : w+free]
+		h.mu.Unlock()
+		k, err := h.conn.Read(region)
 		h.mu.Lock()
-		h.pending = append(h.pending, buf[:n]...)
-		if err != nil {
+		h.n += k
+		if err != nil && h.readErr == nil {
 			h.readErr = err
 		}
 		h.cond.Broadcast()
@@ -114,6 +124,33 @@ func (h *Handover) pump() {
 		}
 	}
 }
+
+// takeLocked moves up to len(p) unread bytes (carry first) into p.
+func (h *Handover) takeLocked(p []byte) int {
+	if len(h.carry) > 0 {
+		k := copy(p, h.carry)
+		h.carry = h.carry[k:]
+		if len(h.carry) == 0 {
+			h.carry = nil
+		}
+		return k
+	}
+	k := 0
+	for k < len(p) && h.n > 0 {
+		end := min(h.r+h.n, len(h.ring))
+		c := copy(p[k:], h.ring[h.r:end])
+		k += c
+		h.r = (h.r + c) % len(h.ring)
+		h.n -= c
+	}
+	if k > 0 {
+		h.cond.Broadcast() // room for the reader
+	}
+	return k
+}
+
+// unread reports whether bytes wait to be read (h.mu held).
+func (h *Handover) unread() bool { return len(h.carry) > 0 || h.n > 0 }
 
 // Session returns the connection of the current session.
 func (h *Handover) Session() *Session { return &Session{h: h, gen: h.gen.Load()} }
@@ -185,14 +222,22 @@ func (s *Session) Sync() error {
 // awaitLocked drops what comes before s.expect (h.mu held).
 func (s *Session) awaitLocked() error {
 	h := s.h
+	var chunk []byte
 	for s.expect != nil {
 		if s.stale() {
 			return ErrHandedOver
 		}
-		data := append(s.seen, h.pending...)
-		h.pending = nil
+		data := s.seen
+		for h.unread() {
+			if chunk == nil {
+				chunk = make([]byte, 32<<10)
+			}
+			data = append(data, chunk[:h.takeLocked(chunk)]...)
+		}
 		if i := bytes.Index(data, s.expect); i >= 0 {
-			h.pending = data[i+len(s.expect):]
+			if rest := data[i+len(s.expect):]; len(rest) > 0 {
+				h.carry = append([]byte(nil), rest...)
+			}
 			s.expect, s.seen = nil, nil
 			return nil
 		}
@@ -204,7 +249,6 @@ func (s *Session) awaitLocked() error {
 		if h.readErr != nil {
 			return h.readErr
 		}
-		h.cond.Broadcast() // room for the reader
 		h.cond.Wait()
 	}
 	return nil
@@ -222,14 +266,8 @@ func (s *Session) Read(p []byte) (int, error) {
 		case s.stale():
 			return 0, ErrHandedOver
 		case h.frozen:
-		case len(h.pending) > 0:
-			n := copy(p, h.pending)
-			h.pending = h.pending[n:]
-			if len(h.pending) == 0 {
-				h.pending = nil
-			}
-			h.cond.Broadcast() // room for the reader
-			return n, nil
+		case h.unread():
+			return h.takeLocked(p), nil
 		case h.readErr != nil:
 			return 0, h.readErr
 		}
