@@ -21,6 +21,7 @@ import (
 	"github.com/evalbox/evalbox/internal/netrules"
 	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/runtime"
+	"github.com/evalbox/evalbox/internal/template"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -173,7 +174,9 @@ func (n *Node) Snapshot(ctx context.Context, id string) (SnapshotMeta, error) {
 		return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, cerr)
 	}
 	meta.CreatedAt = time.Now().UTC()
-	meta.SizeBytes = dirSize(tmp)
+	if meta.SizeBytes, err = template.DirSize(tmp); err != nil {
+		return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, err)
+	}
 	if meta.ImageDigest, err = imageDigest(filepath.Join(tmp, "image")); err != nil {
 		return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, err)
 	}
@@ -322,7 +325,7 @@ func (n *Node) Pause(ctx context.Context, id string) error {
 	if release != nil {
 		release()
 	}
-	n.log.Info("sandbox paused", "sandbox", id, "size_bytes", dirSize(img.dir))
+	n.log.Info("sandbox paused", "sandbox", id)
 	return nil
 }
 
@@ -450,18 +453,4 @@ func imageDigest(dir string) (string, error) {
 		}
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// dirSize is the size of the regular files under dir.
-func dirSize(dir string) int64 {
-	var n int64
-	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
-			}
-		}
-		return nil
-	})
-	return n
 }

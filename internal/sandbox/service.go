@@ -174,6 +174,9 @@ func (c *Config) setDefaults() {
 	if c.SlotTTL == 0 {
 		c.SlotTTL = time.Minute
 	}
+	if c.Storage == nil {
+		c.Storage = quota.NewStorage(func(context.Context, string) (int64, error) { return 0, nil })
+	}
 }
 
 // Service is the control plane's sandbox service.
@@ -758,8 +761,8 @@ func (s *Service) validateCreate(ctx context.Context, req client.CreateSandboxRe
 	if err := validatePorts(req.Ports); err != nil {
 		return key, 0, network{}, err
 	}
-	if req.WaitSeconds < 0 || time.Duration(req.WaitSeconds)*time.Second > s.cfg.MaxWait {
-		return key, 0, network{}, errorf(client.CodeBadRequest, "wait_seconds must be between 0 and %d", int(s.cfg.MaxWait.Seconds()))
+	if err := s.validWait(req.WaitSeconds); err != nil {
+		return key, 0, network{}, err
 	}
 	if err := validateEnv(req.Env); err != nil {
 		return key, 0, network{}, err
@@ -769,6 +772,14 @@ func (s *Service) validateCreate(ctx context.Context, req client.CreateSandboxRe
 	}
 	key = nodeapi.Spec{Template: req.Template, Runtime: rt, Shape: shape}
 	return key, ttl, nw, nil
+}
+
+// validWait checks a request's wait_seconds.
+func (s *Service) validWait(seconds int) error {
+	if seconds < 0 || time.Duration(seconds)*time.Second > s.cfg.MaxWait {
+		return errorf(client.CodeBadRequest, "wait_seconds must be between 0 and %d", int(s.cfg.MaxWait.Seconds()))
+	}
+	return nil
 }
 
 // ttl is the TTL of a create that asks for timeout seconds (0: the

@@ -46,7 +46,7 @@ func (s *Service) Snapshot(ctx context.Context, teamID, id string) (client.Snaps
 		return client.Snapshot{}, errorf(client.CodeSandboxNotRunning, "sandbox %s is paused: resume it first", id)
 	}
 	// Nothing is taken once the team is over its limit already.
-	res, err := s.storage().Reserve(ctx, teamID, 0)
+	res, err := s.cfg.Storage.Reserve(ctx, teamID, 0)
 	if err != nil {
 		return client.Snapshot{}, storageErr(err)
 	}
@@ -76,14 +76,6 @@ func (s *Service) Snapshot(ctx context.Context, teamID, id string) (client.Snaps
 	}
 	s.log.Info("snapshot taken", "sandbox", id, "team", teamID, "snapshot", sn.ID, "size_bytes", sn.SizeBytes, "memory", sn.Memory)
 	return sn, nil
-}
-
-// storage is the team storage accountant (none: no limit).
-func (s *Service) storage() *quota.Storage {
-	if s.cfg.Storage == nil {
-		return quota.NewStorage(func(context.Context, string) (int64, error) { return 0, nil })
-	}
-	return s.cfg.Storage
 }
 
 // storageErr maps a storage quota error to its API error.
@@ -162,8 +154,8 @@ func (s *Service) createFromSnapshot(ctx context.Context, teamID string, req cli
 	if err := validatePorts(req.Ports); err != nil {
 		return client.Sandbox{}, err
 	}
-	if req.WaitSeconds < 0 || time.Duration(req.WaitSeconds)*time.Second > s.cfg.MaxWait {
-		return client.Sandbox{}, errorf(client.CodeBadRequest, "wait_seconds must be between 0 and %d", int(s.cfg.MaxWait.Seconds()))
+	if err := s.validWait(req.WaitSeconds); err != nil {
+		return client.Sandbox{}, err
 	}
 	nw := network{mode: sn.Network, lists: sn.NetworkRules}
 	if sn.NetworkRules != nil {
@@ -188,8 +180,8 @@ func (s *Service) Fork(ctx context.Context, teamID, id string, req client.ForkRe
 	if _, err := s.ttl(req.Timeout); err != nil {
 		return client.ForkResult{}, err
 	}
-	if req.WaitSeconds < 0 || time.Duration(req.WaitSeconds)*time.Second > s.cfg.MaxWait {
-		return client.ForkResult{}, errorf(client.CodeBadRequest, "wait_seconds must be between 0 and %d", int(s.cfg.MaxWait.Seconds()))
+	if err := s.validWait(req.WaitSeconds); err != nil {
+		return client.ForkResult{}, err
 	}
 	if _, err := s.lookup(ctx, teamID, id); err != nil {
 		return client.ForkResult{}, err
@@ -283,8 +275,8 @@ func (s *Service) Pause(ctx context.Context, teamID, id string) (client.Sandbox,
 // host capacity. Of two resumes at once, one resumes it and the other is
 // a conflict.
 func (s *Service) Resume(ctx context.Context, teamID, id string, waitSeconds int) (client.Sandbox, error) {
-	if waitSeconds < 0 || time.Duration(waitSeconds)*time.Second > s.cfg.MaxWait {
-		return client.Sandbox{}, errorf(client.CodeBadRequest, "wait_seconds must be between 0 and %d", int(s.cfg.MaxWait.Seconds()))
+	if err := s.validWait(waitSeconds); err != nil {
+		return client.Sandbox{}, err
 	}
 	e, err := s.lookup(ctx, teamID, id)
 	if err != nil {

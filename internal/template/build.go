@@ -314,7 +314,7 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 	if err := prepareRootFS(rootfs); err != nil {
 		return res, fmt.Errorf("template: %w", err)
 	}
-	size, err := dirSize(rootfs)
+	size, err := DirSize(rootfs)
 	if err != nil {
 		return res, fmt.Errorf("template: %w", err)
 	}

@@ -66,7 +66,7 @@ func (r *Registry) AddImport(dir, name, from, manifestDigest string, cfg ImageCo
 	if err := prepareRootFS(rootfs); err != nil {
 		return nil, fmt.Errorf("template: %w", err)
 	}
-	size, err := dirSize(rootfs)
+	size, err := DirSize(rootfs)
 	if err != nil {
 		return nil, fmt.Errorf("template: %w", err)
 	}

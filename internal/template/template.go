@@ -465,7 +465,7 @@ func (r *Registry) EnsureBuiltin(ctx context.Context, name, mirror string, logw 
 			return nil, fmt.Errorf("template %s: %w", name, err)
 		}
 	}
-	size, err := dirSize(rootfs)
+	size, err := DirSize(rootfs)
 	if err != nil {
 		return nil, fmt.Errorf("template %s: %w", name, err)
 	}
@@ -518,7 +518,8 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 	}
 }
 
-func dirSize(root string) (int64, error) {
+// DirSize is the size of the regular files under root.
+func DirSize(root string) (int64, error) {
 	var n int64
 	err := filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {

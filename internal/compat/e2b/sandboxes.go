@@ -387,19 +387,10 @@ func (h *Handler) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.P
 			}
 		}
 	}
-	limit := 100
-	if l := q.Get("limit"); l != "" {
-		if limit, err = strconv.Atoi(l); err != nil || limit < 1 || limit > 1000 {
-			h.writeError(w, errorf(client.CodeBadRequest, "limit %q: want 1 to 1000", l))
-			return
-		}
-	}
-	offset := 0
-	if t := q.Get("nextToken"); t != "" {
-		if offset, err = strconv.Atoi(t); err != nil || offset < 0 {
-			h.writeError(w, errorf(client.CodeBadRequest, "nextToken %q: not one this server gave", t))
-			return
-		}
+	limit, offset, err := page(q)
+	if err != nil {
+		h.writeError(w, err)
+		return
 	}
 	out := []listedSandbox{}
 	if running || paused {
@@ -426,6 +417,23 @@ func (h *Handler) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.P
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// page reads a list's paging: limit (1 to 1000, default 100) and the
+// nextToken a previous page gave (an offset).
+func page(q url.Values) (limit, offset int, err error) {
+	limit = 100
+	if l := q.Get("limit"); l != "" {
+		if limit, err = strconv.Atoi(l); err != nil || limit < 1 || limit > 1000 {
+			return 0, 0, errorf(client.CodeBadRequest, "limit %q: want 1 to 1000", l)
+		}
+	}
+	if t := q.Get("nextToken"); t != "" {
+		if offset, err = strconv.Atoi(t); err != nil || offset < 0 {
+			return 0, 0, errorf(client.CodeBadRequest, "nextToken %q: not one this server gave", t)
+		}
+	}
+	return limit, offset, nil
 }
 
 // listSandboxesV1 serves the older GET /sandboxes: running sandboxes, all.

@@ -207,20 +207,10 @@ func (h *Handler) snapshotSandbox(w http.ResponseWriter, r *http.Request, p auth
 // of one sandbox with sandboxID, a page at a time.
 func (h *Handler) listSnapshots(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	q := r.URL.Query()
-	limit := 100
-	var err error
-	if l := q.Get("limit"); l != "" {
-		if limit, err = strconv.Atoi(l); err != nil || limit < 1 || limit > 1000 {
-			h.writeError(w, errorf(client.CodeBadRequest, "limit %q: want 1 to 1000", l))
-			return
-		}
-	}
-	offset := 0
-	if t := q.Get("nextToken"); t != "" {
-		if offset, err = strconv.Atoi(t); err != nil || offset < 0 {
-			h.writeError(w, errorf(client.CodeBadRequest, "nextToken %q: not one this server gave", t))
-			return
-		}
+	limit, offset, err := page(q)
+	if err != nil {
+		h.writeError(w, err)
+		return
 	}
 	all, err := h.cfg.Sandboxes.ListSnapshots(r.Context(), p.TeamID)
 	if err != nil {
