@@ -505,7 +505,8 @@ func (n *Node) start(ctx context.Context, key PoolKey, admit admitFunc, from *sn
 		}
 	}()
 	spec := runtimeSpec(id, tpl, key, stateDir, n.cfg.AgentPath)
-	if from != nil {
+	switch {
+	case from != nil && from.memory:
 		spec.Egress = from.egress
 		sb.egress.Store(from.egress)
 		rr, ok := rt.(runtime.Restorer)
@@ -518,7 +519,30 @@ func (n *Node) start(ctx context.Context, key PoolKey, admit admitFunc, from *sn
 		if sb.Agent, err = agentproto.Redial(sb.rt.Conn(), from.nonce); err != nil {
 			return nil, fmt.Errorf("node: agent %s: %w", id, err)
 		}
-	} else {
+	case from != nil:
+		// A snapshot of files: a fresh boot on them.
+		ui, ok := rt.(runtime.UpperImporter)
+		if !ok {
+			return nil, fmt.Errorf("node: the %s runtime cannot start from a snapshot of files", rt.Name())
+		}
+		if sb.rt, err = ui.StartWithUpper(ctx, spec, filepath.Join(from.image, upperArchive)); err != nil {
+			return nil, fmt.Errorf("node: start %s from snapshot %s: %w", id, from.id, err)
+		}
+		if sb.Agent, err = agentproto.Dial(sb.rt.Conn()); err != nil {
+			return nil, fmt.Errorf("node: agent %s: %w", id, err)
+		}
+		if from.egress != nil {
+			// Before any of its commands runs: only its agent does yet.
+			ef, ok := sb.rt.(runtime.EgressFilter)
+			if !ok {
+				return nil, fmt.Errorf("node: the %s runtime cannot filter a sandbox's egress", rt.Name())
+			}
+			if err := ef.SetEgress(ctx, from.egress); err != nil {
+				return nil, fmt.Errorf("node: egress rules of %s: %w", id, err)
+			}
+			sb.egress.Store(from.egress)
+		}
+	default:
 		if sb.rt, err = rt.Start(ctx, spec); err != nil {
 			return nil, fmt.Errorf("node: start %s: %w", id, err)
 		}
@@ -529,7 +553,7 @@ func (n *Node) start(ctx context.Context, key PoolKey, admit admitFunc, from *sn
 	if err := sb.Agent.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("node: agent %s did not answer: %w", id, err)
 	}
-	if from == nil {
+	if from == nil || !from.memory {
 		if err := readyCheck(ctx, sb); err != nil {
 			return nil, err
 		}

@@ -30,9 +30,15 @@ import (
 // renamed):
 //
 //	<id>/meta.json  what it is a snapshot of (SnapshotMeta)
-//	<id>/image/     the runtime's checkpoint (gVisor: runsc's image files)
+//	<id>/image/     the runtime's checkpoint (gVisor: runsc's image files),
+//	                or upper.tar, the sandbox's files (upperArchive)
 //
-// Taking one suspends the agent's session (agentproto.Client.Suspend) so
+// A runtime that can checkpoint (gVisor) snapshots memory, processes and
+// files; one that can only export and import its copy-on-write layer
+// (namespaces) snapshots the files, and a sandbox made from it boots
+// afresh on them (its template's start and ready commands run again).
+//
+// Taking a checkpoint suspends the agent's session (agentproto.Client.Suspend) so
 // that the image holds no call in flight, checkpoints the sandbox leaving
 // it running, and resumes the session. A sandbox restored from it gets a
 // session of its own over its new connection (agentproto.Redial).
@@ -69,10 +75,17 @@ func (m SnapshotMeta) Info() nodeapi.SnapshotInfo {
 		Memory: m.Memory, SizeBytes: m.SizeBytes, CreatedAt: m.CreatedAt}
 }
 
+// upperArchive is the image of a snapshot of files: the sandbox's
+// copy-on-write layer (runtime.UpperExporter).
+const upperArchive = "upper.tar"
+
 // snapshotSource is a snapshot a start restores from.
 type snapshotSource struct {
 	id, image string
-	nonce     []byte
+	// memory: the image is a checkpoint (runtime.Restorer), else an
+	// upperArchive (runtime.UpperImporter).
+	memory bool
+	nonce  []byte
 	// egress is the new sandbox's rules, in force before its processes
 	// run again.
 	egress *netrules.Rules
@@ -126,10 +139,11 @@ func errPaused(id string) error {
 }
 
 // Snapshot snapshots the running sandbox id: its files and, on gVisor, its
-// memory and processes. Calls in flight in it fail (foreground execs are
-// killed, attaches and watches cut: agentproto.ErrSuspended) and calls
-// made meanwhile wait; the sandbox goes on after it. A sandbox whose
-// session could not be resumed is destroyed.
+// memory and processes. With a checkpoint, calls in flight in it fail
+// (foreground execs are killed, attaches and watches cut:
+// agentproto.ErrSuspended) and calls made meanwhile wait; the sandbox goes
+// on after it, and one whose session could not be resumed is destroyed.
+// A snapshot of files only freezes the sandbox while they are read.
 func (n *Node) Snapshot(ctx context.Context, id string) (SnapshotMeta, error) {
 	sb, err := n.liveSandbox(id)
 	if err != nil {
@@ -140,14 +154,16 @@ func (n *Node) Snapshot(ctx context.Context, id string) (SnapshotMeta, error) {
 	if sb.paused.Load() {
 		return SnapshotMeta{}, errPaused(id)
 	}
-	cp, ok := sb.runtime().(runtime.Checkpointer)
-	if !ok {
+	cp, memory := sb.runtime().(runtime.Checkpointer)
+	ex, files := sb.runtime().(runtime.UpperExporter)
+	_, imports := n.runtimes[sb.Runtime].(runtime.UpperImporter)
+	if !memory && !(files && imports) {
 		return SnapshotMeta{}, errNoCheckpoint(sb, "a snapshot")
 	}
 	if n.cfg.SnapshotDir == "" {
 		return SnapshotMeta{}, errors.New("node: no snapshot directory configured")
 	}
-	meta := SnapshotMeta{ID: NewSnapshotID(), Source: id, RuntimeVersion: sb.RuntimeVersion, Memory: true,
+	meta := SnapshotMeta{ID: NewSnapshotID(), Source: id, RuntimeVersion: sb.RuntimeVersion, Memory: memory,
 		Spec: PoolKey{Template: sb.Template.Digest, Runtime: sb.Runtime, Shape: sb.Shape}, Nonce: newNonce()}
 	tmp := filepath.Join(n.cfg.SnapshotDir, meta.ID+".tmp")
 	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
@@ -161,17 +177,24 @@ func (n *Node) Snapshot(ctx context.Context, id string) (SnapshotMeta, error) {
 	}()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkpointTimeout)
 	defer cancel()
-	if err := sb.Agent.Suspend(cctx, meta.Nonce); err != nil {
-		n.lose(sb, "its session could not be suspended for a snapshot", err)
+	if memory {
+		if err := sb.Agent.Suspend(cctx, meta.Nonce); err != nil {
+			n.lose(sb, "its session could not be suspended for a snapshot", err)
+			return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, err)
+		}
+		cerr := cp.Checkpoint(cctx, filepath.Join(tmp, "image"), true)
+		if err := sb.Agent.Resume(nil); err != nil {
+			n.lose(sb, "its session could not be resumed after a snapshot", err)
+			return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, errors.Join(cerr, err))
+		}
+		if cerr != nil {
+			return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, cerr)
+		}
+	} else if err := ex.ExportUpper(cctx, filepath.Join(tmp, "image", upperArchive)); err != nil {
+		if errors.Is(err, runtime.ErrUpperTooLarge) {
+			return SnapshotMeta{}, &apierr.Error{Code: client.CodeConflict, Message: fmt.Sprintf("snapshot of %s: %v", id, err)}
+		}
 		return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, err)
-	}
-	cerr := cp.Checkpoint(cctx, filepath.Join(tmp, "image"), true)
-	if err := sb.Agent.Resume(nil); err != nil {
-		n.lose(sb, "its session could not be resumed after a snapshot", err)
-		return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, errors.Join(cerr, err))
-	}
-	if cerr != nil {
-		return SnapshotMeta{}, fmt.Errorf("node: snapshot of %s: %w", id, cerr)
 	}
 	meta.CreatedAt = time.Now().UTC()
 	if meta.SizeBytes, err = template.DirSize(tmp); err != nil {
@@ -249,7 +272,7 @@ func (n *Node) CreateFromSnapshot(ctx context.Context, id string, key PoolKey, w
 		return nil, &apierr.Error{Code: client.CodeBadRequest,
 			Message: fmt.Sprintf("snapshot %s is of %s, not %s", id, meta.Spec, key)}
 	}
-	src := &snapshotSource{id: id, image: filepath.Join(n.cfg.SnapshotDir, id, "image"), nonce: meta.Nonce}
+	src := &snapshotSource{id: id, image: filepath.Join(n.cfg.SnapshotDir, id, "image"), memory: meta.Memory, nonce: meta.Nonce}
 	if egress != nil {
 		if meta.Spec.Shape.Network != runtime.NetworkOutbound {
 			return nil, &apierr.Error{Code: client.CodeConflict, Message: fmt.Sprintf("snapshot %s has no network to set egress rules on", id)}

@@ -7,6 +7,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"io"
 
 	"github.com/evalbox/evalbox/internal/netrules"
@@ -83,12 +84,27 @@ type Sandbox interface {
 // copy-on-write layer: what the sandbox changed in its root filesystem, as
 // a tar archive in overlayfs format (a deleted file is a 0/0 character
 // device, a directory that replaced a lower one carries the xattr
-// trusted.overlay.opaque=y in a PAX record). Template builds capture each
-// run step with it. The gVisor driver implements it.
+// trusted.overlay.opaque=y in a PAX record), owners as the sandbox sees
+// them. Template builds capture each run step with it (gVisor), and a
+// snapshot of a sandbox whose runtime cannot checkpoint is its archive
+// (namespaces). Both drivers implement it.
 type UpperExporter interface {
 	// ExportUpper writes the archive to the file path (created or
 	// truncated).
 	ExportUpper(ctx context.Context, path string) error
+}
+
+// ErrUpperTooLarge is the error of an export whose files are larger than
+// the sandbox's disk can hold (a sparse file, say).
+var ErrUpperTooLarge = errors.New("the sandbox's files are larger than its disk (sparse files?)")
+
+// UpperImporter is implemented by runtimes that can start a sandbox whose
+// copy-on-write layer begins with an archive their sandboxes exported
+// (UpperExporter): a sandbox made from a snapshot of files (namespaces).
+type UpperImporter interface {
+	// StartWithUpper is Start, with the files of the archive at the path
+	// upperTar in the sandbox's layer before its agent runs.
+	StartWithUpper(ctx context.Context, spec Spec, upperTar string) (Sandbox, error)
 }
 
 // Checkpointer is implemented by sandboxes whose memory and processes can

@@ -6,7 +6,7 @@ import (
 )
 
 // Snapshot snapshots a running sandbox (gVisor: its files, memory and
-// processes). The sandbox goes on.
+// processes; namespaces: its files). The sandbox goes on.
 func (c *Client) Snapshot(ctx context.Context, id string) (*Snapshot, error) {
 	if err := checkIDs(id); err != nil {
 		return nil, err

@@ -443,20 +443,20 @@ func TestNetworkRules(t *testing.T) {
 				t.Errorf("to none: %v, want conflict", err)
 			}
 
-			if rt != client.RuntimeGVisor {
-				return
-			}
-			// The rules survive a pause and come with a fork, as they are
-			// when it is taken (after an update): in force on the new link
-			// before the restored processes run again.
+			// The rules survive a pause (gVisor) and come with a fork, as
+			// they are when it is taken (after an update): in force on the
+			// new link before the restored processes run again (gVisor), or
+			// before any command runs in a fork of files (namespaces).
 			ctx := ctxT(t, 2*time.Minute)
 			ruled := create(client.NetworkSpec{Mode: client.NetworkRules, Allow: []string{"allowed.test", "*.wild.test"}})
 			set(ruled.ID, []string{"allowed.test"}, nil)
-			if _, err := c.Pause(ctx, ruled.ID); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := c.Resume(ctx, ruled.ID, client.ResumeRequest{}); err != nil {
-				t.Fatal(err)
+			if rt == client.RuntimeGVisor {
+				if _, err := c.Pause(ctx, ruled.ID); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := c.Resume(ctx, ruled.ID, client.ResumeRequest{}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			fork, err := c.Fork(ctx, ruled.ID, client.ForkRequest{Count: 1})
 			if err != nil {

@@ -226,14 +226,6 @@ func TestSnapshots(t *testing.T) {
 	_, err = c.Snapshot(ctx, gone.ID)
 	wantCode(t, "a snapshot of a deleted sandbox", err, http.StatusConflict, client.CodeSandboxNotRunning)
 
-	// Namespaces keeps no memory: not yet (400, never a 5xx).
-	ns := mustCreate(t, c, client.CreateSandboxRequest{Runtime: client.RuntimeNamespaces})
-	_, err = c.Snapshot(ctx, ns.ID)
-	wantCode(t, "a snapshot of a namespaces sandbox", err, http.StatusBadRequest, client.CodeBadRequest)
-	_, err = c.Pause(ctx, ns.ID)
-	wantCode(t, "a pause of a namespaces sandbox", err, http.StatusBadRequest, client.CodeBadRequest)
-	_, err = c.Fork(ctx, ns.ID, client.ForkRequest{Count: 1})
-	wantCode(t, "a fork of a namespaces sandbox", err, http.StatusBadRequest, client.CodeBadRequest)
 	if l, _ := c.ListSnapshots(ctx); len(l) != 0 {
 		t.Errorf("snapshots left: %+v", l)
 	}
@@ -246,6 +238,95 @@ func TestSnapshots(t *testing.T) {
 
 // TestSnapshotStorageLimit: a snapshot past the team's storage limit is
 // not kept (413), on the node neither.
+// TestSnapshotsNamespaces: a namespaces sandbox's snapshot holds its
+// files, not its memory; sandboxes made from it boot afresh on them, each
+// with a copy of its own.
+func TestSnapshotsNamespaces(t *testing.T) {
+	t.Parallel()
+	c, _, _ := newTeam(t, srv, client.Limits{MaxSandboxes: 8, MaxConcurrentExec: 16})
+	other := defaultTeam(t)
+	ctx := ctxT(t, 5*time.Minute)
+	src := mustCreate(t, c, client.CreateSandboxRequest{Template: "python", Runtime: client.RuntimeNamespaces, Timeout: 600})
+	mustExec(t, c, src.ID, client.ExecRequest{Cmd: "set -e; mkdir -p /work; echo prepared > /work/state; " +
+		"useradd -m trial; echo mine > /home/trial/f; chown trial /home/trial/f; chmod 600 /home/trial/f; " +
+		"rm -rf /usr/share/doc; ln -s /work/state /work/link"})
+	if _, err := c.StartProcess(ctx, src.ID, client.ExecRequest{Cmd: "sleep 600", Tag: "sleeper"}); err != nil {
+		t.Fatal(err)
+	}
+	sn, err := c.Snapshot(ctx, src.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.DeleteSnapshot(context.Background(), sn.ID) })
+	if sn.Memory || sn.Runtime != client.RuntimeNamespaces || sn.Template != "python" || sn.SizeBytes <= 0 || sn.SandboxID != src.ID {
+		t.Fatalf("snapshot %+v of %+v", sn, src)
+	}
+	_, err = other.GetSnapshot(ctx, sn.ID)
+	wantCode(t, "another team's get", err, http.StatusNotFound, client.CodeNotFound)
+	_, err = other.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: sn.ID})
+	wantCode(t, "another team's create", err, http.StatusNotFound, client.CodeNotFound)
+
+	check := "cat /work/state; cat /work/link; su trial -c 'cat /home/trial/f'; stat -c '%U %a' /home/trial/f; " +
+		"test ! -e /usr/share/doc && echo doc-gone; python3 -c 'print(6*7)'"
+	want := "prepared\nprepared\nmine\ntrial 600\ndoc-gone\n42\n"
+	restored := mustCreate(t, c, client.CreateSandboxRequest{Snapshot: sn.ID})
+	if restored.Snapshot != sn.ID || restored.Runtime != client.RuntimeNamespaces || restored.Template != "python" {
+		t.Errorf("restored %+v", restored)
+	}
+	if got := mustExec(t, c, restored.ID, client.ExecRequest{Cmd: check}).Stdout; got != want {
+		t.Errorf("restored sees %q, want %q", got, want)
+	}
+	// Files, not processes: it booted afresh.
+	if ps, err := c.ListProcesses(ctx, restored.ID); err != nil || len(ps) != 0 {
+		t.Errorf("restored processes: %+v %v", ps, err)
+	}
+
+	fork, err := c.Fork(ctx, src.ID, client.ForkRequest{Count: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleteAtEnd(t, c, fork.Sandboxes...)
+	for i, f := range fork.Sandboxes {
+		if got := mustExec(t, c, f.ID, client.ExecRequest{Cmd: check}).Stdout; got != want {
+			t.Errorf("fork %d sees %q", i, got)
+		}
+		mustExec(t, c, f.ID, client.ExecRequest{Cmd: fmt.Sprintf("echo %d > /work/mine; rm /work/state", i)})
+	}
+	for i, f := range fork.Sandboxes {
+		if got := mustExec(t, c, f.ID, client.ExecRequest{Cmd: "cat /work/mine"}).Stdout; got != fmt.Sprintf("%d\n", i) {
+			t.Errorf("fork %d sees /work/mine %q", i, got)
+		}
+	}
+	if got := mustExec(t, c, src.ID, client.ExecRequest{Cmd: "cat /work/state; test -e /work/mine || echo none"}).Stdout; got != "prepared\nnone\n" {
+		t.Errorf("the source after the forks: %q", got)
+	}
+	if got := mustExec(t, c, restored.ID, client.ExecRequest{Cmd: "cat /work/state"}).Stdout; got != "prepared\n" {
+		t.Errorf("the restored sandbox after the forks: %q", got)
+	}
+
+	// A pause needs memory: 400, never a 5xx.
+	_, err = c.Pause(ctx, src.ID)
+	wantCode(t, "a pause of a namespaces sandbox", err, http.StatusBadRequest, client.CodeBadRequest)
+	// Files larger than the disk (sparse): a conflict, and no snapshot.
+	sparse := mustCreate(t, c, client.CreateSandboxRequest{Runtime: client.RuntimeNamespaces, DiskMB: 64})
+	mustExec(t, c, sparse.ID, client.ExecRequest{Cmd: "truncate -s 1T /sparse"})
+	_, err = c.Snapshot(ctx, sparse.ID)
+	wantCode(t, "a snapshot of a 1 TiB sparse file", err, http.StatusConflict, client.CodeConflict)
+	// A damaged archive is refused, and leaves no sandbox.
+	if err := os.Truncate(filepath.Join(srv.dataDir, "snapshots", sn.ID, "image", "upper.tar"), 512); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := c.ListSandboxes(ctx, client.ListOptions{All: true})
+	_, err = c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: sn.ID})
+	wantCode(t, "a create from a damaged snapshot", err, http.StatusConflict, client.CodeConflict)
+	if after, _ := c.ListSandboxes(ctx, client.ListOptions{All: true}); len(after) != len(before) {
+		t.Errorf("a refused create left a row: %d, then %d", len(before), len(after))
+	}
+	if l, _ := c.ListSnapshots(ctx); len(l) != 1 {
+		t.Errorf("snapshots: %+v, want only %s", l, sn.ID)
+	}
+}
+
 func TestSnapshotStorageLimit(t *testing.T) {
 	t.Parallel()
 	c, _, _ := newTeam(t, srv, client.Limits{MaxSandboxes: 2, MaxConcurrentExec: 4, MaxStorageMB: 1})

@@ -560,6 +560,13 @@ func (c *Cgroup) KillAll(ctx context.Context) error {
 	}
 }
 
+// Freeze stops every process of the cgroup until Thaw (waiting, up to a
+// short bound, for the freeze to complete).
+func (c *Cgroup) Freeze(ctx context.Context) error { return c.freeze(ctx, true) }
+
+// Thaw lets the processes Freeze stopped run again.
+func (c *Cgroup) Thaw() error { return c.freeze(context.Background(), false) }
+
 // freeze freezes (or thaws) the cgroup. When freezing it waits, up to a
 // short bound, for the freeze to complete; tasks stuck in uninterruptible
 // sleep may keep it from completing, and the caller kills them anyway.

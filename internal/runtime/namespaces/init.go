@@ -1,6 +1,7 @@
 package namespaces
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,6 +44,9 @@ type initConfig struct {
 	ResolvConf string `json:"resolv_conf,omitempty"`
 	// Seccomp is the assembled BPF program (struct sock_filter array).
 	Seccomp []byte `json:"seccomp"`
+	// Upper says that an archive is passed (the last descriptor) that the
+	// sandbox's copy-on-write layer starts with (importUpper).
+	Upper bool `json:"upper"`
 }
 
 // The descriptors the host passes to the init stage, in this order.
@@ -53,10 +57,18 @@ const (
 	// initFileAgent is the agent binary (a sealed memfd).
 	initFileAgent
 	// initFileCgroup is the sandbox's cgroup2 directory, delegated to its
-	// root: the agent makes a cgroup per command below it.
+	// root: the agent makes a cgroup per command below it (when
+	// initConfig.Cgroup is set).
 	initFileCgroup
-	maxInitFiles
+	// Then, when initConfig.Upper is set, the archive of a layer to start
+	// with (read-only).
+	maxInitFiles = initFileCgroup + 2
 )
+
+// The init stage's reply on initFD: on success, one zero byte carrying
+// the descriptor of the sandbox's upper directory (the host exports the
+// layer through it), then EOF at the agent's exec; on failure, the error
+// as text.
 
 // agentCgroupEnv tells the agent the descriptor of its delegated cgroup
 // directory ("fd:N"); the agent removes it from its environment. It must
@@ -122,8 +134,19 @@ func runInit() error {
 	if err := unix.CloseRange(initFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("close_range: %w", err)
 	}
-	if len(files) < initFileCgroup || (cfg.Cgroup && len(files) < maxInitFiles) {
-		return fmt.Errorf("got %d descriptors from the host", len(files))
+	want := initFileCgroup
+	if cfg.Cgroup {
+		want++
+	}
+	if cfg.Upper {
+		want++
+	}
+	if len(files) != want {
+		return fmt.Errorf("got %d descriptors from the host, want %d", len(files), want)
+	}
+	upperTar := -1
+	if cfg.Upper {
+		upperTar = files[len(files)-1]
 	}
 	// The host has placed us in the sandbox cgroup before sending the
 	// config: make it the root of our cgroup namespace.
@@ -134,7 +157,8 @@ func runInit() error {
 	if err := setupNetwork(cfg); err != nil {
 		return err
 	}
-	if err := setupRoot(cfg, files[initFileRoot]); err != nil {
+	upper, err := setupRoot(cfg, files[initFileRoot], upperTar)
+	if err != nil {
 		return err
 	}
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
@@ -163,6 +187,11 @@ func runInit() error {
 		}
 		env = append(env[:len(env):len(env)], agentCgroupEnv+"=fd:"+strconv.Itoa(cgfd))
 	}
+	// The upper directory goes to the host, not to the agent (it is
+	// close-on-exec here).
+	if err := sendFD(initFD, upper); err != nil {
+		return fmt.Errorf("send the layer's descriptor: %w", err)
+	}
 	argv := append([]string{runtime.AgentGuestPath}, cfg.AgentArgs...)
 	// The agent runs from its memfd (through /proc, as fexecve does): no
 	// host path of it is mounted in the sandbox.
@@ -171,6 +200,16 @@ func runInit() error {
 		return fmt.Errorf("exec agent: %w", err)
 	}
 	return errors.New("exec returned")
+}
+
+// sendFD sends the zero byte of a successful reply with fd.
+func sendFD(sock, fd int) error {
+	for {
+		err := unix.Sendmsg(sock, []byte{0}, unix.UnixRights(fd), nil, 0)
+		if err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // readInitConfig receives the host's descriptors (on the first byte) and
@@ -248,10 +287,14 @@ func setupNetwork(cfg *initConfig) error {
 // and proc and sysfs, which a user namespace may only mount while the
 // host's instances are fully visible, are made before the pivot and
 // attached after it.
-func setupRoot(cfg *initConfig, rootTree int) error {
+//
+// With upperTar (an archive's descriptor, else -1) the copy-on-write layer
+// starts with the archive's files. It returns a descriptor of the layer's
+// directory (close-on-exec).
+func setupRoot(cfg *initConfig, rootTree, upperTar int) (int, error) {
 	// Nothing we mount may propagate back to the host.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make / private: %w", err)
+		return -1, fmt.Errorf("make / private: %w", err)
 	}
 	// The sandbox disk: a tmpfs of DiskMB holding the overlay's upper and
 	// work directories (and the mount points of the template and of the
@@ -262,78 +305,93 @@ func setupRoot(cfg *initConfig, rootTree int) error {
 	}
 	disk, err := newMount("tmpfs", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV, opts...)
 	if err != nil {
-		return err
+		return -1, err
 	}
 	if err := unix.MoveMount(disk, "", unix.AT_FDCWD, cfg.MountPoint, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attach disk on %s: %w", cfg.MountPoint, err)
+		return -1, fmt.Errorf("attach disk on %s: %w", cfg.MountPoint, err)
 	}
 	if err := unix.Fchdir(disk); err != nil {
-		return fmt.Errorf("enter disk: %w", err)
+		return -1, fmt.Errorf("enter disk: %w", err)
 	}
 	for _, d := range []string{"lower", "upper", "work", "root"} {
 		if err := unix.Mkdir(d, 0o755); err != nil {
-			return fmt.Errorf("mkdir %s: %w", d, err)
+			return -1, fmt.Errorf("mkdir %s: %w", d, err)
+		}
+	}
+	upper, err := beneath(disk, "upper", unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return -1, fmt.Errorf("open upper: %w", err)
+	}
+	if upperTar >= 0 {
+		f := os.NewFile(uintptr(upperTar), "upper.tar")
+		err := importUpper(upper, bufio.NewReaderSize(f, 1<<20))
+		f.Close()
+		if err != nil {
+			return -1, err
 		}
 	}
 	if err := unix.MoveMount(rootTree, "", unix.AT_FDCWD, "lower", unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attach template: %w", err)
+		return -1, fmt.Errorf("attach template: %w", err)
 	}
 	// nodev/nosuid: device nodes and set-id binaries in the template are
 	// inert.
-	if err := unix.Mount("overlay", "root", "overlay", unix.MS_NOSUID|unix.MS_NODEV, "lowerdir=lower,upperdir=upper,workdir=work"); err != nil {
-		return fmt.Errorf("mount overlay: %w", err)
+	if err := unix.Mount("overlay", "root", "overlay", unix.MS_NOSUID|unix.MS_NODEV, "lowerdir=lower,upperdir=upper,workdir=work,userxattr"); err != nil {
+		return -1, fmt.Errorf("mount overlay: %w", err)
 	}
 	proc, err := newMount("proc", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 	if err != nil {
-		return err
+		return -1, err
 	}
 	sys, err := newMount("sysfs", unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 	if err != nil {
-		return err
+		return -1, err
 	}
 	// A user namespace may not make device nodes: the sandbox's are bind
 	// mounts of the host's (detached copies, attached after the pivot).
 	devs := make([]int, len(devNodes))
 	for i, n := range devNodes {
 		if devs[i], err = unix.OpenTree(unix.AT_FDCWD, "/dev/"+n, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC); err != nil {
-			return fmt.Errorf("device %s: %w", n, err)
+			return -1, fmt.Errorf("device %s: %w", n, err)
 		}
 	}
 
 	// pivot_root(".", ".") stacks the old root on top of the new one; the
 	// detach removes it, so no host path stays reachable.
 	if err := unix.Chdir("root"); err != nil {
-		return err
+		return -1, err
 	}
 	if err := unix.PivotRoot(".", "."); err != nil {
-		return fmt.Errorf("pivot_root: %w", err)
+		return -1, fmt.Errorf("pivot_root: %w", err)
 	}
 	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detach old root: %w", err)
+		return -1, fmt.Errorf("detach old root: %w", err)
 	}
 	if err := unix.Chdir("/"); err != nil {
-		return err
+		return -1, err
 	}
 	// From here on every path resolves inside the sandbox root, so a
 	// symlink in the template cannot point a mount or a write at the host.
 	if err := attach(proc, "/proc", 0o555); err != nil {
-		return err
+		return -1, err
 	}
 	if err := limitNesting(); err != nil {
-		return err
+		return -1, err
 	}
 	if err := mountDev(cfg.ShmMB, devs); err != nil {
-		return err
+		return -1, err
 	}
 	if err := attach(sys, "/sys", 0o555); err != nil {
-		return err
+		return -1, err
 	}
 	for _, p := range sysMasked {
 		if err := maskDir(p); err != nil {
-			return err
+			return -1, err
 		}
 	}
-	return maskProc()
+	if err := maskProc(); err != nil {
+		return -1, err
+	}
+	return upper, nil
 }
 
 // newMount makes a detached mount of a new fstype instance with the given

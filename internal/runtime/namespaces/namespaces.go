@@ -286,7 +286,23 @@ func validate(spec *runtime.Spec) error {
 // Start starts a sandbox whose first process (PID 1 of its namespaces) is
 // the agent. It returns once the agent has been exec'd; on error nothing of
 // the sandbox is left behind.
-func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandbox, retErr error) {
+func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (runtime.Sandbox, error) {
+	return r.start(ctx, spec, "")
+}
+
+// StartWithUpper implements runtime.UpperImporter: the init stage writes
+// the archive upperTar into the sandbox's copy-on-write layer before it
+// mounts the overlay.
+func (r *Runtime) StartWithUpper(ctx context.Context, spec runtime.Spec, upperTar string) (runtime.Sandbox, error) {
+	if upperTar == "" {
+		return nil, errors.New("namespaces: no archive to start from")
+	}
+	return r.start(ctx, spec, upperTar)
+}
+
+var _ runtime.UpperImporter = (*Runtime)(nil)
+
+func (r *Runtime) start(ctx context.Context, spec runtime.Spec, upperTar string) (_ runtime.Sandbox, retErr error) {
 	if err := validate(&spec); err != nil {
 		return nil, fmt.Errorf("namespaces: %w", err)
 	}
@@ -304,7 +320,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 	}
 	r.starting[spec.ID] = struct{}{}
 	r.mu.Unlock()
-	s := &Sandbox{rt: r, id: spec.ID, done: make(chan struct{})}
+	s := &Sandbox{rt: r, id: spec.ID, done: make(chan struct{}), upper: -1}
 
 	var cleanups []func()
 	defer func() {
@@ -466,7 +482,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 			return nil, fmt.Errorf("namespaces: %w", err)
 		}
 	}
-	fds, closeFDs, err := r.initFiles(&spec, s.pid, hostID, cg)
+	fds, closeFDs, err := r.initFiles(&spec, s.pid, hostID, cg, upperTar)
 	if err != nil {
 		return nil, fmt.Errorf("namespaces: %w", err)
 	}
@@ -481,7 +497,8 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 		ShmMB:      spec.MemoryMB,
 		Hostname:   cmp.Or(spec.Hostname, spec.ID),
 		Seccomp:    r.filter,
-		Cgroup:     len(fds) > initFileCgroup,
+		Cgroup:     cg.UnifiedPath() != "",
+		Upper:      upperTar != "",
 	}
 	if spec.Network == runtime.NetworkOutbound {
 		ns, err := netns.GetFromPid(s.pid)
@@ -499,9 +516,10 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 		icfg.ResolvConf = r.netm.ResolvConf()
 	}
 	reap()
-	if err := r.runInit(ctx, ctl, &icfg, fds); err != nil {
+	if s.upper, err = r.runInit(ctx, ctl, &icfg, fds); err != nil {
 		return nil, fmt.Errorf("namespaces: %w", err)
 	}
+	cleanups = append(cleanups, s.closeUpper)
 	select {
 	case <-s.done:
 		return nil, fmt.Errorf("namespaces: sandbox exited during start: %v (see %s)", s.exitErr, filepath.Join(spec.StateDir, AgentLogName))
@@ -513,11 +531,11 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (_ runtime.Sandb
 // initFiles opens what the init stage gets as descriptors (in this
 // order, see initFileRoot…): the template root filesystem as a detached
 // mount id-mapped into the sandbox's user namespace, the agent binary (a
-// sealed memfd), and, when the cgroup has a cgroup2 directory, that
+// sealed memfd), when the cgroup has a cgroup2 directory, that
 // directory, delegated to the sandbox's root, in which the agent makes a
-// cgroup per command. The caller closes them with the returned function
-// once they are sent.
-func (r *Runtime) initFiles(spec *runtime.Spec, pid, hostRoot int, cg *cgroups.Cgroup) ([]int, func(), error) {
+// cgroup per command, and the archive upperTar, if any. The caller closes
+// them with the returned function once they are sent.
+func (r *Runtime) initFiles(spec *runtime.Spec, pid, hostRoot int, cg *cgroups.Cgroup, upperTar string) ([]int, func(), error) {
 	var fds []int
 	closeAll := func() {
 		for _, fd := range fds {
@@ -552,21 +570,30 @@ func (r *Runtime) initFiles(spec *runtime.Spec, pid, hostRoot int, cg *cgroups.C
 		}
 		fds = append(fds, cgFD)
 	}
+	if upperTar != "" {
+		fd, err := unix.Open(upperTar, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("the layer to start from: %w", err)
+		}
+		fds = append(fds, fd)
+	}
 	return fds, closeAll, nil
 }
 
 // runInit sends the descriptors and the config to the init stage and waits
-// until it execs the agent (EOF) or reports an error.
-func (r *Runtime) runInit(ctx context.Context, ctl *os.File, icfg *initConfig, fds []int) error {
+// until it execs the agent (EOF) or reports an error. It returns the
+// descriptor of the sandbox's upper directory the init stage sent.
+func (r *Runtime) runInit(ctx context.Context, ctl *os.File, icfg *initConfig, fds []int) (int, error) {
 	b, err := json.Marshal(icfg)
 	if err != nil {
-		return err
+		return -1, err
 	}
 	stop := context.AfterFunc(ctx, func() { ctl.SetDeadline(time.Now()) })
 	defer stop()
 	sc, err := ctl.SyscallConn()
 	if err != nil {
-		return err
+		return -1, err
 	}
 	// The descriptors ride on the first byte; the config follows.
 	var serr error
@@ -574,25 +601,74 @@ func (r *Runtime) runInit(ctx context.Context, ctl *os.File, icfg *initConfig, f
 		serr = unix.Sendmsg(int(fd), []byte{byte(len(fds))}, unix.UnixRights(fds...), nil, 0)
 		return !errors.Is(serr, unix.EAGAIN)
 	}); cerr != nil || serr != nil {
-		return fmt.Errorf("send init descriptors: %w", errors.Join(cerr, serr))
+		return -1, fmt.Errorf("send init descriptors: %w", errors.Join(cerr, serr))
 	}
 	if _, err := ctl.Write(b); err != nil {
-		return fmt.Errorf("send init config: %w", err)
+		return -1, fmt.Errorf("send init config: %w", err)
 	}
 	if cerr := sc.Control(func(fd uintptr) { err = unix.Shutdown(int(fd), unix.SHUT_WR) }); cerr != nil || err != nil {
-		return fmt.Errorf("send init config: %w", errors.Join(cerr, err))
+		return -1, fmt.Errorf("send init config: %w", errors.Join(cerr, err))
 	}
-	msg, err := io.ReadAll(io.LimitReader(ctl, 64<<10))
+	upper, msg, err := readInitReply(sc)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			err = ctx.Err()
 		}
-		return fmt.Errorf("wait for init: %w", err)
+		return -1, fmt.Errorf("wait for init: %w", err)
 	}
-	if len(msg) > 0 {
-		return errors.New(string(msg))
+	if len(msg) > 0 || upper < 0 {
+		if upper >= 0 {
+			unix.Close(upper)
+		}
+		if len(msg) == 0 {
+			msg = []byte("init stage: exited without a reply")
+		}
+		return -1, errors.New(string(msg))
 	}
-	return nil
+	return upper, nil
+}
+
+// readInitReply reads the init stage's reply until EOF: the descriptor it
+// sent (-1 if none) and its text, without the zero byte of a success.
+func readInitReply(sc syscall.RawConn) (int, []byte, error) {
+	upper := -1
+	var msg []byte
+	buf := make([]byte, 4096)
+	oob := make([]byte, unix.CmsgSpace(4))
+	for len(msg) < 64<<10 {
+		var n, oobn int
+		var rerr error
+		if cerr := sc.Read(func(fd uintptr) bool {
+			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
+			return !errors.Is(rerr, unix.EAGAIN)
+		}); cerr != nil || rerr != nil {
+			if upper >= 0 {
+				unix.Close(upper)
+			}
+			return -1, nil, errors.Join(cerr, rerr)
+		}
+		if oobn > 0 {
+			msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+			for i := range msgs {
+				got, _ := unix.ParseUnixRights(&msgs[i])
+				for _, fd := range got {
+					if upper < 0 {
+						upper = fd
+					} else {
+						unix.Close(fd)
+					}
+				}
+			}
+		}
+		if n == 0 {
+			break
+		}
+		msg = append(msg, buf[:n]...)
+	}
+	if len(msg) > 0 && msg[0] == 0 {
+		msg = msg[1:]
+	}
+	return upper, msg, nil
 }
 
 // Sweep kills and removes every sandbox of this driver on the host whose id

@@ -114,9 +114,14 @@ type agent struct {
 // a cleanup that destroys it and checks that nothing is left.
 func startSandbox(t testing.TB, r *Runtime, spec runtime.Spec) *agent {
 	t.Helper()
+	return startWith(t, r, spec, func(ctx context.Context) (runtime.Sandbox, error) { return r.Start(ctx, spec) })
+}
+
+func startWith(t testing.TB, r *Runtime, spec runtime.Spec, start func(context.Context) (runtime.Sandbox, error)) *agent {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sb, err := r.Start(ctx, spec)
+	sb, err := start(ctx)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}

@@ -1,6 +1,7 @@
 package namespaces
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"github.com/evalbox/evalbox/internal/runtime"
 	"github.com/evalbox/evalbox/internal/runtime/cgroups"
 	"github.com/evalbox/evalbox/internal/runtime/network"
+	"golang.org/x/sys/unix"
 )
 
 // Sandbox is a running namespaces sandbox. Besides runtime.Sandbox it
@@ -30,6 +32,10 @@ type Sandbox struct {
 	ids   idBlock // the host ids its user namespace maps
 	// idsReleased is set once ids went back (under destroyMu).
 	idsReleased bool
+	// upper is a descriptor of the upper directory of its overlay, its
+	// copy-on-write layer (-1 once closed, under destroyMu): ExportUpper
+	// reads it.
+	upper int
 
 	done    chan struct{} // closed once the sandbox's init (the agent) is reaped
 	exitErr error         // how it exited; written before done is closed
@@ -114,6 +120,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 		return fmt.Errorf("namespaces: destroy %s: %w", s.id, err)
 	}
 	s.conn.Close()
+	s.closeUpperLocked()
 	s.destroyed = true
 	s.rt.mu.Lock()
 	if s.rt.live[s.id] == s {
@@ -122,6 +129,68 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.rt.mu.Unlock()
 	return nil
 }
+
+func (s *Sandbox) closeUpper() {
+	s.destroyMu.Lock()
+	defer s.destroyMu.Unlock()
+	s.closeUpperLocked()
+}
+
+func (s *Sandbox) closeUpperLocked() {
+	if s.upper >= 0 {
+		unix.Close(s.upper)
+		s.upper = -1
+	}
+}
+
+// ExportUpper implements runtime.UpperExporter: what the sandbox changed
+// in its root filesystem, read through the descriptor of its layer with
+// the sandbox frozen (its cgroup's freezer), so that the archive is of one
+// moment. At most the size of its disk of file content is written (a
+// sparse file can seem larger: runtime.ErrUpperTooLarge). A Destroy meanwhile
+// waits for it.
+func (s *Sandbox) ExportUpper(ctx context.Context, p string) (err error) {
+	s.destroyMu.Lock()
+	defer s.destroyMu.Unlock()
+	if s.destroyed || s.upper < 0 {
+		return fmt.Errorf("namespaces: export %s: the sandbox is gone", s.id)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(s.upper, &sfs); err != nil {
+		return fmt.Errorf("namespaces: export %s: %w", s.id, err)
+	}
+	limit := int64(sfs.Blocks) * sfs.Bsize
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("namespaces: export %s: %w", s.id, err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("namespaces: export %s: %w", s.id, cerr)
+		}
+		if err != nil {
+			_ = os.Remove(p)
+		}
+	}()
+	if err := s.cg.Freeze(ctx); err != nil {
+		return fmt.Errorf("namespaces: export %s: %w", s.id, err)
+	}
+	defer func() {
+		if terr := s.cg.Thaw(); err == nil && terr != nil {
+			err = fmt.Errorf("namespaces: export %s: %w", s.id, terr)
+		}
+	}()
+	w := bufio.NewWriterSize(f, 1<<20)
+	if err := exportUpper(ctx, s.upper, s.ids.hostID, limit, w); err != nil {
+		return fmt.Errorf("namespaces: export %s: %w", s.id, err)
+	}
+	if err := w.Flush(); err != nil {
+		return fmt.Errorf("namespaces: export %s: %w", s.id, err)
+	}
+	return nil
+}
+
+var _ runtime.UpperExporter = (*Sandbox)(nil)
 
 // OOMKills implements runtime.Sandbox.
 func (s *Sandbox) OOMKills() (int64, error) { return s.cg.OOMKills() }

@@ -59,10 +59,22 @@ def test_snapshot_fork_pause_resume(team: Team) -> None:
             sb.resume()
 
 
-def test_namespaces_cannot(team: Team) -> None:
-    with Sandbox.create(runtime=NS, timeout=60) as sb:
-        with pytest.raises(evalbox.BadRequestError, match="gvisor"):
-            sb.snapshot()
+def test_namespaces_files_only(team: Team) -> None:
+    with Client() as client, Sandbox.create(runtime=NS, timeout=60, client=client) as sb:
+        sb.files.write("/work/state", "prepared")
+        snap = sb.snapshot()
+        assert (snap.memory, snap.runtime) == (False, NS)
+        copies = sb.fork(2)
+        try:
+            for n, copy in enumerate(copies):
+                assert copy.files.read_text("/work/state") == "prepared"
+                copy.files.write("/work/state", str(n))
+            assert [c.files.read_text("/work/state") for c in copies] == ["0", "1"]
+            assert sb.files.read_text("/work/state") == "prepared"
+        finally:
+            for copy in copies:
+                copy.kill()
+        client.snapshots.delete(snap.id)
         with pytest.raises(evalbox.BadRequestError, match="gvisor"):
             sb.pause()
 

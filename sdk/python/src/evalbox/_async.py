@@ -714,7 +714,8 @@ class AsyncSandbox:
         return self.traffic_token
 
     async def snapshot(self) -> SnapshotInfo:
-        """Snapshot the sandbox (on gVisor its files, memory and running processes) and return the snapshot.
+        """Snapshot the sandbox (on gVisor its files, memory and running processes; on namespaces its files)
+        and return the snapshot.
 
         The sandbox goes on; commands and calls in flight in it fail with
         :class:`~evalbox.ConflictError` (run them again). Make sandboxes from it
@@ -733,8 +734,8 @@ class AsyncSandbox:
         keep_snapshot: bool = False,
         wait: float | None = None,
     ) -> builtins.list[AsyncSandbox]:
-        """Make ``n`` copies of the sandbox (1 to 100): each has its files and running processes, and
-        is independent of it and of the others. All or none: when one fails, the others are deleted.
+        """Make ``n`` copies of the sandbox (1 to 100): each has its files and (on gVisor) its running
+        processes, and is independent of it and of the others. All or none: when one fails, the others are deleted.
 
         Args:
             n: How many.
