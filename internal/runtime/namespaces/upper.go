@@ -44,6 +44,8 @@ const (
 	// opaquePAX is the marker in the archive, as runtime.UpperExporter
 	// writes it.
 	opaquePAX = "SCHILY.xattr.trusted.overlay.opaque"
+	// tarBlock is the size of a tar header block.
+	tarBlock = 512
 	// maxUpperDepth bounds how deep a layer's directories may nest.
 	maxUpperDepth = 256
 	// overflowID is the owner of a file whose host owner is outside the
@@ -79,7 +81,7 @@ type upperExport struct {
 // exportUpper writes the layer upper (a directory descriptor) to w as a
 // tar archive in overlayfs format, with owners as the sandbox sees them
 // (base is the host id of its id 0), and at most limit bytes of file
-// content (runtime.ErrUpperTooLarge). Hard links become copies; sockets are left
+// content and headers (runtime.ErrUpperTooLarge). Hard links become copies; sockets are left
 // out, as is the agent's mount point (/.evalbox).
 func exportUpper(ctx context.Context, upper int, base uint32, limit int64, w io.Writer) error {
 	x := &upperExport{ctx: ctx, tw: tar.NewWriter(w), base: base, left: limit}
@@ -148,6 +150,11 @@ func readNames(fd int) ([]string, error) {
 
 func (x *upperExport) entry(dirfd int, rel, name string, depth int) error {
 	p := rel + name
+	// Every member costs a block of headers at least: an archive of a
+	// million empty files is large too.
+	if x.left -= tarBlock; x.left < 0 {
+		return fmt.Errorf("/%s: %w", p, runtime.ErrUpperTooLarge)
+	}
 	var st unix.Stat_t
 	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {

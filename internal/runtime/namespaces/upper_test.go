@@ -129,6 +129,12 @@ func TestUpperExportSparse(t *testing.T) {
 		t.Errorf("a failed export left its file: %v", err)
 	}
 	a.mustRun("rm /sparse") // the sandbox was thawed
+	// Nor can many empty files (each costs a header block): 40,000 of
+	// them on a 16 MiB disk.
+	a.mustRun("mkdir /many && cd /many && seq 40000 | xargs touch")
+	if err := a.s.ExportUpper(context.Background(), tarPath); !errors.Is(err, runtime.ErrUpperTooLarge) {
+		t.Fatalf("ExportUpper of 40,000 empty files on a 16 MiB disk: %v, want ErrUpperTooLarge", err)
+	}
 }
 
 // TestUpperImportHostile starts sandboxes from archives no export writes:
