@@ -234,8 +234,8 @@ func agentCode(err error) string {
 
 // snapshots: a snapshot of a gVisor sandbox restores into new sandboxes
 // with its files and processes; a pause takes the sandbox's calls away
-// until its resume, twice; bad input is refused; a namespaces sandbox
-// says it cannot (400).
+// until its resume, twice; bad input is refused; a namespaces sandbox's
+// snapshot carries its files, and it cannot be paused (400).
 func snapshots(t *testing.T, n nodeapi.Node) {
 	ctx := t.Context()
 	src := create(t, n, "gvisor")
@@ -282,9 +282,32 @@ func snapshots(t *testing.T, n nodeapi.Node) {
 	if _, err := n.Snapshot(ctx, "sb-nope"); !errors.Is(err, nodeapi.ErrSandboxNotFound) {
 		t.Errorf("snapshot of an unknown sandbox: %v", err)
 	}
+	// A namespaces sandbox's snapshot holds its files, not its processes;
+	// it cannot be paused.
 	nsb := create(t, n, "namespaces")
-	if _, err := n.Snapshot(ctx, nsb); apiCode(err) != client.CodeBadRequest {
-		t.Errorf("snapshot of a namespaces sandbox: %v", err)
+	run(t, n, nsb, "echo ns > /root/state")
+	nsInfo, err := n.Snapshot(ctx, nsb)
+	if err != nil {
+		t.Fatalf("snapshot of a namespaces sandbox: %v", err)
+	}
+	defer func() {
+		if err := n.DeleteSnapshot(context.Background(), nsInfo.ID); err != nil {
+			t.Errorf("delete snapshot: %v", err)
+		}
+	}()
+	if nsInfo.Memory || nsInfo.Spec != testSpec("namespaces") || nsInfo.SizeBytes <= 0 {
+		t.Errorf("namespaces snapshot info %+v", nsInfo)
+	}
+	nsRestored, err := n.Create(ctx, nodeapi.CreateRequest{Spec: testSpec("namespaces"), Snapshot: nsInfo.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Destroy(context.Background(), nsRestored.ID)
+	if got := run(t, n, nsRestored.ID, "cat /root/state"); got != "ns\n" {
+		t.Errorf("namespaces restored /root/state %q", got)
+	}
+	if err := n.Pause(ctx, nsb); apiCode(err) != client.CodeBadRequest {
+		t.Errorf("pause of a namespaces sandbox: %v", err)
 	}
 
 	// Pause, resume, twice: what each run wrote stays.
