@@ -323,11 +323,8 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 	} else if err := s.tagRoom(ctx, teamID, name, tags); err != nil {
 		return client.TemplateBuild{}, err
 	}
-	from, release, err := s.Acquire(ctx, teamID, spec.From)
+	from, fromLayer, release, err := s.acquireFrom(ctx, teamID, spec.From)
 	if err != nil {
-		if isNotFound(err) {
-			return client.TemplateBuild{}, errorf(client.CodeBadRequest, "from: no template named %q (built-ins: base, python, node; or one of the team's)", spec.From)
-		}
 		return client.TemplateBuild{}, err
 	}
 	// A team at its storage limit is refused before anything is kept.
@@ -396,7 +393,7 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 			}
 		}
 		out, err := s.builder.Build(ctx, template.BuildRequest{ID: b.ID, TeamID: teamID, Name: name, Spec: spec, From: from,
-			ContextDir: ctxDir, Network: network, Log: a, Charge: res.Grow})
+			FromLayer: fromLayer, ContextDir: ctxDir, Network: network, Log: a, Charge: res.Grow})
 		b.CachedSteps, b.BuiltSteps = out.Cached, out.Built
 		return out.Template, err
 	}, cleanup)
@@ -472,6 +469,46 @@ func unpackContext(p, dir string, spec client.TemplateSpec, lim template.Context
 		return fmt.Errorf("%w: %v", errContext, err)
 	}
 	return nil
+}
+
+// acquireFrom resolves a spec's from and pins what it resolved to until
+// release: a template (Acquire), or, for snapshot:ID, one of the team's
+// snapshots: its template, and its files as the build's first layer.
+func (s *Service) acquireFrom(ctx context.Context, teamID, ref string) (_ *template.Template, _ *template.FilesLayer, release func(), _ error) {
+	id, ok := template.SnapshotRef(ref)
+	if !ok {
+		t, release, err := s.Acquire(ctx, teamID, ref)
+		if isNotFound(err) {
+			return nil, nil, nil, errorf(client.CodeBadRequest, "from: no template named %q (built-ins: base, python, node; or one of the team's)", ref)
+		}
+		return t, nil, release, err
+	}
+	if s.cfg.Snapshots == nil {
+		return nil, nil, nil, errorf(client.CodeNotImplemented, "from: this server cannot build from snapshots")
+	}
+	sn, err := s.store.GetSnapshot(ctx, teamID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil, nil, errorf(client.CodeBadRequest, "from: the team has no snapshot %q", id)
+	}
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	// The snapshot keeps its template's files (store.DigestInUse); the
+	// pin keeps them through the build.
+	release = s.pin(sn.TemplateDigest)
+	t, err := s.reg.ByDigest(sn.TemplateDigest)
+	if err != nil {
+		release()
+		if errors.Is(err, template.ErrNotFound) {
+			return nil, nil, nil, errorf(client.CodeConflict, "from: the template of snapshot %s is gone from this server", id)
+		}
+		return nil, nil, nil, err
+	}
+	files := s.cfg.Snapshots
+	layer := &template.FilesLayer{Key: "snapshot/" + sn.ID, Open: func(ctx context.Context) (io.ReadCloser, error) {
+		return files.OpenSnapshotFiles(ctx, sn.ID, -1)
+	}}
+	return t, layer, release, nil
 }
 
 func isNotFound(err error) bool {

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -46,6 +47,14 @@ type Store interface {
 	UpdateBuild(ctx context.Context, b client.TemplateBuild) error
 	GetBuild(ctx context.Context, teamID, id string) (client.TemplateBuild, error)
 	ListBuildsByState(ctx context.Context, states ...string) ([]store.BuildRef, error)
+	GetSnapshot(ctx context.Context, teamID, id string) (client.Snapshot, error)
+}
+
+// SnapshotFiles opens a snapshot's files as an archive of a copy-on-write
+// layer (node.Node.OpenSnapshotFiles), queueing for host capacity up to
+// wait when that takes a sandbox.
+type SnapshotFiles interface {
+	OpenSnapshotFiles(ctx context.Context, snapshotID string, wait time.Duration) (io.ReadCloser, error)
 }
 
 // Importer turns an OCI image into a root filesystem (internal/template/oci).
@@ -87,6 +96,9 @@ type Config struct {
 	// LogDir holds the build logs; MaxLogBytes bounds one.
 	LogDir      string
 	MaxLogBytes int64
+	// Snapshots opens the files of the snapshots a build may start from
+	// (from: snapshot:ID); nil: builds from snapshots are refused.
+	Snapshots SnapshotFiles
 	// Storage accounts for what teams store (nil: no limit): an upload or
 	// a build context holds its bytes while it is processed, an import or
 	// a build the files it writes, and a template, once stored, the bytes
@@ -505,6 +517,9 @@ func checkName(name string) error {
 	}
 	if template.IsBuiltin(name) {
 		return errorf(client.CodeBadRequest, "%s is a built-in template; choose another name", name)
+	}
+	if template.ReservedName(name) {
+		return errorf(client.CodeBadRequest, "%s is a reserved name (from: snapshot:ID names a snapshot); choose another name", name)
 	}
 	return nil
 }

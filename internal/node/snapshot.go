@@ -297,6 +297,63 @@ func (n *Node) CreateFromSnapshot(ctx context.Context, id string, key PoolKey, w
 	return sb, nil
 }
 
+// OpenSnapshotFiles opens the files of the snapshot id as an archive of a
+// copy-on-write layer (runtime.UpperExporter's format), for a template
+// build that starts from it (from: snapshot:ID). A snapshot of files is its
+// archive. A snapshot with memory is restored into a throwaway sandbox whose
+// egress allows nothing, its layer exported to the sandbox's state
+// directory, and the sandbox destroyed before this returns; the archive
+// stays readable through the descriptor returned. It queues for host
+// capacity up to wait.
+func (n *Node) OpenSnapshotFiles(ctx context.Context, id string, wait time.Duration) (io.ReadCloser, error) {
+	meta, err := n.SnapshotInfo(id)
+	if err != nil {
+		return nil, err
+	}
+	image := filepath.Join(n.cfg.SnapshotDir, id, "image")
+	if d, err := imageDigest(image); err != nil || d != meta.ImageDigest {
+		n.log.Error("a snapshot's image is damaged", "snapshot", id, "err", err)
+		return nil, errDamaged(id)
+	}
+	if !meta.Memory {
+		// Open before anything else can delete it: the descriptor keeps
+		// the archive that was checked.
+		f, err := os.Open(filepath.Join(image, upperArchive))
+		if err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+		return f, nil
+	}
+	src := &snapshotSource{id: id, image: image, memory: true, nonce: meta.Nonce}
+	if meta.Spec.Shape.Network == runtime.NetworkOutbound {
+		src.egress = &netrules.Rules{}
+	}
+	sb, err := n.start(ctx, meta.Spec, func(ctx context.Context, cost runtime.Resources) (func(), error) {
+		return n.reserve(ctx, cost, wait)
+	}, src)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := n.destroy(context.WithoutCancel(ctx), sb); err != nil {
+			n.log.Error("destroy sandbox", "sandbox", sb.ID, "err", err)
+		}
+	}()
+	ex, ok := sb.runtime().(runtime.UpperExporter)
+	if !ok {
+		return nil, fmt.Errorf("node: the %s runtime cannot export a sandbox's files", sb.Runtime)
+	}
+	path := filepath.Join(sb.stateDir, upperArchive)
+	if err := ex.ExportUpper(ctx, path); err != nil {
+		return nil, fmt.Errorf("node: the files of snapshot %s: %w", id, err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	return f, nil
+}
+
 // Pause checkpoints the sandbox id and stops it: its memory and processes
 // go to disk (its state directory), and it holds no host processes,
 // memory or capacity until Resume. Calls made to it meanwhile wait. A

@@ -270,6 +270,7 @@ func Run(ctx context.Context, cfg Config) error {
 		svcConf.ContentDigest = templates.ContentDigest
 	} else {
 		nodes = node.NewLocal(n)
+		cat.Snapshots = n
 	}
 	tmpls, err := catalog.New(cat, st, templates, runner, ociImporter{&oci.Importer{AllowRegistries: allow, HostCredentials: cfg.RegistryHostCredentials}}, log)
 	if err != nil {

@@ -110,8 +110,11 @@ type BuildRequest struct {
 	TeamID string
 	Name   string
 	Spec   client.TemplateSpec
-	// From is the resolved template of Spec.From.
+	// From is the resolved template of Spec.From: for from: snapshot:ID,
+	// the snapshot's template, with FromLayer its files.
 	From *Template
+	// FromLayer, if set, is the build's first layer, over From.
+	FromLayer *FilesLayer
 	// ContextDir is the extracted build context ("" = none).
 	ContextDir string
 	// Network of the run steps (Spec.Network, or the server's).
@@ -122,6 +125,18 @@ type BuildRequest struct {
 	// holds before it is written; its error fails the step (a storage
 	// quota).
 	Charge func(n int64) error
+}
+
+// FilesLayer is an archive of a copy-on-write layer (what
+// runtime.UpperExporter writes) that a build starts from: the files of a
+// snapshot (from: snapshot:ID).
+type FilesLayer struct {
+	// Key names its content for good (a snapshot's id: snapshots do not
+	// change); the layer's digest is made of it, so a second build of it
+	// finds it in the layer cache without opening it.
+	Key string
+	// Open opens the archive.
+	Open func(ctx context.Context) (io.ReadCloser, error)
 }
 
 // BuildResult is what a build did.
@@ -211,6 +226,20 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 	chain := digestOf("layers/v2", req.TeamID, from.Digest)
 	var layers []string // committed layer dirs, bottom first
 	var layerDigests []string
+	if fl := req.FromLayer; fl != nil {
+		chain = digestOf("from-layer", chain, fl.Key)
+		if b.reg.HasLayer(chain) {
+			logf("#0 %s's files CACHED %s", spec.From, short(chain))
+		} else {
+			start := time.Now()
+			if err := b.filesLayer(ctx, req, filepath.Join(work, "layer-0"), chain); err != nil {
+				return res, &StepError{Kind: "from", Err: err}
+			}
+			logf("#0 %s's files DONE %s in %s", spec.From, short(chain), time.Since(start).Round(time.Millisecond))
+		}
+		layers = append(layers, b.reg.layerPath(chain))
+		layerDigests = append(layerDigests, chain)
+	}
 	for i, st := range spec.Steps {
 		n := i + 1
 		kind := StepKind(st)
@@ -419,6 +448,26 @@ func (b *Builder) step(ctx context.Context, req BuildRequest, n int, st client.T
 		return &StepError{Step: n, Kind: kind, Err: err}
 	}
 	return nil
+}
+
+// filesLayer unpacks req.FromLayer into layerDir, as a run step's changes
+// are, and commits it as the layer chain.
+func (b *Builder) filesLayer(ctx context.Context, req BuildRequest, layerDir, chain string) error {
+	rc, err := req.FromLayer.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	if err := os.Mkdir(layerDir, 0o700); err != nil {
+		return err
+	}
+	if _, err := extractTar(rc, layerDir, extractOptions{layer: true, charge: req.Charge}); err != nil {
+		return fmt.Errorf("unpacking the files: %w", err)
+	}
+	if err := os.RemoveAll(filepath.Join(layerDir, ".evalbox")); err != nil {
+		return err
+	}
+	return b.reg.commitLayer(layerDir, chain)
 }
 
 // prepareRootFS adds what every runtime needs in a root filesystem: the

@@ -228,7 +228,11 @@ func ValidateSpec(spec client.TemplateSpec) error {
 	if spec.From == "" {
 		return specErrorf("from is required: the template to start from (e.g. base, python, node, or one of yours)")
 	}
-	if name, tag := SplitRef(spec.From); !ValidName(name) || !ValidTag(tag) {
+	if id, ok := SnapshotRef(spec.From); ok {
+		if id == "" {
+			return specErrorf("from: %q names no snapshot (snapshot:ID)", spec.From)
+		}
+	} else if name, tag := SplitRef(spec.From); !ValidName(name) || !ValidTag(tag) {
 		return specErrorf("from: %q is not a template name (name or name:tag)", spec.From)
 	}
 	if len(spec.Steps) > MaxSteps {

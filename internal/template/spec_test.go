@@ -78,6 +78,7 @@ func TestParseSpecErrors(t *testing.T) {
 		"from: base\nbogus: 1":            `line 2: unknown field "bogus"`,
 		"steps:\n  - run: true":           "from is required",
 		"from: ../x":                      `from: "../x" is not a template name`,
+		"from: 'snapshot:'":               `from: "snapshot:" names no snapshot`,
 		"from: base\nsteps:\n  - frob: x": `step 1 (line 3): unknown step kind "frob" (want one of run, copy, env, workdir, user)`,
 		"from: base\nsteps:\n  - run: a\n    env: {A: 1}":                     "step 1 (line 3): a step is a mapping with exactly one key",
 		"from: base\nsteps:\n  - run: ''":                                     "step 1: run: the value is empty",

@@ -212,6 +212,19 @@ func SplitRef(ref string) (name, tag string) {
 	return name, tag
 }
 
+// SnapshotPrefix starts a spec's from that names one of the team's
+// snapshots instead of a template (from: snapshot:ID): the build starts
+// from the snapshot's template with the snapshot's files as its first
+// layer. No template is named "snapshot" (ReservedName).
+const SnapshotPrefix = "snapshot:"
+
+// SnapshotRef returns the snapshot id of a from that names one.
+func SnapshotRef(from string) (id string, ok bool) { return strings.CutPrefix(from, SnapshotPrefix) }
+
+// ReservedName reports whether name may be no template's: a built-in, or
+// "snapshot" (SnapshotPrefix).
+func ReservedName(name string) bool { return IsBuiltin(name) || name+":" == SnapshotPrefix }
+
 // Registry is the template store on this host: the built-ins in one
 // directory and, once UseStore was called, the built and imported
 // templates and the layer cache in another.

@@ -261,8 +261,8 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request, p auth.Pr
 		h.writeError(w, errorf(client.CodeBadRequest, "template name %q: want 1–63 of a-z 0-9 . _ -, starting with a letter or digit", ref))
 		return
 	}
-	if template.IsBuiltin(name) {
-		h.writeError(w, errorf(client.CodeBadRequest, "%s is a built-in template; choose another name", ref))
+	if template.ReservedName(name) {
+		h.writeError(w, errorf(client.CodeBadRequest, "%s is a built-in template or a reserved name; choose another name", ref))
 		return
 	}
 	id, uuid := newBuild()

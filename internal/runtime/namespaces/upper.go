@@ -85,6 +85,15 @@ type upperExport struct {
 // out, as is the agent's mount point (/.evalbox).
 func exportUpper(ctx context.Context, upper int, base uint32, limit int64, w io.Writer) error {
 	x := &upperExport{ctx: ctx, tw: tar.NewWriter(w), base: base, left: limit}
+	// The layer's top is the sandbox's /: its owner and mode (a build
+	// from the archive gives them to its root, as runsc's archive does).
+	var st unix.Stat_t
+	if err := unix.Fstat(upper, &st); err != nil {
+		return fmt.Errorf("stat /: %w", err)
+	}
+	if err := x.tw.WriteHeader(x.header(&st, "./", tar.TypeDir)); err != nil {
+		return err
+	}
 	if err := x.dir(upper, "", 0); err != nil {
 		return err
 	}
@@ -310,6 +319,18 @@ func importEntry(upper int, name string, hdr *tar.Header, body io.Reader) error 
 	}
 	defer unix.Close(pfd)
 	mode := uint32(hdr.Mode & 0o7777)
+	if name == "." {
+		// The sandbox's /: the layer itself, there already.
+		if hdr.Typeflag != tar.TypeDir {
+			return errors.New("the top of the archive is not a directory")
+		}
+		fd, err := beneath(upper, ".", unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return ownAndMode(fd, hdr, mode)
+	}
 	ts := unix.NsecToTimespec(hdr.ModTime.UnixNano())
 	times := []unix.Timespec{ts, ts}
 	switch hdr.Typeflag {

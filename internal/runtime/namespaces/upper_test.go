@@ -68,6 +68,7 @@ func TestUpperExportImport(t *testing.T) {
 		"ln -s / /root/hostroot", // the host must not follow it
 		"mkfifo /root/p",         // the export must not block on it
 		"mkdir -p /deep/a/b", "echo d > /deep/a/b/c", "touch -d 2001-02-03T04:05:06Z /deep/a",
+		"chmod 751 /", // the layer's top is the sandbox's /
 	}, "; "))
 	tarPath := filepath.Join(t.TempDir(), "upper.tar")
 	if err := a.s.ExportUpper(ctx, tarPath); err != nil {
@@ -79,6 +80,9 @@ func TestUpperExportImport(t *testing.T) {
 		if hdr := m[name]; hdr == nil || hdr.Typeflag != want {
 			t.Errorf("member %s: %+v, want type %q", name, hdr, want)
 		}
+	}
+	if hdr := m["."]; hdr == nil || hdr.Typeflag != tar.TypeDir || hdr.Mode != 0o751 || hdr.Uid != 0 {
+		t.Errorf("the archive's top: %+v, want the sandbox's / (a directory, mode 751, uid 0)", hdr)
 	}
 	if m["etc/apt"].PAXRecords[opaquePAX] != "y" {
 		t.Errorf("etc/apt is not marked opaque: %v", m["etc/apt"].PAXRecords)
@@ -105,8 +109,9 @@ func TestUpperExportImport(t *testing.T) {
 		"cat /deep/a/b/c",
 		"date -u -r /deep/a +%Y",
 		"rm -rf /etc/default2 /deep && echo removed",
+		"stat -c '%a %u' /",
 	}, "; "))
-	want := "x\ndefault-gone\ndefault2\nversion-gone\n4750 1000 1001\n4750 1000 1001\nhello\n/etc/shadow\n/\nfifo\nd\n2001\nremoved\n"
+	want := "x\ndefault-gone\ndefault2\nversion-gone\n4750 1000 1001\n4750 1000 1001\nhello\n/etc/shadow\n/\nfifo\nd\n2001\nremoved\n751 0\n"
 	if out != want {
 		t.Errorf("the second sandbox sees:\n%s\nwant:\n%s", out, want)
 	}
