@@ -16,20 +16,23 @@ type snapshotOpts struct {
 	template     string
 	n            int
 	fork         int
+	runtimes     []string
 }
 
 func snapshotsCommand() *cobra.Command {
 	var o snapshotOpts
 	cmd := &cobra.Command{
 		Use:   "snapshots",
-		Short: "Snapshot, restore, fork and pause/resume latencies on gVisor, disk per snapshot, memory per restored sandbox",
+		Short: "Snapshot, restore, fork and pause/resume latencies, disk per snapshot, memory per restored sandbox",
 		Long: `Starts evalbox serve (this binary) on a temporary data dir and measures through the
-REST API, on gVisor: a cold create (for comparison), a snapshot of a running sandbox
-(it goes on), a create from that snapshot, a fork of --fork sandboxes, and a pause
-and a resume of one sandbox again and again; the disk per snapshot, and the host
-memory (PSS, RSS) of the sandboxes a fork made. The source sandbox runs a Python
-process that imported some of the standard library, so that the image holds a
-warm interpreter. Prints a Markdown table.`,
+REST API, on each of --runtimes: a cold create (for comparison), a snapshot of a
+running sandbox (it goes on), a create from that snapshot, a fork of --fork
+sandboxes, and (gVisor: namespaces cannot pause) a pause and a resume of one sandbox
+again and again; the disk per snapshot, and the host memory (PSS, RSS) of the
+processes of the sandboxes a fork made. The source sandbox runs a Python process
+that imported some of the standard library, so that a gVisor image holds a warm
+interpreter (a namespaces snapshot holds the files only: its copies boot afresh).
+Prints a Markdown table.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runSnapshots(cmd.Context(), cmd.OutOrStdout(), o)
 		},
@@ -39,6 +42,7 @@ warm interpreter. Prints a Markdown table.`,
 	f.StringVar(&o.template, "template", "python", "template of the source sandbox")
 	f.IntVar(&o.n, "n", 30, "samples per latency")
 	f.IntVar(&o.fork, "fork", 8, "sandboxes per fork")
+	f.StringSliceVar(&o.runtimes, "runtimes", []string{client.RuntimeGVisor, client.RuntimeNamespaces}, "runtimes to measure")
 	return cmd
 }
 
@@ -48,7 +52,7 @@ func runSnapshots(ctx context.Context, w io.Writer, o snapshotOpts) error {
 		return err
 	}
 	defer s.stop()
-	return runRows(w, "snapshots", []string{client.RuntimeGVisor}, o.n, func(rt string) ([]row, error) { return benchSnapshots(ctx, s, rt, o) })
+	return runRows(w, "snapshots", o.runtimes, o.n, func(rt string) ([]row, error) { return benchSnapshots(ctx, s, rt, o) })
 }
 
 func benchSnapshots(ctx context.Context, s *server, rt string, o snapshotOpts) ([]row, error) {
@@ -115,8 +119,8 @@ func benchSnapshots(ctx context.Context, s *server, rt string, o snapshotOpts) (
 			return rows, err
 		}
 	}
-	rows = append(rows, row{rt, "snapshot (the source goes on)", snap, fmt.Sprintf("%.1f MB on disk", float64(size)/1e6)},
-		row{rt, "create from a snapshot", restore, "to an answering agent, processes restored"})
+	rows = append(rows, row{rt, "snapshot (the source goes on)", snap, fmt.Sprintf("%.1f kB on disk", float64(size)/1e3)},
+		row{rt, "create from a snapshot", restore, restoreNote(rt)})
 	defer c.DeleteSnapshot(context.WithoutCancel(ctx), keep.ID)
 
 	// A fork of o.fork, a few times: the wall time of one, and the host
@@ -149,6 +153,9 @@ func benchSnapshots(ctx context.Context, s *server, rt string, o snapshotOpts) (
 	rows = append(rows, row{rt, fmt.Sprintf("fork of %d (wall)", o.fork), fork,
 		fmt.Sprintf("host memory per fork: PSS %.1f MiB, RSS %.1f MiB", pss/float64(o.fork)/(1<<20), rss/float64(o.fork)/(1<<20))})
 
+	if rt != client.RuntimeGVisor {
+		return rows, nil // no checkpoint: no pause
+	}
 	var pause, resume sample
 	for i := 0; i < o.n; i++ {
 		d, err := timeIt(func() error { _, err := c.Pause(ctx, src.ID); return err })
@@ -167,4 +174,11 @@ func benchSnapshots(ctx context.Context, s *server, rt string, o snapshotOpts) (
 	}
 	rows = append(rows, row{rt, "pause", pause, "memory to disk, host processes gone"}, row{rt, "resume", resume, "the same sandbox, again and again"})
 	return rows, nil
+}
+
+func restoreNote(rt string) string {
+	if rt == client.RuntimeGVisor {
+		return "to an answering agent, processes restored"
+	}
+	return "to an answering agent, booted afresh on the files"
 }

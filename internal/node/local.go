@@ -127,7 +127,8 @@ func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.
 	if err != nil {
 		return nodeapi.SandboxInfo{}, err
 	}
-	sb.SetEnv(req.Env)
+	// A snapshot's copy has its source's environment, req.Env over it.
+	sb.SetEnv(sb.ExecEnv(req.Env))
 	if req.Egress != nil && req.Snapshot == "" {
 		// Before the sandbox is handed out: nothing of the caller's has run
 		// in it yet.

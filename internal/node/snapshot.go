@@ -67,6 +67,11 @@ type SnapshotMeta struct {
 	// ImageDigest is imageDigest of the image: a restore checks it, so
 	// that a damaged image is refused rather than restored.
 	ImageDigest string `json:"image_digest"`
+	// Env is the source's environment (Sandbox.SetEnv), which sandboxes
+	// made from the snapshot start with. It is never logged; the file is
+	// the node's alone, as the image is (whose memory holds the
+	// processes' environment anyway).
+	Env map[string]string `json:"env,omitempty"`
 }
 
 // Info is the contract's description of the snapshot.
@@ -164,7 +169,8 @@ func (n *Node) Snapshot(ctx context.Context, id string) (SnapshotMeta, error) {
 		return SnapshotMeta{}, errors.New("node: no snapshot directory configured")
 	}
 	meta := SnapshotMeta{ID: NewSnapshotID(), Source: id, RuntimeVersion: sb.RuntimeVersion, Memory: memory,
-		Spec: PoolKey{Template: sb.Template.Digest, Runtime: sb.Runtime, Shape: sb.Shape}, Nonce: newNonce()}
+		Spec: PoolKey{Template: sb.Template.Digest, Runtime: sb.Runtime, Shape: sb.Shape}, Nonce: newNonce(),
+		Env: sb.ExecEnv(nil)}
 	tmp := filepath.Join(n.cfg.SnapshotDir, meta.ID+".tmp")
 	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
 		return SnapshotMeta{}, fmt.Errorf("node: %w", err)
@@ -261,8 +267,8 @@ func (n *Node) DeleteSnapshot(id string) error {
 
 // CreateFromSnapshot starts a sandbox restored from the snapshot id, once
 // host capacity is reserved (queueing up to wait), with the snapshot's
-// template, runtime and shape, which key must be unless it is zero. On
-// error nothing is left.
+// template, runtime, shape (which key must be unless it is zero) and
+// environment (Sandbox.SetEnv). On error nothing is left.
 func (n *Node) CreateFromSnapshot(ctx context.Context, id string, key PoolKey, wait time.Duration, egress *nodeapi.Egress) (*Sandbox, error) {
 	meta, err := n.SnapshotInfo(id)
 	if err != nil {
@@ -293,6 +299,7 @@ func (n *Node) CreateFromSnapshot(ctx context.Context, id string, key PoolKey, w
 	if err != nil {
 		return nil, err
 	}
+	sb.SetEnv(meta.Env)
 	sb.given.Store(true)
 	return sb, nil
 }

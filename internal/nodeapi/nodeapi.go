@@ -245,8 +245,10 @@ type CreateRequest struct {
 	ContentDigest string
 	// Env is the sandbox's environment, which the node keeps with it: every
 	// exec and process gets it, under the request's own Env and over the
-	// template's. The node holds it (not the control plane) so that any
-	// API replica serves the sandbox alike. Never logged.
+	// template's; with Snapshot, over the environment of the snapshot's
+	// source, which the snapshot keeps. The node holds it (not the control
+	// plane) so that any API replica serves the sandbox alike. Never
+	// logged.
 	Env map[string]string
 	// Egress, when not nil, limits an outbound sandbox's traffic to these
 	// rules (mode rules): applied when it is claimed, as Env is.

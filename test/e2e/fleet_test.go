@@ -306,6 +306,60 @@ func TestFleet(t *testing.T) {
 		}
 	})
 
+	// Snapshots stay on the node that took them: a create or fork from
+	// one, through either replica, lands there, with its files; a
+	// snapshot is listed and deleted through any replica.
+	t.Run("snapshots", func(t *testing.T) {
+		c, _, key := newTeam(t, replica, client.Limits{MaxSandboxes: 6, MaxConcurrentExec: 6})
+		c2 := other(key)
+		ctx := ctxT(t, 5*time.Minute)
+		for _, rt := range []string{client.RuntimeNamespaces, client.RuntimeGVisor} {
+			src, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", Runtime: rt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sbs := []*client.Sandbox{src}
+			mustExec(t, c, src.ID, client.ExecRequest{Cmd: "echo " + rt + " > /root/state"})
+			sn, err := c.Snapshot(ctx, src.ID)
+			if err != nil {
+				t.Fatalf("%s: snapshot: %v", rt, err)
+			}
+			if sn.NodeID != src.NodeID {
+				t.Errorf("%s: snapshot on %s of a sandbox on %s", rt, sn.NodeID, src.NodeID)
+			}
+			if list, err := c2.ListSnapshots(ctx); err != nil || !slices.ContainsFunc(list, func(x client.Snapshot) bool { return x.ID == sn.ID }) {
+				t.Errorf("%s: the other replica lists %+v %v", rt, list, err)
+			}
+			restored, err := c2.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: sn.ID})
+			if err != nil {
+				t.Fatalf("%s: create from the snapshot through the other replica: %v", rt, err)
+			}
+			sbs = append(sbs, restored)
+			fork, err := c2.Fork(ctx, src.ID, client.ForkRequest{Count: 2})
+			if err != nil {
+				t.Fatalf("%s: fork through the other replica: %v", rt, err)
+			}
+			for i := range fork.Sandboxes {
+				sbs = append(sbs, &fork.Sandboxes[i])
+			}
+			for _, sb := range sbs[1:] {
+				if sb.NodeID != src.NodeID {
+					t.Errorf("%s: %s on %s, its snapshot on %s", rt, sb.ID, sb.NodeID, src.NodeID)
+				}
+				if got := mustExec(t, c, sb.ID, client.ExecRequest{Cmd: "cat /root/state"}).Stdout; got != rt+"\n" {
+					t.Errorf("%s: %s sees %q", rt, sb.ID, got)
+				}
+			}
+			deleteAll(t, c, sbs)
+			if err := c2.DeleteSnapshot(ctx, sn.ID); err != nil {
+				t.Errorf("%s: delete through the other replica: %v", rt, err)
+			}
+			if _, err := c.GetSnapshot(ctx, sn.ID); !client.IsNotFound(err) {
+				t.Errorf("%s: a deleted snapshot: %v", rt, err)
+			}
+		}
+	})
+
 	canonical := func(t *testing.T) client.CreateEvalRequest {
 		req := evalInput(t, "HumanEval.jsonl.gz", "")
 		for _, p := range req.Problems {

@@ -57,7 +57,7 @@ func TestSnapshots(t *testing.T) {
 	c, _, _ := newTeam(t, srv, client.Limits{MaxSandboxes: 8, MaxConcurrentExec: 16})
 	other := defaultTeam(t)
 	ctx := ctxT(t, 5*time.Minute)
-	src := mustCreate(t, c, client.CreateSandboxRequest{Runtime: client.RuntimeGVisor, Timeout: 600})
+	src := mustCreate(t, c, client.CreateSandboxRequest{Runtime: client.RuntimeGVisor, Timeout: 600, Env: map[string]string{"SRC_ONLY": "s3"}})
 	mustExec(t, c, src.ID, client.ExecRequest{Cmd: "mkdir -p /work && echo prepared > /work/state"})
 	bg, err := c.StartProcess(ctx, src.ID, client.ExecRequest{Cmd: "i=0; while :; do i=$((i+1)); echo $i > /work/count; sleep 0.05; done", Tag: "counter"})
 	if err != nil {
@@ -103,6 +103,9 @@ func TestSnapshots(t *testing.T) {
 	}
 	if got := mustExec(t, c, restored.ID, client.ExecRequest{Cmd: "cat /work/state"}).Stdout; got != "prepared\n" {
 		t.Errorf("restored /work/state %q", got)
+	}
+	if got := mustExec(t, c, restored.ID, client.ExecRequest{Cmd: `echo "$SRC_ONLY"`}).Stdout; got != "s3\n" {
+		t.Errorf("restored: the source's env %q", got)
 	}
 	counts := func(id string) {
 		t.Helper()
@@ -246,7 +249,8 @@ func TestSnapshotsNamespaces(t *testing.T) {
 	c, _, _ := newTeam(t, srv, client.Limits{MaxSandboxes: 8, MaxConcurrentExec: 16})
 	other := defaultTeam(t)
 	ctx := ctxT(t, 5*time.Minute)
-	src := mustCreate(t, c, client.CreateSandboxRequest{Template: "python", Runtime: client.RuntimeNamespaces, Timeout: 600})
+	src := mustCreate(t, c, client.CreateSandboxRequest{Template: "python", Runtime: client.RuntimeNamespaces, Timeout: 600,
+		Env: map[string]string{"SRC_ONLY": "s3", "BOTH": "src"}})
 	mustExec(t, c, src.ID, client.ExecRequest{Cmd: "set -e; mkdir -p /work; echo prepared > /work/state; " +
 		"useradd -m trial; echo mine > /home/trial/f; chown trial /home/trial/f; chmod 600 /home/trial/f; " +
 		"rm -rf /usr/share/doc; ln -s /work/state /work/link"})
@@ -269,9 +273,14 @@ func TestSnapshotsNamespaces(t *testing.T) {
 	check := "cat /work/state; cat /work/link; su trial -c 'cat /home/trial/f'; stat -c '%U %a' /home/trial/f; " +
 		"test ! -e /usr/share/doc && echo doc-gone; python3 -c 'print(6*7)'"
 	want := "prepared\nprepared\nmine\ntrial 600\ndoc-gone\n42\n"
-	restored := mustCreate(t, c, client.CreateSandboxRequest{Snapshot: sn.ID})
+	restored := mustCreate(t, c, client.CreateSandboxRequest{Snapshot: sn.ID, Env: map[string]string{"BOTH": "mine"}})
 	if restored.Snapshot != sn.ID || restored.Runtime != client.RuntimeNamespaces || restored.Template != "python" {
 		t.Errorf("restored %+v", restored)
+	}
+	// The source's create env comes along, the create's own over it.
+	envCheck := client.ExecRequest{Cmd: `echo "$SRC_ONLY $BOTH"`}
+	if got := mustExec(t, c, restored.ID, envCheck).Stdout; got != "s3 mine\n" {
+		t.Errorf("restored env %q", got)
 	}
 	if got := mustExec(t, c, restored.ID, client.ExecRequest{Cmd: check}).Stdout; got != want {
 		t.Errorf("restored sees %q, want %q", got, want)
@@ -289,6 +298,9 @@ func TestSnapshotsNamespaces(t *testing.T) {
 	for i, f := range fork.Sandboxes {
 		if got := mustExec(t, c, f.ID, client.ExecRequest{Cmd: check}).Stdout; got != want {
 			t.Errorf("fork %d sees %q", i, got)
+		}
+		if got := mustExec(t, c, f.ID, envCheck).Stdout; got != "s3 src\n" {
+			t.Errorf("fork %d env %q", i, got)
 		}
 		mustExec(t, c, f.ID, client.ExecRequest{Cmd: fmt.Sprintf("echo %d > /work/mine; rm /work/state", i)})
 	}
