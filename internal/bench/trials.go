@@ -569,16 +569,19 @@ func runServer(ctx context.Context, s *server, rt, mode string, ps eval.Problems
 	if err != nil {
 		return row, err
 	}
-	for run.State == client.EvalStateRunning {
-		select {
-		case <-ctx.Done():
+	// Followed as users follow a run (its event stream, to the end event),
+	// not polled: polls would count against the server's CPU per trial.
+	err = c.EvalProgressEvents(ctx, run.ID, func(ev client.EvalEvent) error {
+		if ev.Type == client.EvalEventEnd {
+			run = ev.Run
+		}
+		return nil
+	})
+	if err != nil {
+		if ctx.Err() != nil {
 			_, _ = c.CancelEval(context.WithoutCancel(ctx), run.ID)
-			return row, ctx.Err()
-		case <-time.After(10 * time.Millisecond):
 		}
-		if run, err = c.GetEval(ctx, run.ID); err != nil {
-			return row, err
-		}
+		return row, err
 	}
 	row.finish(before, snapCPU(m, pid))
 	if run.State != client.EvalStateSucceeded || run.Summary == nil {
