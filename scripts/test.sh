@@ -58,7 +58,7 @@ fi
 python3 -m venv sdk/python/.venv
 sdk/python/.venv/bin/pip install -q --disable-pip-version-check -e 'sdk/python[dev]' -c sdk/python/constraints.txt
 wheeldir=$(mktemp -d); sdk/python/.venv/bin/pip wheel -q --no-deps -w "$wheeldir" sdk/python; rm -rf "$wheeldir"
-(cd sdk/python && .venv/bin/ruff check . ../../examples ../../test/e2bcompat ../../internal/interpreter && .venv/bin/ruff format --check . ../../examples ../../test/e2bcompat ../../internal/interpreter && .venv/bin/mypy)
+(cd sdk/python && .venv/bin/ruff check . ../../examples ../../test/e2bcompat ../../test/integrations ../../internal/interpreter && .venv/bin/ruff format --check . ../../examples ../../test/e2bcompat ../../test/integrations ../../internal/interpreter && .venv/bin/mypy)
 (cd sdk/python && EVALBOX_BIN_DIR="$PWD/../../bin" .venv/bin/pytest -q -W error)
 
 # The official E2B SDKs, pinned by test/e2bcompat/constraints.txt, against a
@@ -106,6 +106,18 @@ if [ ! -x "$harbor_venv/bin/harbor" ]; then
   "$harbor_venv/bin/pip" install -q --disable-pip-version-check -r test/e2bcompat/harbor/constraints.txt
 fi
 (cd test/e2bcompat && EVALBOX_BIN_DIR="$PWD/../../bin" "$harbor_venv/bin/pytest" -q -W error -p no:cacheprovider harbor)
+
+# The integrations (test/integrations), each driven through its framework's
+# real package from PyPI, pinned by its constraints.txt, in a venv cached by
+# the constraints' hash.
+echo "== SandboxFusion (test/integrations/sandboxfusion): the sandbox-fusion client from PyPI and verl's request against a real evalbox serve"
+sf_venv=/var/cache/evalbox/venv-sandboxfusion-$(sha256sum test/integrations/sandboxfusion/constraints.txt | cut -c1-16)
+if [ ! -x "$sf_venv/bin/pytest" ]; then
+  rm -rf "$sf_venv"
+  python3 -m venv "$sf_venv"
+  "$sf_venv/bin/pip" install -q --disable-pip-version-check -r test/integrations/sandboxfusion/constraints.txt
+fi
+(cd test/integrations && EVALBOX_BIN_DIR="$PWD/../../bin" "$sf_venv/bin/pytest" -q -W error -p no:cacheprovider sandboxfusion)
 
 # The end-to-end suite runs a race-enabled server next to the real agent
 # and runsc.

@@ -45,7 +45,7 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 			ExecWait: execWait(c.ExecWait), Pids: c.Pids},
 		Capacity:  nodeCapacity(c.NodeFlags),
 		EgressDNS: c.EgressDNS, AllowPrivate: c.AllowPrivate, SandboxDomain: c.SandboxDomain, PublicURL: c.PublicURL,
-		Catalog:       catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
+		SandboxFusionLoopbackTeam: c.SandboxFusionLoopbackTeam, Catalog: catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
 		OutputMemory:  int64(c.OutputMemoryMB) << 20,
 		HTTP:          server.HTTPConfig{ReadHeaderTimeout: c.ReadHeaderTimeout, IdleTimeout: c.IdleTimeout},
 		RegistryAllow: c.RegistryAllow, RegistryHostCredentials: c.RegistryHostCredentials, NodeToken: c.NodeToken,

@@ -21,6 +21,7 @@ import (
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/compat/e2b"
+	"github.com/evalbox/evalbox/internal/compat/sandboxfusion"
 	"github.com/evalbox/evalbox/internal/evalrun"
 	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/outbuf"
@@ -73,6 +74,7 @@ type Server struct {
 	noBuilds    string
 	ports       *httputil.ReverseProxy // port URLs (ports.go)
 	e2b         *e2b.Handler           // E2B's API (internal/compat/e2b)
+	fusion      *sandboxfusion.Handler // SandboxFusion's API (internal/compat/sandboxfusion)
 	domain      string                 // Config.SandboxDomain
 	svc         *sandbox.Service
 	store       Store
@@ -117,6 +119,10 @@ type Config struct {
 	// PublicURL, when set, is the server's URL as clients reach it: the
 	// upload URLs the E2B layer hands out are built on it.
 	PublicURL string
+	// SandboxFusionKeyless, when set, is the team of SandboxFusion
+	// requests (POST /run_code) from a loopback address without
+	// credentials (serve --sandbox-fusion-loopback-team).
+	SandboxFusionKeyless func(ctx context.Context) (auth.Principal, error)
 	// DefaultLimits are given to teams created without limits.
 	DefaultLimits client.Limits
 	// OutputBudget bounds the memory of command output held for buffered
@@ -144,6 +150,11 @@ func New(cfg Config) *Server {
 		e2bCfg.Templates = cfg.Templates
 	}
 	s.e2b = e2b.New(e2bCfg)
+	fusionCfg := sandboxfusion.Config{Trials: s.trials, Auth: cfg.Auth, Keyless: cfg.SandboxFusionKeyless, Logger: s.log}
+	if cfg.Service != nil {
+		fusionCfg.Sandboxes, fusionCfg.Dial = cfg.Service, s.dialPort
+	}
+	s.fusion = sandboxfusion.New(fusionCfg)
 	s.routes()
 	return s
 }
@@ -218,6 +229,8 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/capacity", a(s.getCapacity))
 	// E2B's control plane, beside /v1 (docs/e2b.md).
 	s.e2b.Register(s.mux)
+	// SandboxFusion's (POST /run_code), at the root as its clients call it.
+	s.fusion.Register(s.mux)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(client.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})

@@ -62,26 +62,7 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 			if !ok || t == nil || t.id != id || t.port != port {
 				return nil, fmt.Errorf("api: port proxy: bad address %q", addr)
 			}
-			// The connection may be pooled for later requests: the
-			// request's end must not cut it (the transport closes it).
-			// The dial itself is bounded (a sandbox that stopped its
-			// own agent answers nothing).
-			cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-			timer := time.AfterFunc(portDialTimeout, cancel)
-			conn, err := s.svc.ConnectPort(cctx, t.team, id, port)
-			if !timer.Stop() {
-				if err == nil {
-					conn.Close()
-				}
-				cancel()
-				return nil, &apierr.Error{Code: client.CodePortClosed,
-					Message: fmt.Sprintf("port %d of sandbox %s did not answer within %s", port, id, portDialTimeout)}
-			}
-			if err != nil {
-				cancel()
-				return nil, err
-			}
-			return &portNetConn{PortConn: conn, addr: portAddr(host), cancel: cancel}, nil
+			return s.dialPort(ctx, t.team, id, port)
 		},
 		// Bounds per sandbox port: connections at once (more requests
 		// wait for one), and idle ones kept.
@@ -461,6 +442,29 @@ func (b *sizedBody) Close() error { return nil }
 // portNetConn is a sandbox port's connection as the transport wants it.
 // Deadlines are not kept: the transport closes the connection when it is
 // done with it, and the sandbox's end ends it.
+// dialPort connects to port of the team's sandbox id, as a net.Conn. The
+// connection may be pooled for later requests: the dialling request's end
+// must not cut it (its user closes it). The dial itself is bounded (a
+// sandbox that stopped its own agent answers nothing).
+func (s *Server) dialPort(ctx context.Context, teamID, id string, port int) (net.Conn, error) {
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	timer := time.AfterFunc(portDialTimeout, cancel)
+	conn, err := s.svc.ConnectPort(cctx, teamID, id, port)
+	if !timer.Stop() {
+		if err == nil {
+			conn.Close()
+		}
+		cancel()
+		return nil, &apierr.Error{Code: client.CodePortClosed,
+			Message: fmt.Sprintf("port %d of sandbox %s did not answer within %s", port, id, portDialTimeout)}
+	}
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &portNetConn{PortConn: conn, addr: portAddr(id + "-" + strconv.Itoa(port) + portHostSuffix), cancel: cancel}, nil
+}
+
 type portNetConn struct {
 	nodeapi.PortConn
 	addr   portAddr

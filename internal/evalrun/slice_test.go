@@ -86,6 +86,18 @@ func (h *hostSandboxes) WriteFile(ctx context.Context, teamID, id, path, mode st
 	return client.FileInfo{}, os.WriteFile(filepath.Join(d, filepath.Base(path)), b, 0o644)
 }
 
+func (h *hostSandboxes) OpenFile(ctx context.Context, teamID, id, path string) (client.FileInfo, io.ReadCloser, error) {
+	d, err := h.dir(id)
+	if err != nil {
+		return client.FileInfo{}, nil, err
+	}
+	f, err := os.Open(filepath.Join(d, filepath.Base(path)))
+	if err != nil {
+		return client.FileInfo{}, nil, &apierr.Error{Code: client.CodeNotFound, Message: err.Error()}
+	}
+	return client.FileInfo{Type: client.FileTypeFile}, f, nil
+}
+
 func (h *hostSandboxes) Exec(ctx context.Context, teamID, id string, req client.ExecRequest, stdout, stderr io.Writer) (client.ExecResult, error) {
 	d, err := h.dir(id)
 	if err != nil {

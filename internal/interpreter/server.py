@@ -5,7 +5,7 @@ Runs inside every sandbox of the `code-interpreter` template (its start command)
 `sb.run_code`. It uses the kernel stack of Jupyter (ipykernel kernels driven by jupyter_client,
 Debian's packages), one kernel per context:
 
-    POST   /execute {code, context_id?, language?, env_vars?}  NDJSON lines, then end_of_execution
+    POST   /execute {code, context_id?, language?, env_vars?, raw?}  NDJSON lines, then end_of_execution
     POST   /contexts {language?, cwd?}                          {id, language, cwd}
     GET    /contexts                                            [{id, language, cwd}, ...]
     DELETE /contexts/{id}                                       null
@@ -114,9 +114,10 @@ class Context:
             ):
                 return
 
-    def execute(self, code: str, env: dict[str, str] | None, emit: Any, gone: Any) -> None:
+    def execute(self, code: str, env: dict[str, str] | None, emit: Any, gone: Any, raw: bool = False) -> None:
         """Runs code, calling emit(line) for each protocol line; ClientGone from emit, or gone()
-        true while it waits, interrupts it."""
+        true while it waits, interrupts it. raw: results and errors also carry Jupyter's own
+        content (see _line)."""
         restore: dict[str, str | None] = {}
         if env:
             self.run_silent(
@@ -127,7 +128,7 @@ class Context:
             )
             restore = {k: None for k in env}
         try:
-            self._stream(code, emit, gone)
+            self._stream(code, emit, gone, raw)
         finally:
             if restore:
                 self.run_silent(
@@ -137,7 +138,7 @@ class Context:
                     "del __e, __evalbox_saved"
                 )
 
-    def _stream(self, code: str, emit: Any, gone: Any) -> None:
+    def _stream(self, code: str, emit: Any, gone: Any, raw: bool) -> None:
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=True)
         errored = False
         last = time.monotonic()
@@ -159,7 +160,7 @@ class Context:
                     if c["execution_state"] == "idle":
                         break
                     continue
-                line = _line(t, c, msg["header"].get("date"))
+                line = _line(t, c, msg["header"].get("date"), raw)
                 if line is None:
                     continue
                 if line["type"] == "error":
@@ -194,8 +195,10 @@ def _timestamp(date: Any) -> str:
     return datetime.now(UTC).isoformat()
 
 
-def _line(msg_type: str, c: dict[str, Any], date: Any) -> dict[str, Any] | None:
-    """The protocol line of one iopub message of the execution, or None."""
+def _line(msg_type: str, c: dict[str, Any], date: Any, raw: bool = False) -> dict[str, Any] | None:
+    """The protocol line of one iopub message of the execution, or None. raw adds Jupyter's own
+    content: a result's MIME bundle as "bundle", an error's traceback lines as "traceback_lines"
+    (SandboxFusion's run_jupyter answers them as they are)."""
     if msg_type == "execute_input":
         return {"type": "number_of_executions", "execution_count": c.get("execution_count", 0)}
     if msg_type == "stream":
@@ -211,6 +214,8 @@ def _line(msg_type: str, c: dict[str, Any], date: Any) -> dict[str, Any] | None:
         if isinstance(text, str) and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
             line["text"] = text[1:-1]
         line["extra"] = data
+        if raw:
+            line["bundle"] = dict(c.get("data") or {})
         return line
     if msg_type == "error":
         return {
@@ -218,6 +223,7 @@ def _line(msg_type: str, c: dict[str, Any], date: Any) -> dict[str, Any] | None:
             "name": c.get("ename", ""),
             "value": c.get("evalue", ""),
             "traceback": "\n".join(c.get("traceback") or []),
+            **({"traceback_lines": list(c.get("traceback") or [])} if raw else {}),
         }
     return None
 
@@ -399,7 +405,7 @@ class Handler(BaseHTTPRequestHandler):
 
         try:
             with ctx.lock:
-                ctx.execute(code, env, emit, gone)
+                ctx.execute(code, env, emit, gone, raw=body.get("raw") is True)
             emit({"type": "end_of_execution"})
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()

@@ -82,6 +82,9 @@ type Config struct {
 	SandboxDomain string
 	// PublicURL is the server's URL as clients reach it (api.Config).
 	PublicURL string
+	// SandboxFusionLoopbackTeam names the team of keyless SandboxFusion
+	// requests from loopback ("" = none: they need the API key).
+	SandboxFusionLoopbackTeam string
 	// OutputMemory bounds, in bytes, the command output the server holds
 	// for buffered answers and eval runs at any one time (0: 1 GiB).
 	OutputMemory int64
@@ -335,6 +338,11 @@ func Run(ctx context.Context, cfg Config) error {
 		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: runtimesOf(ctx, nodes), Pools: nodes, Capacity: nodes, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log,
 		SandboxDomain: cfg.SandboxDomain, E2BFilesDir: filepath.Join(cfg.DataDir, "e2b-uploads"),
 		PublicURL: cfg.PublicURL}
+	if name := cfg.SandboxFusionLoopbackTeam; name != "" {
+		if apiCfg.SandboxFusionKeyless, err = keylessTeam(ctx, st, name); err != nil {
+			return err
+		}
+	}
 	if fleetMode {
 		apiCfg.RuntimesNow = func() []string { return runtimesOf(context.Background(), nodes) }
 		apiCfg.NoTemplateBuilds = noBuildsOnFleet
@@ -496,4 +504,28 @@ func serveNodes(cfg Config, templates *template.Registry, log *slog.Logger) (*ht
 	}()
 	log.Info("serving templates to node agents", "addr", ln.Addr().String(), "mutual_tls", f.NodeTLSCA != "")
 	return srv, nil
+}
+
+// keylessTeam is the principal of keyless SandboxFusion requests: the team
+// name, which must exist now, read again at each request (its limits may
+// change; once it is deleted, such requests are refused).
+func keylessTeam(ctx context.Context, st *store.Store, name string) (func(context.Context) (auth.Principal, error), error) {
+	t, err := st.GetTeamByName(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("server: --sandbox-fusion-loopback-team: no team named %q", name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	id := t.ID
+	return func(ctx context.Context) (auth.Principal, error) {
+		t, err := st.GetTeam(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			return auth.Principal{}, fmt.Errorf("%w: the keyless team %s is gone", auth.ErrUnauthorized, name)
+		}
+		if err != nil {
+			return auth.Principal{}, err
+		}
+		return auth.Principal{TeamID: t.ID, TeamName: t.Name, Limits: t.Limits}, nil
+	}, nil
 }

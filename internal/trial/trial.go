@@ -10,6 +10,7 @@
 package trial
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,8 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"path"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -29,6 +32,7 @@ import (
 type Sandboxes interface {
 	Create(ctx context.Context, teamID string, req client.CreateSandboxRequest) (client.Sandbox, error)
 	WriteFile(ctx context.Context, teamID, id, path, mode string, r io.Reader) (client.FileInfo, error)
+	OpenFile(ctx context.Context, teamID, id, path string) (client.FileInfo, io.ReadCloser, error)
 	Exec(ctx context.Context, teamID, id string, req client.ExecRequest, stdout, stderr io.Writer) (client.ExecResult, error)
 	Delete(ctx context.Context, teamID, id string) error
 }
@@ -43,6 +47,18 @@ type Spec struct {
 	Argv   []string
 	// User runs Argv as this user (name or uid); "" is the template's.
 	User string
+	// Cwd is the run's working directory ("" = the template's).
+	Cwd string
+	// Files are written before the script (path → content; a relative
+	// path is under Cwd), and Stdin, if set, is the run's standard input.
+	Files map[string][]byte
+	Stdin *string
+	// Fetch lists files read back after the run into Outcome.Files (a
+	// relative path is under Cwd): those that exist and are regular
+	// files of at most MaxFetchBytes.
+	Fetch []string
+	// MemoryMB is the sandbox's memory limit (0 = the template's).
+	MemoryMB int
 	// Timeout of the run in seconds.
 	Timeout        float64
 	MaxOutputBytes int64
@@ -67,7 +83,12 @@ type Outcome struct {
 	Attempts int
 	Phases   Phases
 	Duration time.Duration
+	// Files are the fetched files (Spec.Fetch), by the path asked for.
+	Files map[string][]byte
 }
+
+// MaxFetchBytes bounds one fetched file (Spec.Fetch).
+const MaxFetchBytes = 16 << 20
 
 // Phases are the durations of one attempt's steps: the sandbox's create
 // (a warm-pool claim or a cold start, queueing at the team's limit
@@ -175,7 +196,7 @@ func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, er
 func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcome, err error) {
 	t := r.clock()
 	sb, err := r.sb.Create(ctx, teamID, client.CreateSandboxRequest{
-		Template: spec.Template, Runtime: spec.Runtime, Metadata: spec.Metadata,
+		Template: spec.Template, Runtime: spec.Runtime, Metadata: spec.Metadata, MemoryMB: spec.MemoryMB,
 		Timeout:     r.SandboxTTL(spec.Timeout),
 		WaitSeconds: int(r.CreateWait / time.Second),
 	})
@@ -194,7 +215,10 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 		}
 		out.Phases.Delete = r.clock().Sub(t)
 	}()
-	if _, err := r.sb.WriteFile(ctx, teamID, sb.ID, spec.Path, "0644", strings.NewReader(spec.Script)); err != nil {
+	if err := WriteFiles(ctx, r.sb, teamID, sb.ID, spec.Cwd, spec.Files); err != nil {
+		return out, err
+	}
+	if _, err := r.sb.WriteFile(ctx, teamID, sb.ID, under(spec.Cwd, spec.Path), "0644", strings.NewReader(spec.Script)); err != nil {
 		return out, fmt.Errorf("write %s: %w", spec.Path, err)
 	}
 	out.Phases.Write, t = r.lap(t)
@@ -205,6 +229,7 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 	}
 	res, err := r.sb.Exec(ctx, teamID, sb.ID, client.ExecRequest{
 		Argv: spec.Argv, Timeout: spec.Timeout, MaxOutputBytes: spec.MaxOutputBytes, User: spec.User,
+		Cwd: spec.Cwd, Stdin: spec.Stdin,
 	}, stdout, stderr)
 	if errors.Is(err, apierr.ErrOutOfMemory) {
 		// The script took the sandbox past its memory limit (gVisor: the
@@ -226,7 +251,67 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 	out.Phases.Run, _ = r.lap(t)
 	res.Stdout, res.Stderr = bufOut.String(), bufErr.String()
 	out.Result = res
+	if out.Files, err = ReadFiles(ctx, r.sb, teamID, sb.ID, spec.Cwd, spec.Fetch); err != nil {
+		return out, err
+	}
 	return out, nil
+}
+
+// FileStore is what WriteFiles and ReadFiles need of the sandbox service.
+type FileStore interface {
+	WriteFile(ctx context.Context, teamID, id, path, mode string, r io.Reader) (client.FileInfo, error)
+	OpenFile(ctx context.Context, teamID, id, path string) (client.FileInfo, io.ReadCloser, error)
+}
+
+// WriteFiles writes files (path → content; a relative path is under cwd)
+// into the sandbox id, in the order of their paths.
+func WriteFiles(ctx context.Context, fs FileStore, teamID, id, cwd string, files map[string][]byte) error {
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		if _, err := fs.WriteFile(ctx, teamID, id, under(cwd, name), "0644", bytes.NewReader(files[name])); err != nil {
+			return fmt.Errorf("write %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// ReadFiles reads the files names (a relative path is under cwd) from the
+// sandbox id, by the name asked for: a file that is missing, not a regular
+// file or larger than MaxFetchBytes is left out.
+func ReadFiles(ctx context.Context, fs FileStore, teamID, id, cwd string, names []string) (map[string][]byte, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	files := map[string][]byte{}
+	for _, name := range names {
+		fi, rc, err := fs.OpenFile(ctx, teamID, id, under(cwd, name))
+		if isCode(err, client.CodeNotFound) || isCode(err, client.CodeBadRequest) {
+			continue // missing, or a directory
+		}
+		if err != nil {
+			return nil, fmt.Errorf("fetch %s: %w", name, err)
+		}
+		if fi.Type != client.FileTypeFile || fi.Size > MaxFetchBytes {
+			rc.Close()
+			continue
+		}
+		b, err := io.ReadAll(io.LimitReader(rc, MaxFetchBytes+1))
+		rc.Close()
+		if err != nil {
+			return nil, fmt.Errorf("fetch %s: %w", name, err)
+		}
+		if len(b) <= MaxFetchBytes {
+			files[name] = b
+		}
+	}
+	return files, nil
+}
+
+// under is name under dir when it is relative and dir is set.
+func under(dir, name string) string {
+	if dir == "" || path.IsAbs(name) {
+		return name
+	}
+	return path.Join(dir, name)
 }
 
 // errStoppedRunning marks an attempt whose sandbox stopped while the

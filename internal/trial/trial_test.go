@@ -23,6 +23,8 @@ type flaky struct {
 	execErrs         []error
 	created, deleted []string
 	wrote            string
+	files            map[string]string // every write, by path
+	lastExec         client.ExecRequest
 	pause            map[string]time.Duration // per step: create, write, exec, delete
 	// clock, when set, is advanced by the pauses instead of sleeping.
 	clock *fakeClock
@@ -80,13 +82,31 @@ func (f *flaky) WriteFile(ctx context.Context, teamID, id, path, mode string, r 
 	b, err := io.ReadAll(r)
 	f.mu.Lock()
 	f.wrote = path + ":" + string(b)
+	if f.files == nil {
+		f.files = map[string]string{}
+	}
+	f.files[path] = string(b)
 	f.mu.Unlock()
 	return client.FileInfo{}, err
+}
+
+func (f *flaky) OpenFile(ctx context.Context, teamID, id, path string) (client.FileInfo, io.ReadCloser, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if path == "/w/dir" {
+		return client.FileInfo{}, nil, &apierr.Error{Code: client.CodeBadRequest, Message: "is a directory"}
+	}
+	b, ok := f.files[path]
+	if !ok {
+		return client.FileInfo{}, nil, &apierr.Error{Code: client.CodeNotFound, Message: "no file " + path}
+	}
+	return client.FileInfo{Type: client.FileTypeFile, Size: int64(len(b))}, io.NopCloser(strings.NewReader(b)), nil
 }
 
 func (f *flaky) Exec(ctx context.Context, teamID, id string, req client.ExecRequest, stdout, stderr io.Writer) (client.ExecResult, error) {
 	f.sleep("exec")
 	f.mu.Lock()
+	f.lastExec = req
 	err := pop(&f.execErrs)
 	f.mu.Unlock()
 	if err != nil {
@@ -312,5 +332,29 @@ func TestNodeLostIsInfra(t *testing.T) {
 	}
 	if out.Result.Status != client.StatusError || !strings.Contains(out.Result.Error, "lost") || len(f.created) != 3 {
 		t.Fatalf("outcome %+v, created %v: want an infra error after 3 sandboxes, no control", out, f.created)
+	}
+}
+
+// TestFilesStdinFetch: the spec's files go in before the run (relative
+// ones under Cwd), the run gets Cwd and Stdin, and the files asked for come
+// back; a missing one or a directory is left out.
+func TestFilesStdinFetch(t *testing.T) {
+	f := &flaky{}
+	r := New(f, nil)
+	in := "input"
+	out, err := r.Run(context.Background(), "team", Spec{Template: "python", Path: "code.py", Script: "print(1)", Argv: []string{"python3", "code.py"},
+		Cwd: "/w", Stdin: &in, Files: map[string][]byte{"data/in.txt": []byte("x"), "/abs.txt": []byte("y")},
+		Fetch: []string{"data/in.txt", "/abs.txt", "missing", "dir"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.files["/w/code.py"] != "print(1)" || f.files["/w/data/in.txt"] != "x" || f.files["/abs.txt"] != "y" {
+		t.Errorf("written %v", f.files)
+	}
+	if f.lastExec.Cwd != "/w" || f.lastExec.Stdin == nil || *f.lastExec.Stdin != "input" {
+		t.Errorf("exec %+v", f.lastExec)
+	}
+	if len(out.Files) != 2 || string(out.Files["data/in.txt"]) != "x" || string(out.Files["/abs.txt"]) != "y" {
+		t.Errorf("fetched %q", out.Files)
 	}
 }

@@ -67,9 +67,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(data_dir: Path | None = None) -> Server:
+def start_server(data_dir: Path | None = None, extra_args: tuple[str, ...] = ()) -> Server:
     """A new `evalbox serve` in a temporary data dir (or again on data_dir, as a restart), with
-    warm pools of the test templates."""
+    warm pools of the test templates and extra_args. The integration suites (test/integrations)
+    start theirs with it too."""
     data_dir = data_dir or Path(tempfile.mkdtemp(prefix="evalbox-e2b-"))
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -84,6 +85,7 @@ def start_server(data_dir: Path | None = None) -> Server:
         TEMPLATES_DIR,
         "--pool",
         "base:gvisor=2,python:gvisor=2",
+        *extra_args,
     ]
     with open(data_dir / "serve.log", "ab") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)

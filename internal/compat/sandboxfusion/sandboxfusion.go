@@ -1,0 +1,418 @@
+// Package sandboxfusion serves SandboxFusion's code-running API on
+// evalbox (docs/integrations/sandbox-fusion.md): POST /run_code, which verl's
+// and ROLL's code rewards and the sandbox-fusion client call, and POST
+// /run_jupyter (jupyter.go). Every call runs in a fresh sandbox (internal/trial: create, write, run, delete, infra
+// failures retried on a new sandbox), and answers as the real service does:
+// HTTP 200 with status Success, Failed (the code's own failure: a non-zero
+// exit, a timeout) or SandboxError (evalbox could not run it); a request
+// the service would refuse is a 422 in FastAPI's form.
+//
+// Authentication is the team's API key, as a bearer token, an X-API-Key
+// header, or the password of HTTP basic authentication (so that a bare
+// endpoint URL such as http://:KEY@host:8700 carries it). With
+// Config.Keyless, requests from a loopback address that carry none run as
+// that team: verl posts to a bare URL.
+package sandboxfusion
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/netip"
+	"path"
+	"strings"
+
+	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/trial"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// Trials runs one program in a fresh sandbox (trial.Runner).
+type Trials interface {
+	Run(ctx context.Context, teamID string, spec trial.Spec) (trial.Outcome, error)
+}
+
+// Authenticator resolves an Authorization header to a team.
+type Authenticator interface {
+	Authenticate(ctx context.Context, authorization string) (auth.Principal, error)
+}
+
+// Config configures the handler.
+type Config struct {
+	Trials Trials
+	Auth   Authenticator
+	// Keyless, when set, is the team of requests from a loopback address
+	// that carry no credentials; nil: every request needs the API key.
+	Keyless func(ctx context.Context) (auth.Principal, error)
+	// Sandboxes and Dial serve run_jupyter: its sandbox, and connections
+	// to its interpreter's port (as port URLs make them); nil: it answers
+	// SandboxError.
+	Sandboxes Sandboxes
+	Dial      func(ctx context.Context, teamID, id string, port int) (net.Conn, error)
+	// Runtime runs the sandboxes ("" = the server's default).
+	Runtime string
+	Logger  *slog.Logger
+}
+
+// Handler serves the routes.
+type Handler struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// New returns the handler.
+func New(cfg Config) *Handler {
+	h := &Handler{cfg: cfg, log: cfg.Logger}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
+	return h
+}
+
+// Register adds the routes to mux.
+func (h *Handler) Register(mux *http.ServeMux) {
+	mux.HandleFunc("POST /run_code", h.authed(h.runCode))
+	mux.HandleFunc("POST /run_jupyter", h.authed(h.runJupyter))
+}
+
+// Bounds of a request.
+const (
+	maxBody        = 32 << 20
+	maxTimeout     = 600.0
+	defaultTimeout = 10.0
+	maxOutputBytes = 8 << 20
+	maxFiles       = 256
+	// workdir is where the code and the request's relative files go, and
+	// the run's working directory.
+	workdir = "/workspace"
+)
+
+// language is how evalbox runs one of SandboxFusion's languages.
+type language struct {
+	template, file string
+	argv           []string
+}
+
+// languages are those this server runs. SandboxFusion knows more
+// (knownLanguages); they are refused with a message naming these.
+var languages = map[string]language{
+	"python": {"python", "code.py", []string{"python3", "code.py"}},
+	"bash":   {"base", "code.sh", []string{"bash", "code.sh"}},
+	"nodejs": {"node", "code.js", []string{"node", "code.js"}},
+}
+
+// knownLanguages are the languages of SandboxFusion's API (its client's
+// Language type).
+var knownLanguages = map[string]bool{
+	"python": true, "python2": true, "cpp": true, "nodejs": true, "go": true, "go_test": true, "java": true, "php": true,
+	"csharp": true, "bash": true, "typescript": true, "sql": true, "rust": true, "cuda": true, "lua": true, "R": true,
+	"perl": true, "D_ut": true, "ruby": true, "scala": true, "julia": true, "pytest": true, "junit": true,
+	"kotlin_script": true, "jest": true, "verilog": true, "python_gpu": true, "lean": true, "swift": true,
+	"racket": true, "gtest": true, "react": true,
+}
+
+// runCodeRequest is SandboxFusion's RunCodeRequest. Fields it does not
+// know are ignored, as the service ignores them.
+type runCodeRequest struct {
+	Code           *string            `json:"code"`
+	Language       string             `json:"language"`
+	CompileTimeout *float64           `json:"compile_timeout"`
+	RunTimeout     *float64           `json:"run_timeout"`
+	MemoryLimitMB  *float64           `json:"memory_limit_MB"`
+	Stdin          *string            `json:"stdin"`
+	Files          map[string]*string `json:"files"`
+	FetchFiles     []string           `json:"fetch_files"`
+}
+
+// Run statuses (RunStatus) and command statuses (CommandRunStatus).
+const (
+	statusSuccess      = "Success"
+	statusFailed       = "Failed"
+	statusSandboxError = "SandboxError"
+
+	cmdFinished          = "Finished"
+	cmdError             = "Error"
+	cmdTimeLimitExceeded = "TimeLimitExceeded"
+)
+
+// commandRunResult is SandboxFusion's CommandRunResult.
+type commandRunResult struct {
+	Status        string   `json:"status"`
+	ExecutionTime *float64 `json:"execution_time"`
+	CPUTime       *float64 `json:"cpu_time"`
+	ReturnCode    *int     `json:"return_code"`
+	Stdout        *string  `json:"stdout"`
+	Stderr        *string  `json:"stderr"`
+}
+
+// runCodeResponse is SandboxFusion's RunCodeResponse.
+type runCodeResponse struct {
+	Status          string            `json:"status"`
+	Message         string            `json:"message"`
+	CompileResult   *commandRunResult `json:"compile_result"`
+	RunResult       *commandRunResult `json:"run_result"`
+	ExecutorPodName *string           `json:"executor_pod_name"`
+	Files           map[string]string `json:"files"`
+}
+
+func (h *Handler) runCode(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var req runCodeRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	spec, verr := h.specOf(req)
+	if verr != nil {
+		writeValidation(w, verr)
+		return
+	}
+	spec.Metadata = map[string]string{"via": "sandbox-fusion"}
+	out, err := h.cfg.Trials.Run(r.Context(), p.TeamID, spec)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the caller is gone
+		}
+		var ae *apierr.Error
+		if errors.As(err, &ae) && ae.Code == client.CodeBadRequest {
+			// Beyond what the server allows (memory_limit_MB, say).
+			writeValidation(w, &fieldError{Loc: []string{"body"}, Msg: ae.Message, Type: "value_error"})
+			return
+		}
+		// The request could not run at all (no such template on this
+		// server, the team's limits): evalbox's failure, not the code's.
+		writeJSON(w, http.StatusOK, runCodeResponse{Status: statusSandboxError, Message: userMessage(err), Files: map[string]string{}})
+		return
+	}
+	writeJSON(w, http.StatusOK, responseOf(out))
+}
+
+// fieldError is one entry of FastAPI's 422 detail.
+type fieldError struct {
+	Loc  []string `json:"loc"`
+	Msg  string   `json:"msg"`
+	Type string   `json:"type"`
+}
+
+func invalid(field, format string, a ...any) *fieldError {
+	return &fieldError{Loc: []string{"body", field}, Msg: fmt.Sprintf(format, a...), Type: "value_error"}
+}
+
+// specOf checks a request and turns it into a trial.
+func (h *Handler) specOf(req runCodeRequest) (trial.Spec, *fieldError) {
+	if req.Code == nil {
+		return trial.Spec{}, invalid("code", "field required")
+	}
+	if req.Language == "" {
+		return trial.Spec{}, invalid("language", "field required")
+	}
+	lang, ok := languages[req.Language]
+	if !ok {
+		supported := "python, bash and nodejs"
+		if knownLanguages[req.Language] {
+			return trial.Spec{}, invalid("language", "language %q is not run by this evalbox server (it runs %s)", req.Language, supported)
+		}
+		return trial.Spec{}, invalid("language", "unknown language %q (this evalbox server runs %s)", req.Language, supported)
+	}
+	timeout := defaultTimeout
+	if req.RunTimeout != nil {
+		timeout = *req.RunTimeout
+	}
+	if math.IsNaN(timeout) || timeout <= 0 || timeout > maxTimeout {
+		return trial.Spec{}, invalid("run_timeout", "must be in (0, %g] seconds", maxTimeout)
+	}
+	if c := req.CompileTimeout; c != nil && (math.IsNaN(*c) || *c < 0 || *c > maxTimeout) {
+		return trial.Spec{}, invalid("compile_timeout", "must be in [0, %g] seconds", maxTimeout)
+	}
+	spec := trial.Spec{Template: lang.template, Runtime: h.cfg.Runtime, Script: *req.Code, Path: lang.file, Argv: lang.argv,
+		Cwd: workdir, Stdin: req.Stdin, Timeout: timeout, MaxOutputBytes: maxOutputBytes}
+	if m := req.MemoryLimitMB; m != nil && *m > 0 {
+		// -1 (its default) or 0: the template's.
+		if *m > math.MaxInt32 {
+			return trial.Spec{}, invalid("memory_limit_MB", "too large")
+		}
+		spec.MemoryMB = int(math.Ceil(*m))
+	}
+	var verr *fieldError
+	if spec.Files, verr = decodeFiles(req.Files); verr != nil {
+		return trial.Spec{}, verr
+	}
+	if verr := checkFetch(req.FetchFiles); verr != nil {
+		return trial.Spec{}, verr
+	}
+	spec.Fetch = req.FetchFiles
+	return spec, nil
+}
+
+// decodeFiles checks and decodes a request's files (path → base64; null:
+// an empty file).
+func decodeFiles(in map[string]*string) (map[string][]byte, *fieldError) {
+	if len(in) > maxFiles {
+		return nil, invalid("files", "%d files; at most %d", len(in), maxFiles)
+	}
+	var files map[string][]byte
+	for name, b64 := range in {
+		if err := checkPath(name); err != nil {
+			return nil, invalid("files", "%q: %v", name, err)
+		}
+		var b []byte
+		if b64 != nil {
+			var err error
+			if b, err = base64.StdEncoding.DecodeString(*b64); err != nil {
+				return nil, invalid("files", "%q: the content is not base64: %v", name, err)
+			}
+		}
+		if files == nil {
+			files = map[string][]byte{}
+		}
+		files[name] = b
+	}
+	return files, nil
+}
+
+// checkFetch checks a request's fetch_files.
+func checkFetch(names []string) *fieldError {
+	if len(names) > maxFiles {
+		return invalid("fetch_files", "%d files; at most %d", len(names), maxFiles)
+	}
+	for _, name := range names {
+		if err := checkPath(name); err != nil {
+			return invalid("fetch_files", "%q: %v", name, err)
+		}
+	}
+	return nil
+}
+
+// checkPath checks a file name of a request: a path, absolute or relative
+// to the working directory, without NUL bytes.
+func checkPath(name string) error {
+	switch {
+	case name == "" || path.Clean(name) == "/" || path.Clean(name) == ".":
+		return errors.New("not a file path")
+	case strings.ContainsRune(name, 0):
+		return errors.New("a NUL byte in the path")
+	case len(name) > 4096:
+		return errors.New("the path is too long")
+	}
+	return nil
+}
+
+// responseOf is SandboxFusion's answer for a trial's outcome.
+func responseOf(out trial.Outcome) runCodeResponse {
+	res := out.Result
+	resp := runCodeResponse{Files: map[string]string{}}
+	for name, b := range out.Files {
+		resp.Files[name] = base64.StdEncoding.EncodeToString(b)
+	}
+	if res.Status == client.StatusError {
+		// No attempt ran the code to an end: evalbox's failure.
+		resp.Status, resp.Message = statusSandboxError, res.Error
+		return resp
+	}
+	secs := float64(res.DurationMs) / 1000
+	stdout, stderr := res.Stdout, res.Stderr
+	rr := &commandRunResult{Status: cmdFinished, ExecutionTime: &secs, Stdout: &stdout, Stderr: &stderr}
+	code := res.ExitCode
+	switch res.Status {
+	case client.StatusTimedOut:
+		rr.Status = cmdTimeLimitExceeded
+	case client.StatusKilled:
+		// As a subprocess's return code: minus the signal.
+		sig := res.Signal
+		if sig == 0 {
+			sig = 9
+		}
+		code = -sig
+		rr.ReturnCode = &code
+	default:
+		rr.ReturnCode = &code
+	}
+	resp.RunResult = rr
+	resp.Status = statusFailed
+	if rr.Status == cmdFinished && code == 0 {
+		resp.Status = statusSuccess
+	}
+	return resp
+}
+
+// userMessage is an error's message for the caller.
+func userMessage(err error) string {
+	var ae *apierr.Error
+	if errors.As(err, &ae) && ae.Message != "" {
+		return ae.Message
+	}
+	return "evalbox could not run the code"
+}
+
+// authed resolves the request's credentials to a team, or (Keyless) lets a
+// loopback request without any run as its team.
+func (h *Handler) authed(fn func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		authz := r.Header.Get("Authorization")
+		if key := r.Header.Get("X-API-Key"); key != "" {
+			authz = "Bearer " + key
+		} else if _, pass, ok := r.BasicAuth(); ok {
+			authz = "Bearer " + pass
+		}
+		var (
+			p   auth.Principal
+			err error
+		)
+		if authz == "" && h.cfg.Keyless != nil && fromLoopback(r) {
+			p, err = h.cfg.Keyless(r.Context())
+		} else {
+			p, err = h.cfg.Auth.Authenticate(r.Context(), authz)
+		}
+		if errors.Is(err, auth.ErrUnauthorized) {
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"detail": "missing or invalid evalbox API key (Authorization: Bearer KEY, X-API-Key, or the password of http://:KEY@host)"})
+			return
+		}
+		if err != nil {
+			h.log.Error("sandbox-fusion: authenticate", "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"detail": "evalbox could not check the credentials; try again"})
+			return
+		}
+		fn(w, r, p)
+	}
+}
+
+// fromLoopback reports whether r came from a loopback address.
+func fromLoopback(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
+}
+
+// decode reads a JSON body, answering 422 (FastAPI's form) when it is not
+// one.
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	if err := json.NewDecoder(r.Body).Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeJSON(w, http.StatusRequestEntityTooLarge, map[string]string{"detail": fmt.Sprintf("the request body is larger than %d bytes", maxBody)})
+			return false
+		}
+		writeValidation(w, &fieldError{Loc: []string{"body"}, Msg: "the body is not a JSON object of the request: " + err.Error(), Type: "value_error.jsondecode"})
+		return false
+	}
+	return true
+}
+
+func writeValidation(w http.ResponseWriter, e *fieldError) {
+	writeJSON(w, http.StatusUnprocessableEntity, map[string][]*fieldError{"detail": {e}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,208 @@
+package sandboxfusion
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/trial"
+	"github.com/evalbox/evalbox/pkg/client"
+)
+
+// fakeTrials answers every trial with out (or err) and keeps the spec.
+type fakeTrials struct {
+	spec trial.Spec
+	team string
+	out  trial.Outcome
+	err  error
+}
+
+func (f *fakeTrials) Run(_ context.Context, teamID string, spec trial.Spec) (trial.Outcome, error) {
+	f.spec, f.team = spec, teamID
+	return f.out, f.err
+}
+
+// keys accepts the bearer key "good" as team-a.
+type keys struct{}
+
+func (keys) Authenticate(_ context.Context, authz string) (auth.Principal, error) {
+	if authz == "Bearer good" {
+		return auth.Principal{TeamID: "team-a"}, nil
+	}
+	return auth.Principal{}, fmt.Errorf("%w: no", auth.ErrUnauthorized)
+}
+
+func serve(t *testing.T, f *fakeTrials, keyless bool, remote, body string, hdr map[string]string) (*httptest.ResponseRecorder, map[string]any) {
+	t.Helper()
+	cfg := Config{Trials: f, Auth: keys{}}
+	if keyless {
+		cfg.Keyless = func(context.Context) (auth.Principal, error) { return auth.Principal{TeamID: "team-keyless"}, nil }
+	}
+	mux := http.NewServeMux()
+	New(cfg).Register(mux)
+	req := httptest.NewRequest(http.MethodPost, "/run_code", strings.NewReader(body))
+	req.RemoteAddr = remote
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, req)
+	var m map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &m); err != nil {
+		t.Fatalf("body %q: %v", rec.Body.String(), err)
+	}
+	return rec, m
+}
+
+var bearer = map[string]string{"Authorization": "Bearer good"}
+
+// TestRunCodeRequest: a request becomes the trial SandboxFusion's service
+// would run: the language's template and command, in the working
+// directory, with its files (base64), stdin, timeout, memory and fetches.
+func TestRunCodeRequest(t *testing.T) {
+	f := &fakeTrials{out: trial.Outcome{Result: client.ExecResult{Status: client.StatusExited}}}
+	body := `{"code": "print(input())", "language": "python", "run_timeout": 2.5, "compile_timeout": 1, "memory_limit_MB": 300,
+		"stdin": "hi", "files": {"data/in.txt": "` + base64.StdEncoding.EncodeToString([]byte("x")) + `", "/empty": null},
+		"fetch_files": ["out.txt"], "unknown_field": 1}`
+	rec, _ := serve(t, f, false, "10.0.0.1:1234", body, bearer)
+	if rec.Code != http.StatusOK {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	s := f.spec
+	_, empty := s.Files["/empty"]
+	if f.team != "team-a" || s.Template != "python" || s.Path != "code.py" || strings.Join(s.Argv, " ") != "python3 code.py" ||
+		s.Cwd != workdir || s.Script != "print(input())" || *s.Stdin != "hi" || s.Timeout != 2.5 || s.MemoryMB != 300 ||
+		string(s.Files["data/in.txt"]) != "x" || !empty || len(s.Files) != 2 || strings.Join(s.Fetch, ",") != "out.txt" {
+		t.Errorf("spec %+v (team %s)", s, f.team)
+	}
+	for lang, tpl := range map[string]string{"bash": "base", "nodejs": "node"} {
+		serve(t, f, false, "10.0.0.1:1234", `{"code": "x", "language": "`+lang+`"}`, bearer)
+		if f.spec.Template != tpl || f.spec.Timeout != defaultTimeout || f.spec.MemoryMB != 0 {
+			t.Errorf("%s: %+v", lang, f.spec)
+		}
+	}
+}
+
+// TestRunCodeResponse: the outcome in SandboxFusion's terms.
+func TestRunCodeResponse(t *testing.T) {
+	for name, c := range map[string]struct {
+		res            client.ExecResult
+		status, cmd    string
+		code           any
+		files, message bool
+	}{
+		"success":  {client.ExecResult{Status: client.StatusExited, Stdout: "out", Stderr: "err", DurationMs: 1500}, "Success", "Finished", 0.0, true, false},
+		"exit 3":   {client.ExecResult{Status: client.StatusExited, ExitCode: 3}, "Failed", "Finished", 3.0, true, false},
+		"timeout":  {client.ExecResult{Status: client.StatusTimedOut, ExitCode: -1}, "Failed", "TimeLimitExceeded", nil, true, false},
+		"signal":   {client.ExecResult{Status: client.StatusKilled, Signal: 11, ExitCode: -1}, "Failed", "Finished", -11.0, true, false},
+		"no start": {client.ExecResult{Status: client.StatusError, Error: "infrastructure failure after 3 attempts"}, "SandboxError", "", nil, false, true},
+	} {
+		f := &fakeTrials{out: trial.Outcome{Result: c.res, Files: map[string][]byte{"out.txt": []byte("o")}}}
+		rec, m := serve(t, f, false, "10.0.0.1:1", `{"code": "", "language": "python"}`, bearer)
+		if rec.Code != http.StatusOK || m["status"] != c.status || m["compile_result"] != nil {
+			t.Errorf("%s: %d %v", name, rec.Code, m)
+			continue
+		}
+		if c.message != (m["message"] != "") {
+			t.Errorf("%s: message %q", name, m["message"])
+		}
+		files, _ := m["files"].(map[string]any)
+		if c.files && files["out.txt"] != base64.StdEncoding.EncodeToString([]byte("o")) {
+			t.Errorf("%s: files %v", name, m["files"])
+		}
+		rr, _ := m["run_result"].(map[string]any)
+		if c.cmd == "" {
+			if rr != nil {
+				t.Errorf("%s: run_result %v", name, rr)
+			}
+			continue
+		}
+		if rr["status"] != c.cmd || rr["return_code"] != c.code || rr["stdout"] != c.res.Stdout || rr["stderr"] != c.res.Stderr ||
+			rr["execution_time"] != float64(c.res.DurationMs)/1000 {
+			t.Errorf("%s: run_result %v", name, rr)
+		}
+	}
+	// A trial that cannot run at all: SandboxError, or 422 for what the
+	// server does not allow.
+	f := &fakeTrials{err: &apierr.Error{Code: client.CodeTooManySandboxes, Message: "the team may not run sandboxes"}}
+	if rec, m := serve(t, f, false, "10.0.0.1:1", `{"code": "", "language": "python"}`, bearer); rec.Code != 200 || m["status"] != "SandboxError" || m["message"] != "the team may not run sandboxes" {
+		t.Errorf("no run: %d %v", rec.Code, m)
+	}
+	f = &fakeTrials{err: &apierr.Error{Code: client.CodeBadRequest, Message: "memory_mb may be at most 4096"}}
+	if rec, _ := serve(t, f, false, "10.0.0.1:1", `{"code": "", "language": "python", "memory_limit_MB": 100000}`, bearer); rec.Code != http.StatusUnprocessableEntity {
+		t.Errorf("beyond the server's limits: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// TestRunCodeBadInput: what SandboxFusion's service refuses is a 422 with
+// FastAPI's detail, and nothing runs.
+func TestRunCodeBadInput(t *testing.T) {
+	for body, field := range map[string]string{
+		`{"language": "python"}`:                                          "code",
+		`{"code": "x"}`:                                                   "language",
+		`{"code": "x", "language": "cobol"}`:                              "language",
+		`{"code": "x", "language": "cpp"}`:                                "language",
+		`{"code": "x", "language": "python", "run_timeout": 0}`:           "run_timeout",
+		`{"code": "x", "language": "python", "run_timeout": 1e9}`:         "run_timeout",
+		`{"code": "x", "language": "python", "compile_timeout": -1}`:      "compile_timeout",
+		`{"code": "x", "language": "python", "files": {"a": "%%%"}}`:      "files",
+		`{"code": "x", "language": "python", "files": {"": "eA=="}}`:      "files",
+		`{"code": "x", "language": "python", "fetch_files": ["/"]}`:       "fetch_files",
+		`{"code": "x", "language": "python", "fetch_files": ["a\u0000"]}`: "fetch_files",
+		`not json`: "",
+	} {
+		f := &fakeTrials{}
+		rec, m := serve(t, f, false, "10.0.0.1:1", body, bearer)
+		detail, _ := m["detail"].([]any)
+		if rec.Code != http.StatusUnprocessableEntity || len(detail) != 1 || f.team != "" {
+			t.Errorf("%s: %d %v (ran: %v)", body, rec.Code, m, f.team != "")
+			continue
+		}
+		loc, _ := detail[0].(map[string]any)["loc"].([]any)
+		if field != "" && (len(loc) != 2 || loc[1] != field) {
+			t.Errorf("%s: loc %v, want %s", body, loc, field)
+		}
+	}
+}
+
+// TestRunCodeAuth: the API key as a bearer token, X-API-Key or basic
+// auth's password; without one, only a loopback request with Keyless on
+// runs, as its team.
+func TestRunCodeAuth(t *testing.T) {
+	ok := `{"code": "", "language": "bash"}`
+	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte(":good"))
+	for name, c := range map[string]struct {
+		keyless bool
+		remote  string
+		hdr     map[string]string
+		team    string
+	}{
+		"bearer":                    {false, "10.0.0.1:1", bearer, "team-a"},
+		"x-api-key":                 {false, "10.0.0.1:1", map[string]string{"X-API-Key": "good"}, "team-a"},
+		"basic password":            {false, "10.0.0.1:1", map[string]string{"Authorization": basic}, "team-a"},
+		"a key wins over keyless":   {true, "127.0.0.1:1", bearer, "team-a"},
+		"keyless from loopback":     {true, "127.0.0.1:1", nil, "team-keyless"},
+		"keyless from ::1":          {true, "[::1]:1", nil, "team-keyless"},
+		"no key, keyless off":       {false, "127.0.0.1:1", nil, ""},
+		"no key, not loopback":      {true, "10.0.0.1:1", nil, ""},
+		"bad key from loopback":     {true, "127.0.0.1:1", map[string]string{"Authorization": "Bearer bad"}, ""},
+		"keyless mapped v4 remote":  {true, "[::ffff:10.0.0.1]:1", nil, ""},
+		"keyless mapped v4 loopack": {true, "[::ffff:127.0.0.1]:1", nil, "team-keyless"},
+	} {
+		f := &fakeTrials{out: trial.Outcome{Result: client.ExecResult{Status: client.StatusExited}}}
+		rec, _ := serve(t, f, c.keyless, c.remote, ok, c.hdr)
+		switch {
+		case c.team == "" && (rec.Code != http.StatusUnauthorized || f.team != ""):
+			t.Errorf("%s: %d, ran as %q", name, rec.Code, f.team)
+		case c.team != "" && (rec.Code != http.StatusOK || f.team != c.team):
+			t.Errorf("%s: %d, ran as %q, want %s", name, rec.Code, f.team, c.team)
+		}
+	}
+}
