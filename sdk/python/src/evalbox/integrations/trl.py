@@ -1,0 +1,175 @@
+"""Code rewards for TRL's trainers (``GRPOTrainer(reward_funcs=[...])``).
+
+:func:`code_reward` builds a reward function with TRL's signature,
+``reward(prompts, completions, completion_ids, **columns) -> list[float | None]``: it takes the
+code out of each completion (a chat completion's last assistant message, or plain text; the
+last fenced code block, else the whole text), appends the completion's tests (a dataset
+column), runs each program in its own fresh sandbox through ``POST /v1/execute`` and scores
+1.0 when it exits 0, 0.0 when it fails or times out, and ``None`` when evalbox could not run it
+(TRL leaves ``None`` out of the reward instead of counting a false 0); so is a whole batch
+that evalbox could not take (unreachable, overloaded), while a bad request or key raises. :func:`async_code_reward`
+is its ``async def`` twin (TRL awaits async reward functions). TRL itself is not imported: the
+functions only follow its calling convention (docs/integrations/trl.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from .._async import AsyncClient, async_execute
+from .._sync import Client, execute
+from ..errors import (
+    APIConnectionError,
+    OutputBudgetExhaustedError,
+    RateLimitedError,
+    ServerError,
+    TooManySandboxesError,
+)
+from ..models import CommandResult
+
+__all__ = ["RewardFunc", "async_code_reward", "code_reward", "extract_code", "program"]
+
+log = logging.getLogger("evalbox.integrations.trl")
+
+# What makes a batch's rewards None rather than an exception: evalbox, not the caller, failed
+# (unreachable, overloaded, out of room). A bad request or key raises: it would fail every step.
+_INFRA = (APIConnectionError, ServerError, RateLimitedError, OutputBudgetExhaustedError, TooManySandboxesError)
+
+RewardFunc = Callable[..., list[float | None]]
+"""A reward function as TRL calls it: keyword arguments ``prompts``, ``completions``,
+``completion_ids`` and one list per dataset column; one reward per completion."""
+
+_FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(completion: str | Sequence[Mapping[str, Any]]) -> str:
+    """The code of a completion: its text (a chat completion's last assistant message), and of
+    that the last fenced code block, or, without one, the whole text."""
+    text = _text(completion)
+    blocks = _FENCE.findall(text)
+    return str(blocks[-1]) if blocks else text
+
+
+def _text(completion: str | Sequence[Mapping[str, Any]]) -> str:
+    if isinstance(completion, str):
+        return completion
+    for msg in reversed(completion):
+        if msg.get("role", "assistant") != "assistant":
+            continue
+        content = msg.get("content", "")
+        if isinstance(content, str):
+            return content
+        # A list of parts: its text parts, in order.
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+    return ""
+
+
+def program(code: str, tests: str | Sequence[str] | None) -> str:
+    """The program a completion is scored by: its code, then its tests (asserts, one string or a
+    list), each on lines of their own."""
+    if tests is None:
+        return code
+    parts = [tests] if isinstance(tests, str) else list(tests)
+    return "\n\n".join([code, *parts]) + "\n"
+
+
+def _score(r: CommandResult) -> float | None:
+    if r.status == "error":
+        log.warning("evalbox could not run a completion's program: %s", r.error)
+        return None
+    return 1.0 if r.ok else 0.0
+
+
+def _programs(completions: Sequence[Any], columns: Mapping[str, Any], tests_column: str | None) -> list[str]:
+    tests: Sequence[Any] | None = None
+    if tests_column is not None:
+        if tests_column not in columns:
+            raise KeyError(f"the dataset has no column {tests_column!r} (it has {sorted(columns)})")
+        tests = columns[tests_column]
+        if len(tests) != len(completions):
+            raise ValueError(f"{len(completions)} completions but {len(tests)} values of {tests_column!r}")
+    return [program(extract_code(c), tests[i] if tests is not None else None) for i, c in enumerate(completions)]
+
+
+def code_reward(
+    *,
+    tests_column: str | None = "test",
+    timeout: float = 10,
+    language: Literal["python", "bash"] = "python",
+    template: str | None = None,
+    runtime: str | None = None,
+    client: Client | None = None,
+    name: str = "evalbox_code_reward",
+) -> RewardFunc:
+    """A TRL reward function that runs each completion's code with its tests in a fresh sandbox.
+
+    Args:
+        tests_column: The dataset column whose value (a string, or a list of strings) is
+            appended to each completion's code; ``None``: the code alone.
+        timeout: Seconds each program may run.
+        language: ``python`` or ``bash``.
+        template: The sandboxes' template (default ``python`` / ``base``).
+        runtime: ``gvisor`` or ``namespaces`` (default the server's).
+        client: The evalbox client (default: the process's, from ``EVALBOX_API_URL`` /
+            ``EVALBOX_API_KEY`` when the reward is called).
+        name: The function's ``__name__``, under which TRL logs the reward.
+    """
+
+    def reward(
+        prompts: Sequence[Any] | None = None,
+        completions: Sequence[Any] = (),
+        completion_ids: Sequence[Any] | None = None,
+        **columns: Any,
+    ) -> list[float | None]:
+        programs = _programs(completions, columns, tests_column)
+        if not programs:
+            return []
+        try:
+            results = execute(
+                programs, timeout=timeout, language=language, template=template, runtime=runtime, client=client
+            )
+        except _INFRA as e:
+            log.warning("evalbox could not run the batch of %d completions: %s", len(programs), e)
+            return [None] * len(programs)
+        return [_score(r) for r in results]
+
+    reward.__name__ = reward.__qualname__ = name
+    return reward
+
+
+def async_code_reward(
+    *,
+    tests_column: str | None = "test",
+    timeout: float = 10,
+    language: Literal["python", "bash"] = "python",
+    template: str | None = None,
+    runtime: str | None = None,
+    client: AsyncClient | None = None,
+    name: str = "evalbox_code_reward",
+) -> Callable[..., Awaitable[list[float | None]]]:
+    """:func:`code_reward` as an ``async def`` (same arguments, an :class:`AsyncClient`)."""
+
+    async def reward(
+        prompts: Sequence[Any] | None = None,
+        completions: Sequence[Any] = (),
+        completion_ids: Sequence[Any] | None = None,
+        **columns: Any,
+    ) -> list[float | None]:
+        programs = _programs(completions, columns, tests_column)
+        if not programs:
+            return []
+        try:
+            # Without a client: the awaiting loop's default one (evalbox.async_execute).
+            results = await async_execute(
+                programs, timeout=timeout, language=language, template=template, runtime=runtime, client=client
+            )
+        except _INFRA as e:
+            log.warning("evalbox could not run the batch of %d completions: %s", len(programs), e)
+            return [None] * len(programs)
+        return [_score(r) for r in results]
+
+    reward.__name__ = reward.__qualname__ = name
+    return reward

@@ -1,0 +1,90 @@
+"""evalbox.integrations.trl against the real server, called exactly as TRL's GRPOTrainer calls a
+reward function: keyword arguments prompts, completions, completion_ids, one list per dataset
+column other than the prompt, and trainer_state (GRPOTrainer._calculate_rewards). Every program
+runs in its own fresh sandbox; an infra failure is None, never a false 0."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from evalbox import AsyncClient, Client, errors
+from evalbox.integrations.trl import async_code_reward, code_reward, extract_code, program
+
+from .server import NS, Team
+
+TEST = "assert add(2, 3) == 5\nassert add(-1, 1) == 0"
+
+#: chat-format completions (one assistant message each), and the reward each must get.
+CHAT: list[tuple[list[dict[str, Any]], float]] = [
+    ([{"role": "assistant", "content": "Here:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."}], 1.0),
+    ([{"role": "assistant", "content": "```python\ndef add(a, b):\n    return a - b\n```"}], 0.0),
+    ([{"role": "assistant", "content": "```python\ndef add(a, b):\n    while True:\n        pass\n```"}], 0.0),
+    ([{"role": "assistant", "content": "```py\ndef add(a, b)\n    return a + b\n```"}], 0.0),  # a syntax error
+    ([{"role": "assistant", "content": [{"type": "text", "text": "def add(a, b):\n    return b + a\n"}]}], 1.0),
+]
+
+
+def grpo_call(reward: Any, completions: list[Any], tests: list[Any]) -> Any:
+    """What GRPOTrainer passes a reward function (its columns: the prompt's siblings)."""
+    prompts = [[{"role": "user", "content": "Write add(a, b)."}] for _ in completions]
+    return reward(
+        prompts=prompts,
+        completions=completions,
+        completion_ids=[[1, 2, 3] for _ in completions],
+        test=tests,
+        task_id=[f"t{i}" for i in range(len(completions))],
+        trainer_state=object(),
+    )
+
+
+def test_chat_completions(team: Team) -> None:
+    reward = code_reward(timeout=3, runtime=NS)
+    assert reward.__name__ == "evalbox_code_reward"
+    got = grpo_call(reward, [c for c, _ in CHAT], [TEST] * len(CHAT))
+    assert got == [want for _, want in CHAT]
+
+
+def test_plain_completions_and_list_tests(team: Team) -> None:
+    completions = ["def add(a, b):\n    return a + b\n", "def add(a, b):\n    return 0\n"]
+    tests = [["assert add(1, 1) == 2", "assert add(0, 0) == 0"], ["assert add(0, 0) == 0", "assert add(1, 1) == 2"]]
+    with team.client() as c:
+        assert grpo_call(code_reward(timeout=3, runtime=NS, client=c), completions, tests) == [1.0, 0.0]
+
+
+def test_async(team: Team) -> None:
+    async def main() -> Any:
+        async with AsyncClient(team.url, team.key) as c:
+            reward = async_code_reward(timeout=3, runtime=NS, client=c)
+            with_client = await grpo_call(reward, [c for c, _ in CHAT], [TEST] * len(CHAT))
+        # Without one: the loop's default client, from EVALBOX_API_URL / KEY.
+        default = await grpo_call(async_code_reward(timeout=3, runtime=NS), [CHAT[0][0]], [TEST])
+        return with_client, default
+
+    with_client, default = asyncio.run(main())
+    assert with_client == [want for _, want in CHAT]
+    assert default == [1.0]
+
+
+def test_infra_failure_is_none() -> None:
+    """An evalbox that cannot be reached gives None for every completion (TRL then leaves them
+    out), not a false 0; a bad request still raises."""
+    with Client("http://127.0.0.1:9", "evk_" + "x" * 40) as c:
+        assert grpo_call(code_reward(client=c), ["def add(a, b): return a + b"], [TEST]) == [None]
+
+
+def test_bad_input_raises(team: Team) -> None:
+    with team.client() as c:
+        with pytest.raises(errors.NotFoundError):
+            grpo_call(code_reward(template="no-such-template", client=c), ["print(1)"], [TEST])
+        with pytest.raises(KeyError, match="no column 'tests'"):
+            code_reward(tests_column="tests", client=c)(completions=["x"], test=["y"])
+
+
+def test_extract_code() -> None:
+    assert extract_code("a\n```python\nx = 1\n```\nb\n```\ny = 2\n```") == "y = 2\n"
+    assert extract_code("no fence") == "no fence"
+    assert extract_code([{"role": "user", "content": "q"}, {"role": "assistant", "content": "```\nz\n```"}]) == "z\n"
+    assert program("x = 1", ["assert x", "assert x == 1"]) == "x = 1\n\nassert x\n\nassert x == 1\n"
