@@ -119,6 +119,20 @@ if [ ! -x "$sf_venv/bin/pytest" ]; then
 fi
 (cd test/integrations && EVALBOX_BIN_DIR="$PWD/../../bin" "$sf_venv/bin/pytest" -q -W error -p no:cacheprovider sandboxfusion)
 
+# NeMo Gym 0.4.0 needs Python >= 3.12 (Harbor's, found above); it is
+# installed without its dependencies (its sandbox API needs none), and the
+# SDK from this checkout on every run (its entry point registers the provider).
+echo "== NeMo Gym (test/integrations/nemogym): nemo-gym's AsyncSandbox and Sandbox on the evalbox provider against a real evalbox serve"
+ng_venv=/var/cache/evalbox/venv-nemogym-$(sha256sum test/integrations/nemogym/constraints.txt | cut -c1-16)
+if [ ! -x "$ng_venv/bin/pytest" ]; then
+  rm -rf "$ng_venv"
+  "$harbor_python" -m venv "$ng_venv"
+  "$ng_venv/bin/pip" install -q --disable-pip-version-check -r <(grep -v '^nemo-gym==' test/integrations/nemogym/constraints.txt)
+  "$ng_venv/bin/pip" install -q --disable-pip-version-check --no-deps "$(grep '^nemo-gym==' test/integrations/nemogym/constraints.txt)"
+fi
+"$ng_venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./sdk/python
+(cd test/integrations && EVALBOX_BIN_DIR="$PWD/../../bin" "$ng_venv/bin/pytest" -q -W error -p no:cacheprovider nemogym)
+
 # The end-to-end suite runs a race-enabled server next to the real agent
 # and runsc.
 mkdir -p bin/race
