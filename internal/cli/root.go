@@ -170,6 +170,7 @@ with the key --api-key (default $` + client.EnvAPIKey + `).
 		newTeamsCmd(a),
 		newTemplateCmd(a),
 		newEvalCmd(a),
+		newShardCmd(a),
 		newHealthCmd(a),
 	)
 	return root

@@ -360,6 +360,12 @@ func checkSources(root string, srcs []string) error {
 // as a tar archive: regular files, directories and symlinks (never
 // followed), with their modes; owners are not sent.
 func writeTar(w io.Writer, root string, srcs []string) error {
+	return writeTarSkipping(w, root, srcs, nil)
+}
+
+// writeTarSkipping is writeTar, leaving out the entries skip names (a
+// skipped directory with all it holds).
+func writeTarSkipping(w io.Writer, root string, srcs []string, skip func(rel string, d fs.DirEntry) bool) error {
 	tw := tar.NewWriter(w)
 	seen := map[string]bool{}
 	for _, src := range srcs {
@@ -372,6 +378,12 @@ func writeTar(w io.Writer, root string, srcs []string) error {
 				return fmt.Errorf("%s is outside %s", p, root)
 			}
 			rel = filepath.ToSlash(rel)
+			if skip != nil && rel != "." && skip(rel, d) {
+				if d.IsDir() {
+					return filepath.SkipDir
+				}
+				return nil
+			}
 			if seen[rel] {
 				return nil
 			}

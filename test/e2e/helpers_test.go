@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -110,4 +113,23 @@ func mustExec(t *testing.T, c *client.Client, id string, req client.ExecRequest)
 func jsonOf(v any) (string, error) {
 	b, err := json.Marshal(v)
 	return string(b), err
+}
+
+// runCLI runs the evalbox binary against srv as the team of key, with
+// stdin, and returns its stdout, stderr and exit code.
+func runCLI(t *testing.T, ctx context.Context, key, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "evalbox"), args...)
+	cmd.Env = append(os.Environ(), "EVALBOX_API_URL="+srv.url, "EVALBOX_API_KEY="+key)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
 }

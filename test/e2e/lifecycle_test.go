@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -271,19 +270,7 @@ func TestCLI(t *testing.T) {
 	t.Parallel()
 	_, _, key := newTeam(t, srv, client.Limits{MaxSandboxes: 5, MaxConcurrentExec: 5})
 	run := func(stdin string, args ...string) (string, string, int) {
-		cmd := exec.Command(filepath.Join(binDir, "evalbox"), args...)
-		cmd.Env = append(os.Environ(), "EVALBOX_API_URL="+srv.url, "EVALBOX_API_KEY="+key)
-		cmd.Stdin = strings.NewReader(stdin)
-		var out, errb strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return out.String(), errb.String(), code
+		return runCLI(t, context.Background(), key, stdin, args...)
 	}
 	out, errs, code := run("", "sandbox", "create", "--template", "base")
 	if code != 0 {

@@ -1,0 +1,8 @@
+import pytest
+
+@pytest.mark.skip(reason="not today")
+def test_skipped():
+    pass
+
+def test_error_in_fixture(missing_fixture):
+    pass

@@ -1,0 +1,4 @@
+import time
+
+def test_slow():
+    time.sleep(1.5)

@@ -1,0 +1,5 @@
+from helper import value
+
+class TestNested:
+    def test_value(self):
+        assert value() == 42
