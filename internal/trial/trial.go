@@ -87,8 +87,12 @@ type Outcome struct {
 	Files map[string][]byte
 }
 
-// MaxFetchBytes bounds one fetched file (Spec.Fetch).
-const MaxFetchBytes = 16 << 20
+// MaxFetchBytes bounds one fetched file (Spec.Fetch), MaxFetchTotalBytes
+// all of a trial's: the files past it are left out.
+const (
+	MaxFetchBytes      = 16 << 20
+	MaxFetchTotalBytes = 64 << 20
+)
 
 // Phases are the durations of one attempt's steps: the sandbox's create
 // (a warm-pool claim or a cold start, queueing at the team's limit
@@ -276,13 +280,18 @@ func WriteFiles(ctx context.Context, fs FileStore, teamID, id, cwd string, files
 
 // ReadFiles reads the files names (a relative path is under cwd) from the
 // sandbox id, by the name asked for: a file that is missing, not a regular
-// file or larger than MaxFetchBytes is left out.
+// file, larger than MaxFetchBytes or past MaxFetchTotalBytes in all is left
+// out.
 func ReadFiles(ctx context.Context, fs FileStore, teamID, id, cwd string, names []string) (map[string][]byte, error) {
 	if len(names) == 0 {
 		return nil, nil
 	}
 	files := map[string][]byte{}
+	left := int64(MaxFetchTotalBytes)
 	for _, name := range names {
+		if _, dup := files[name]; dup {
+			continue
+		}
 		fi, rc, err := fs.OpenFile(ctx, teamID, id, under(cwd, name))
 		if isCode(err, client.CodeNotFound) || isCode(err, client.CodeBadRequest) {
 			continue // missing, or a directory
@@ -290,17 +299,19 @@ func ReadFiles(ctx context.Context, fs FileStore, teamID, id, cwd string, names 
 		if err != nil {
 			return nil, fmt.Errorf("fetch %s: %w", name, err)
 		}
-		if fi.Type != client.FileTypeFile || fi.Size > MaxFetchBytes {
+		limit := min(int64(MaxFetchBytes), left)
+		if fi.Type != client.FileTypeFile || fi.Size > limit {
 			rc.Close()
 			continue
 		}
-		b, err := io.ReadAll(io.LimitReader(rc, MaxFetchBytes+1))
+		b, err := io.ReadAll(io.LimitReader(rc, limit+1))
 		rc.Close()
 		if err != nil {
 			return nil, fmt.Errorf("fetch %s: %w", name, err)
 		}
-		if len(b) <= MaxFetchBytes {
+		if int64(len(b)) <= limit {
 			files[name] = b
+			left -= int64(len(b))
 		}
 	}
 	return files, nil

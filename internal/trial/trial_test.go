@@ -358,3 +358,27 @@ func TestFilesStdinFetch(t *testing.T) {
 		t.Errorf("fetched %q", out.Files)
 	}
 }
+
+// TestFetchBounds: a fetched file past MaxFetchBytes, or past
+// MaxFetchTotalBytes in all, is left out; a name asked for twice is read
+// once.
+func TestFetchBounds(t *testing.T) {
+	f := &flaky{files: map[string]string{}}
+	big := strings.Repeat("x", 15<<20)
+	names := []string{"/a", "/b", "/c", "/d", "/e", "/a"}
+	for _, n := range names[:5] {
+		f.files[n] = big
+	}
+	f.files["/huge"] = strings.Repeat("y", MaxFetchBytes+1)
+	got, err := ReadFiles(context.Background(), f, "team", "sb", "", append(names, "/huge"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, b := range got {
+		total += len(b)
+	}
+	if len(got) != 4 || total > MaxFetchTotalBytes || got["/huge"] != nil || got["/e"] != nil {
+		t.Errorf("fetched %d files, %d bytes", len(got), total)
+	}
+}

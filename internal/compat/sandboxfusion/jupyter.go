@@ -41,8 +41,10 @@ const (
 	// jupyterCwd is the kernel's working directory (the interpreter's
 	// default context), where relative files go.
 	jupyterCwd = "/home/user"
-	// maxCellOutput bounds what one cell's lines may hold.
+	// maxCellOutput bounds what one cell's lines may hold, maxRunOutput
+	// all the cells' of a run (past it the run is a SandboxError).
 	maxCellOutput = 8 << 20
+	maxRunOutput  = 64 << 20
 )
 
 // runJupyterRequest is SandboxFusion's RunJupyterRequest.
@@ -178,12 +180,13 @@ func (h *Handler) jupyter(ctx context.Context, teamID string, in jupyterRun) (ru
 	defer cancel()
 	status := cmdFinished
 	cells := make([]cellRunResult, 0, len(in.cells))
+	budget := maxRunOutput
 	for _, code := range in.cells {
 		cctx, ccancel := runCtx, context.CancelFunc(func() {})
 		if in.cell > 0 {
 			cctx, ccancel = context.WithTimeout(runCtx, in.cell)
 		}
-		res, err := runCell(cctx, hc, code)
+		res, err := runCell(cctx, hc, code, &budget)
 		timedOut := cctx.Err() != nil
 		ccancel()
 		if err != nil && ctx.Err() == nil && timedOut {
@@ -226,8 +229,9 @@ type interpreterLine struct {
 	TracebackLines []string       `json:"traceback_lines"`
 }
 
-// runCell runs one cell on the default kernel and collects its lines.
-func runCell(ctx context.Context, hc *http.Client, code string) (cellRunResult, error) {
+// runCell runs one cell on the default kernel and collects its lines,
+// taking their size from budget.
+func runCell(ctx context.Context, hc *http.Client, code string, budget *int) (cellRunResult, error) {
 	body, err := json.Marshal(map[string]any{"code": code, "raw": true})
 	if err != nil {
 		return cellRunResult{}, err
@@ -252,8 +256,9 @@ func runCell(ctx context.Context, hc *http.Client, code string) (cellRunResult, 
 	held := 0
 	for sc.Scan() {
 		held += len(sc.Bytes())
-		if held > maxCellOutput {
-			return cellRunResult{}, fmt.Errorf("the cell's output is larger than %d bytes", maxCellOutput)
+		*budget -= len(sc.Bytes())
+		if held > maxCellOutput || *budget < 0 {
+			return cellRunResult{}, fmt.Errorf("the cells' output is larger than %d bytes a cell or %d in all", maxCellOutput, maxRunOutput)
 		}
 		var l interpreterLine
 		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
