@@ -120,8 +120,8 @@ type Config struct {
 	// upload URLs the E2B layer hands out are built on it.
 	PublicURL string
 	// SandboxFusionKeyless, when set, is the team of SandboxFusion
-	// requests (POST /run_code) from a loopback address without
-	// credentials (serve --sandbox-fusion-loopback-team).
+	// requests (POST /run_code, /run_jupyter) from programs on this host
+	// without credentials (serve --sandbox-fusion-loopback-team).
 	SandboxFusionKeyless func(ctx context.Context) (auth.Principal, error)
 	// DefaultLimits are given to teams created without limits.
 	DefaultLimits client.Limits
@@ -150,7 +150,7 @@ func New(cfg Config) *Server {
 		e2bCfg.Templates = cfg.Templates
 	}
 	s.e2b = e2b.New(e2bCfg)
-	fusionCfg := sandboxfusion.Config{Trials: s.trials, Auth: cfg.Auth, Keyless: cfg.SandboxFusionKeyless, Logger: s.log}
+	fusionCfg := sandboxfusion.Config{Trials: s.trials, Auth: cfg.Auth, Keyless: cfg.SandboxFusionKeyless, Output: s.outputBudget, Logger: s.log}
 	if cfg.Service != nil {
 		fusionCfg.Sandboxes, fusionCfg.Dial = cfg.Service, s.dialPort
 	}

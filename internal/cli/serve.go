@@ -106,7 +106,8 @@ type ServeConfig struct {
 	// = the request's scheme and Host.
 	PublicURL string
 	// SandboxFusionLoopbackTeam, when set, is the team that SandboxFusion
-	// requests (POST /run_code) from loopback without an API key run as.
+	// requests (POST /run_code, /run_jupyter) from programs on this host
+	// without an API key run as.
 	SandboxFusionLoopbackTeam string
 }
 
@@ -311,7 +312,7 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.StringVar(&cfg.NodeTLSCert, "node-tls-cert", "", "this replica's certificate toward the node agents: its client certificate for their mutual TLS, and --node-listen's (with --node-tls-key)")
 	f.StringVar(&cfg.NodeTLSKey, "node-tls-key", "", "the key of --node-tls-cert")
 	f.StringVar(&cfg.NodeTLSServerName, "node-tls-server-name", "", "the name every node's certificate is checked against (default: each node's address; with --node-tls-ca)")
-	f.StringVar(&cfg.SandboxFusionLoopbackTeam, "sandbox-fusion-loopback-team", "", "run SandboxFusion requests (POST /run_code) that come from this host without an API key as this team (verl posts to a bare URL; off by default: never behind a proxy on this host)")
+	f.StringVar(&cfg.SandboxFusionLoopbackTeam, "sandbox-fusion-loopback-team", "", "run SandboxFusion requests (POST /run_code, /run_jupyter) that programs on this host send as JSON without an API key as this team (verl posts to a bare URL; off by default: never behind a proxy on this host)")
 	f.StringVar(&cfg.PublicURL, "public-url", "", "the server's URL as clients reach it, e.g. https://evalbox.example.com behind a TLS proxy (the URLs it hands out are built on it; default: each request's scheme and Host)")
 	f.StringVar(&cfg.SandboxDomain, "sandbox-domain", "", "serve port URLs of the host form {port}-{id}.DOMAIN too (point wildcard DNS *.DOMAIN at this server)")
 	f.StringVar(&cfg.NodeListen, "node-listen", "", "serve the node agents' template fetches on this address, over TLS with --node-tls-cert/--node-tls-key (mutual with --node-tls-ca), instead of on --listen")

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 )
 
 // ErrExhausted is returned when output cannot be held because the budget is
@@ -136,3 +137,40 @@ func (l *Lease) Close() {
 		l.b = nil
 	}
 }
+
+// Tally is a Source that reserves from another and counts what it holds,
+// so that memory many holders took for one request (its Buffers, the files
+// it read) is given back at once by ReleaseAll. It is safe for concurrent
+// use: a command's stdout and stderr are written from two goroutines.
+type Tally struct {
+	src  Source
+	held atomic.Int64
+}
+
+// NewTally returns a Tally over src (nil: unlimited).
+func NewTally(src Source) *Tally { return &Tally{src: src} }
+
+// TryReserve implements Source.
+func (t *Tally) TryReserve(n int64) bool {
+	if t.src != nil && !t.src.TryReserve(n) {
+		return false
+	}
+	t.held.Add(n)
+	return true
+}
+
+// Release implements Source.
+func (t *Tally) Release(n int64) {
+	t.held.Add(-n)
+	if t.src != nil {
+		t.src.Release(n)
+	}
+}
+
+// Held is the number of bytes reserved through t now.
+func (t *Tally) Held() int64 { return t.held.Load() }
+
+// ReleaseAll gives back everything reserved through t. Call it after every
+// Buffer over t is released, never before: a Buffer released later would
+// give back its memory twice.
+func (t *Tally) ReleaseAll() { t.Release(t.held.Load()) }

@@ -146,3 +146,33 @@ func TestLease(t *testing.T) {
 		t.Fatalf("used %d after close", budget.Used())
 	}
 }
+
+// TestTally: buffers and direct reservations through a tally count against
+// its budget, a refused reservation holds nothing, and ReleaseAll gives
+// back what the buffers' own releases did not.
+func TestTally(t *testing.T) {
+	budget := NewBudget(64 << 10)
+	tally := NewTally(budget)
+	b, err := New(tally, Truncate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = b.Write(make([]byte, 10<<10))
+	if !tally.TryReserve(20 << 10) {
+		t.Fatal("a file's reservation was refused with room left")
+	}
+	if tally.TryReserve(64 << 10) {
+		t.Fatal("a reservation past the budget was granted")
+	}
+	if tally.Held() != budget.Used() || budget.Used() < 30<<10 {
+		t.Fatalf("tally holds %d, budget used %d", tally.Held(), budget.Used())
+	}
+	b.Release()
+	if tally.Held() != 20<<10 {
+		t.Fatalf("after the buffer's release the tally holds %d, want the file's %d", tally.Held(), 20<<10)
+	}
+	tally.ReleaseAll()
+	if tally.Held() != 0 || budget.Used() != 0 {
+		t.Fatalf("after ReleaseAll: tally %d, budget %d", tally.Held(), budget.Used())
+	}
+}

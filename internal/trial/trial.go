@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -57,6 +58,11 @@ type Spec struct {
 	// relative path is under Cwd): those that exist and are regular
 	// files of at most MaxFetchBytes.
 	Fetch []string
+	// FetchBudget, if set, is reserved from for each fetched file's size
+	// before it is read (a file it cannot hold is left out, and
+	// Outcome.FetchSkipped names it); the caller gives it back. Nil: no
+	// limit but MaxFetchTotalBytes.
+	FetchBudget outbuf.Source
 	// MemoryMB is the sandbox's memory limit (0 = the template's).
 	MemoryMB int
 	// Timeout of the run in seconds.
@@ -85,6 +91,12 @@ type Outcome struct {
 	Duration time.Duration
 	// Files are the fetched files (Spec.Fetch), by the path asked for.
 	Files map[string][]byte
+	// FetchSkipped are the files of Spec.Fetch that exist but were left
+	// out: too large, or past the trial's total or its FetchBudget.
+	FetchSkipped []string
+	// FetchErr, if set, is why the files could not be read back after
+	// the run; the run's Result stands (the code is not run again).
+	FetchErr error
 }
 
 // MaxFetchBytes bounds one fetched file (Spec.Fetch), MaxFetchTotalBytes
@@ -255,8 +267,16 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 	out.Phases.Run, _ = r.lap(t)
 	res.Stdout, res.Stderr = bufOut.String(), bufErr.String()
 	out.Result = res
-	if out.Files, err = ReadFiles(ctx, r.sb, teamID, sb.ID, spec.Cwd, spec.Fetch); err != nil {
-		return out, err
+	if len(spec.Fetch) > 0 {
+		// The run is over and its result stands: a failure to read the
+		// files back is reported with it, never retried, which would run
+		// the code again.
+		fetched, err := ReadFiles(ctx, r.sb, teamID, sb.ID, spec.Cwd, spec.Fetch, spec.FetchBudget)
+		out.Files, out.FetchSkipped = fetched.Files, fetched.Skipped
+		if err != nil {
+			r.log.Warn("trial: read back files", "sandbox", sb.ID, "err", err)
+			out.FetchErr = err
+		}
 	}
 	return out, nil
 }
@@ -278,43 +298,63 @@ func WriteFiles(ctx context.Context, fs FileStore, teamID, id, cwd string, files
 	return nil
 }
 
+// Fetched are the files ReadFiles read, by the name asked for, and the
+// names of those it left out though they exist (too large, past the total
+// or the budget).
+type Fetched struct {
+	Files   map[string][]byte
+	Skipped []string
+}
+
 // ReadFiles reads the files names (a relative path is under cwd) from the
-// sandbox id, by the name asked for: a file that is missing, not a regular
-// file, larger than MaxFetchBytes or past MaxFetchTotalBytes in all is left
-// out.
-func ReadFiles(ctx context.Context, fs FileStore, teamID, id, cwd string, names []string) (map[string][]byte, error) {
+// sandbox id. A name that is missing or not a regular file is passed over;
+// one larger than MaxFetchBytes, past MaxFetchTotalBytes in all, or whose
+// size budget (nil: none) cannot reserve is skipped. What is reserved from
+// budget for the files read stays reserved (the caller gives it back), also
+// on an error.
+func ReadFiles(ctx context.Context, fs FileStore, teamID, id, cwd string, names []string, budget outbuf.Source) (Fetched, error) {
+	var out Fetched
 	if len(names) == 0 {
-		return nil, nil
+		return out, nil
 	}
-	files := map[string][]byte{}
+	out.Files = map[string][]byte{}
+	seen := map[string]bool{}
 	left := int64(MaxFetchTotalBytes)
 	for _, name := range names {
-		if _, dup := files[name]; dup {
+		if seen[name] {
 			continue
 		}
+		seen[name] = true
 		fi, rc, err := fs.OpenFile(ctx, teamID, id, under(cwd, name))
 		if isCode(err, client.CodeNotFound) || isCode(err, client.CodeBadRequest) {
 			continue // missing, or a directory
 		}
 		if err != nil {
-			return nil, fmt.Errorf("fetch %s: %w", name, err)
+			return out, fmt.Errorf("fetch %s: %w", name, err)
 		}
-		limit := min(int64(MaxFetchBytes), left)
-		if fi.Type != client.FileTypeFile || fi.Size > limit {
+		if fi.Type != client.FileTypeFile {
 			rc.Close()
 			continue
 		}
-		b, err := io.ReadAll(io.LimitReader(rc, limit+1))
+		if fi.Size > min(int64(MaxFetchBytes), left) || (budget != nil && !budget.TryReserve(fi.Size)) {
+			rc.Close()
+			out.Skipped = append(out.Skipped, name)
+			continue
+		}
+		// At most the size reserved: a file that grew since is skipped.
+		b, err := io.ReadAll(io.LimitReader(rc, fi.Size+1))
 		rc.Close()
 		if err != nil {
-			return nil, fmt.Errorf("fetch %s: %w", name, err)
+			return out, fmt.Errorf("fetch %s: %w", name, err)
 		}
-		if int64(len(b)) <= limit {
-			files[name] = b
-			left -= int64(len(b))
+		if int64(len(b)) > fi.Size {
+			out.Skipped = append(out.Skipped, name)
+			continue
 		}
+		out.Files[name] = b
+		left -= int64(len(b))
 	}
-	return files, nil
+	return out, nil
 }
 
 // under is name under dir when it is relative and dir is set.

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/evalbox/evalbox/internal/apierr"
+	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -95,6 +97,9 @@ func (f *flaky) OpenFile(ctx context.Context, teamID, id, path string) (client.F
 	defer f.mu.Unlock()
 	if path == "/w/dir" {
 		return client.FileInfo{}, nil, &apierr.Error{Code: client.CodeBadRequest, Message: "is a directory"}
+	}
+	if path == "/w/broken" {
+		return client.FileInfo{}, nil, &apierr.Error{Code: client.CodeSandboxNotRunning, Message: "the sandbox went away"}
 	}
 	b, ok := f.files[path]
 	if !ok {
@@ -370,15 +375,51 @@ func TestFetchBounds(t *testing.T) {
 		f.files[n] = big
 	}
 	f.files["/huge"] = strings.Repeat("y", MaxFetchBytes+1)
-	got, err := ReadFiles(context.Background(), f, "team", "sb", "", append(names, "/huge"))
+	got, err := ReadFiles(context.Background(), f, "team", "sb", "", append(names, "/huge"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	total := 0
-	for _, b := range got {
+	for _, b := range got.Files {
 		total += len(b)
 	}
-	if len(got) != 4 || total > MaxFetchTotalBytes || got["/huge"] != nil || got["/e"] != nil {
-		t.Errorf("fetched %d files, %d bytes", len(got), total)
+	if len(got.Files) != 4 || total > MaxFetchTotalBytes || got.Files["/huge"] != nil || got.Files["/e"] != nil {
+		t.Errorf("fetched %d files, %d bytes", len(got.Files), total)
+	}
+	if !slices.Equal(got.Skipped, []string{"/e", "/huge"}) {
+		t.Errorf("skipped %q, want /e and /huge", got.Skipped)
+	}
+
+	// A budget holds what it can: the files that fit are read and stay
+	// reserved, the next is skipped.
+	budget := outbuf.NewBudget(32 << 20)
+	got, err = ReadFiles(context.Background(), f, "team", "sb", "", names, budget)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Files) != 2 || budget.Used() != int64(len(big))*2 || !slices.Equal(got.Skipped, []string{"/c", "/d", "/e"}) {
+		t.Errorf("with a 32 MiB budget: fetched %d, budget used %d, skipped %q", len(got.Files), budget.Used(), got.Skipped)
+	}
+}
+
+// TestFetchErrorAfterTheRun: a file that cannot be read back after the
+// run does not make the trial an infra failure that runs the code again:
+// the result stands, with the error beside it.
+func TestFetchErrorAfterTheRun(t *testing.T) {
+	f := &flaky{files: map[string]string{"/w/out.txt": "done"}}
+	r := New(f, nil)
+	out, err := r.Run(context.Background(), "team", Spec{Template: "python", Script: "print(1)", Path: "code.py", Argv: []string{"python3", "code.py"},
+		Cwd: "/w", Fetch: []string{"out.txt", "broken"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Attempts != 1 || len(f.created) != 1 {
+		t.Errorf("%d attempts, %d sandboxes: the code ran again for its files", out.Attempts, len(f.created))
+	}
+	if out.FetchErr == nil || !strings.Contains(out.FetchErr.Error(), "broken") {
+		t.Errorf("FetchErr %v", out.FetchErr)
+	}
+	if out.Result.Status != client.StatusExited || string(out.Files["out.txt"]) != "done" {
+		t.Errorf("result %+v, files %q", out.Result, out.Files)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/interpreter"
+	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/trial"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -87,7 +88,11 @@ func (h *Handler) runJupyter(w http.ResponseWriter, r *http.Request, p auth.Prin
 		writeValidation(w, verr)
 		return
 	}
-	resp, err := h.jupyter(r.Context(), p.TeamID, in)
+	// The cells' output and the fetched files are reserved from the
+	// server's output budget until the answer is written.
+	tally := outbuf.NewTally(h.cfg.Output)
+	defer tally.ReleaseAll()
+	resp, err := h.jupyter(r.Context(), p.TeamID, in, tally)
 	var ae *apierr.Error
 	switch {
 	case err == nil:
@@ -147,7 +152,7 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 
 // jupyter runs in in a fresh sandbox, deleted before it returns. An error
 // is evalbox's failure to run it at all.
-func (h *Handler) jupyter(ctx context.Context, teamID string, in jupyterRun) (runJupyterResponse, error) {
+func (h *Handler) jupyter(ctx context.Context, teamID string, in jupyterRun, held outbuf.Source) (runJupyterResponse, error) {
 	sbs := h.cfg.Sandboxes
 	if sbs == nil || h.cfg.Dial == nil {
 		return runJupyterResponse{}, apierr.Errorf(client.CodeNotImplemented, "this server does not run Jupyter cells")
@@ -186,11 +191,17 @@ func (h *Handler) jupyter(ctx context.Context, teamID string, in jupyterRun) (ru
 		if in.cell > 0 {
 			cctx, ccancel = context.WithTimeout(runCtx, in.cell)
 		}
-		res, err := runCell(cctx, hc, code, &budget)
+		res, err := runCell(cctx, hc, code, &budget, held)
 		timedOut := cctx.Err() != nil
 		ccancel()
 		if err != nil && ctx.Err() == nil && timedOut {
 			status = cmdTimeLimitExceeded
+			break
+		}
+		if errors.Is(err, errKernelEnded) {
+			// The code took its kernel down (os._exit, a crash): the
+			// code's failure, as the service reports it.
+			status = cmdError
 			break
 		}
 		if err != nil {
@@ -207,12 +218,12 @@ func (h *Handler) jupyter(ctx context.Context, teamID string, in jupyterRun) (ru
 	}
 	zero := 0
 	driver.ReturnCode = &zero
-	fetched, err := trial.ReadFiles(ctx, sbs, teamID, sb.ID, jupyterCwd, in.fetch)
+	fetched, err := trial.ReadFiles(ctx, sbs, teamID, sb.ID, jupyterCwd, in.fetch, held)
 	if err != nil {
 		return runJupyterResponse{}, err
 	}
 	files := map[string]string{}
-	for name, b := range fetched {
+	for name, b := range fetched.Files {
 		files[name] = base64.StdEncoding.EncodeToString(b)
 	}
 	return runJupyterResponse{Status: statusSuccess, Driver: driver, Cells: cells, Files: files}, nil
@@ -229,9 +240,14 @@ type interpreterLine struct {
 	TracebackLines []string       `json:"traceback_lines"`
 }
 
+// errKernelEnded is a cell whose kernel stream ended before the cell did:
+// the kernel died under it.
+var errKernelEnded = errors.New("the kernel's stream ended before the cell did")
+
 // runCell runs one cell on the default kernel and collects its lines,
-// taking their size from budget.
-func runCell(ctx context.Context, hc *http.Client, code string, budget *int) (cellRunResult, error) {
+// taking their size from budget (the run's bound) and reserving it from
+// held (the server's memory for output).
+func runCell(ctx context.Context, hc *http.Client, code string, budget *int, held outbuf.Source) (cellRunResult, error) {
 	body, err := json.Marshal(map[string]any{"code": code, "raw": true})
 	if err != nil {
 		return cellRunResult{}, err
@@ -253,12 +269,16 @@ func runCell(ctx context.Context, hc *http.Client, code string, budget *int) (ce
 	res := cellRunResult{Display: []map[string]any{}, Error: []map[string]any{}}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), maxCellOutput)
-	held := 0
+	cellBytes := 0
 	for sc.Scan() {
-		held += len(sc.Bytes())
-		*budget -= len(sc.Bytes())
-		if held > maxCellOutput || *budget < 0 {
+		n := len(sc.Bytes())
+		cellBytes += n
+		*budget -= n
+		if cellBytes > maxCellOutput || *budget < 0 {
 			return cellRunResult{}, fmt.Errorf("the cells' output is larger than %d bytes a cell or %d in all", maxCellOutput, maxRunOutput)
+		}
+		if !held.TryReserve(int64(n)) {
+			return cellRunResult{}, errors.New("the server's memory for command output is in use by other requests; retry later")
 		}
 		var l interpreterLine
 		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
@@ -286,7 +306,7 @@ func runCell(ctx context.Context, hc *http.Client, code string, budget *int) (ce
 	if err := sc.Err(); err != nil {
 		return cellRunResult{}, fmt.Errorf("the kernel's stream: %w", err)
 	}
-	return cellRunResult{}, errors.New("the kernel's stream ended before the cell did")
+	return cellRunResult{}, errKernelEnded
 }
 
 func isCode(err error, code string) bool {

@@ -61,7 +61,8 @@ func (f *fakeSandboxes) OpenFile(_ context.Context, _, _, path string) (client.F
 }
 
 // fakeInterpreter answers /execute as internal/interpreter's server does
-// with raw set: a cell "sleep" never ends; "boom" raises.
+// with raw set: a cell "sleep" never ends; "boom" raises; "die" ends the
+// stream before the cell (its kernel died).
 func fakeInterpreter(t *testing.T) string {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body struct {
@@ -80,6 +81,10 @@ func fakeInterpreter(t *testing.T) string {
 		case "sleep":
 			emit(map[string]any{"type": "stdout", "text": "zz"})
 			<-r.Context().Done()
+			return
+		case "die":
+			// The kernel died under the cell: the stream ends early.
+			emit(map[string]any{"type": "stdout", "text": "bye"})
 			return
 		case "boom":
 			emit(map[string]any{"type": "error", "name": "RuntimeError", "value": "boom", "traceback": "a\nb", "traceback_lines": []string{"a", "b"}})
@@ -162,6 +167,19 @@ func TestRunJupyterTimeout(t *testing.T) {
 		if time.Since(start) > 10*time.Second || len(sbs.deleted) != 1 {
 			t.Errorf("%s: took %s, deleted %v", body, time.Since(start), sbs.deleted)
 		}
+	}
+}
+
+// TestRunJupyterKernelDies: code that takes its kernel down is the code's
+// failure (Failed, the driver's status Error), not evalbox's.
+func TestRunJupyterKernelDies(t *testing.T) {
+	sbs := &fakeSandboxes{}
+	code, m := serveJupyter(t, sbs, fakeInterpreter(t), `{"cells": ["x", "die", "x"]}`)
+	if code != 200 || m["status"] != "Failed" || m["driver"].(map[string]any)["status"] != "Error" || len(m["cells"].([]any)) != 0 {
+		t.Errorf("%d %v", code, m)
+	}
+	if len(sbs.deleted) != 1 {
+		t.Errorf("deleted %v", sbs.deleted)
 	}
 }
 

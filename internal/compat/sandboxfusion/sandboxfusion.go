@@ -10,26 +10,34 @@
 // Authentication is the team's API key, as a bearer token, an X-API-Key
 // header, or the password of HTTP basic authentication (so that a bare
 // endpoint URL such as http://:KEY@host:8700 carries it). With
-// Config.Keyless, requests from a loopback address that carry none run as
-// that team: verl posts to a bare URL.
+// Config.Keyless, JSON requests from a program on this host (a loopback
+// address and Host, no browser's headers) that carry no credentials header
+// run as that team: verl posts to a bare URL.
 package sandboxfusion
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
+	"mime"
 	"net"
 	"net/http"
 	"net/netip"
 	"path"
+	"strconv"
 	"strings"
 
 	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/trial"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -48,14 +56,18 @@ type Authenticator interface {
 type Config struct {
 	Trials Trials
 	Auth   Authenticator
-	// Keyless, when set, is the team of requests from a loopback address
-	// that carry no credentials; nil: every request needs the API key.
+	// Keyless, when set, is the team of requests without credentials from
+	// a program on this host (keylessRefusal); nil: every request needs the
+	// API key.
 	Keyless func(ctx context.Context) (auth.Principal, error)
 	// Sandboxes and Dial serve run_jupyter: its sandbox, and connections
 	// to its interpreter's port (as port URLs make them); nil: it answers
 	// SandboxError.
 	Sandboxes Sandboxes
 	Dial      func(ctx context.Context, teamID, id string, port int) (net.Conn, error)
+	// Output is the server's budget for output held until an answer is
+	// written (nil: unlimited).
+	Output *outbuf.Budget
 	// Runtime runs the sandboxes ("" = the server's default).
 	Runtime string
 	Logger  *slog.Logger
@@ -173,6 +185,31 @@ func (h *Handler) runCode(w http.ResponseWriter, r *http.Request, p auth.Princip
 		return
 	}
 	spec.Metadata = map[string]string{"via": "sandbox-fusion"}
+	// The run's output and fetched files are held until the answer is
+	// written: all of it is reserved from the server's output budget, as
+	// /v1/execute's output is. Output past it is dropped (and the answer's
+	// message says so), a file past it left out.
+	tally := outbuf.NewTally(h.cfg.Output)
+	defer tally.ReleaseAll()
+	stdout, err := outbuf.New(tally, outbuf.Truncate)
+	if err != nil {
+		writeBusy(w)
+		return
+	}
+	defer stdout.Release()
+	stderr, err := outbuf.New(tally, outbuf.Truncate)
+	if err != nil {
+		writeBusy(w)
+		return
+	}
+	defer stderr.Release()
+	spec.Output = func() (io.Writer, io.Writer) {
+		// A fresh pair for each attempt.
+		stdout.Reset()
+		stderr.Reset()
+		return stdout, stderr
+	}
+	spec.FetchBudget = tally
 	out, err := h.cfg.Trials.Run(r.Context(), p.TeamID, spec)
 	if err != nil {
 		if r.Context().Err() != nil {
@@ -189,7 +226,102 @@ func (h *Handler) runCode(w http.ResponseWriter, r *http.Request, p auth.Princip
 		writeJSON(w, http.StatusOK, runCodeResponse{Status: statusSandboxError, Message: userMessage(err), Files: map[string]string{}})
 		return
 	}
-	writeJSON(w, http.StatusOK, responseOf(out))
+	resp := responseOf(out)
+	var notes []string
+	if stdout.Dropped() || stderr.Dropped() {
+		notes = append(notes, fmt.Sprintf("output past %d bytes (stdout) and %d bytes (stderr) was dropped: the server's memory for output was in use by other requests", stdout.Len(), stderr.Len()))
+	}
+	if len(out.FetchSkipped) > 0 {
+		notes = append(notes, fmt.Sprintf("fetch_files left out (larger than %d bytes, %d in all, or past the server's memory for output): %s", trial.MaxFetchBytes, trial.MaxFetchTotalBytes, strings.Join(out.FetchSkipped, ", ")))
+	}
+	if out.FetchErr != nil {
+		notes = append(notes, "fetch_files could not be read back")
+	}
+	if len(notes) > 0 {
+		resp.Message = strings.Join(append([]string{resp.Message}, notes...), "; ")
+		resp.Message = strings.TrimPrefix(resp.Message, "; ")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	if err := writeResponse(w, resp, out, stdout, stderr); err != nil && r.Context().Err() == nil {
+		h.log.Warn("sandbox-fusion: write answer", "err", err)
+	}
+}
+
+// writeBusy answers a request whose output the server's budget cannot
+// hold now: 503 with Retry-After, which SandboxFusion's clients retry.
+func writeBusy(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"detail": "the server's memory for command output is in use by other requests; retry later"})
+}
+
+// writeResponse writes resp, whose output is in stdout and stderr and whose
+// files are out.Files, without building it in memory: resp is marshalled
+// with placeholders that the buffers (escaped as encoding/json escapes)
+// and the files (in base64) are streamed in place of. A placeholder holds
+// a NUL byte and a random nonce, so nothing else the document says (all of
+// it evalbox's, or paths without NUL) can look like one.
+func writeResponse(w io.Writer, resp runCodeResponse, out trial.Outcome, stdout, stderr *outbuf.Buffer) error {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	nonce := hex.EncodeToString(b[:])
+	var parts []func(io.Writer) error
+	placeholder := func(part func(io.Writer) error) string {
+		parts = append(parts, part)
+		return "\x00" + nonce + strconv.Itoa(len(parts)-1)
+	}
+	if rr := resp.RunResult; rr != nil {
+		so, se := placeholder(stdout.WriteJSONString), placeholder(stderr.WriteJSONString)
+		rr.Stdout, rr.Stderr = &so, &se
+	}
+	for name, b := range out.Files {
+		resp.Files[name] = placeholder(func(w io.Writer) error { return writeBase64(w, b) })
+	}
+	doc, err := json.Marshal(resp)
+	if err != nil {
+		return err
+	}
+	// encoding/json writes the placeholders' NUL as \u0000.
+	open := []byte(`"\u0000` + nonce)
+	for {
+		i := bytes.Index(doc, open)
+		if i < 0 {
+			break
+		}
+		end := bytes.IndexByte(doc[i+len(open):], '"')
+		n, err := strconv.Atoi(string(doc[i+len(open) : i+len(open)+end]))
+		if err != nil || n < 0 || n >= len(parts) {
+			return fmt.Errorf("sandbox-fusion: a broken placeholder in the answer")
+		}
+		if _, err := w.Write(doc[:i]); err != nil {
+			return err
+		}
+		if err := parts[n](w); err != nil {
+			return err
+		}
+		doc = doc[i+len(open)+end+1:]
+	}
+	if _, err := w.Write(doc); err != nil {
+		return err
+	}
+	_, err = io.WriteString(w, "\n")
+	return err
+}
+
+// writeBase64 writes b as a JSON string of its standard base64.
+func writeBase64(w io.Writer, b []byte) error {
+	if _, err := io.WriteString(w, `"`); err != nil {
+		return err
+	}
+	enc := base64.NewEncoder(base64.StdEncoding, w)
+	if _, err := enc.Write(b); err != nil {
+		return err
+	}
+	if err := enc.Close(); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, `"`)
+	return err
 }
 
 // fieldError is one entry of FastAPI's 422 detail.
@@ -363,7 +495,12 @@ func (h *Handler) authed(fn func(http.ResponseWriter, *http.Request, auth.Princi
 			p   auth.Principal
 			err error
 		)
-		if authz == "" && h.cfg.Keyless != nil && fromLoopback(r) {
+		keyless := h.cfg.Keyless != nil && !hasCredentials(r) && fromLoopback(r)
+		if keyless {
+			if why := keylessRefusal(r); why != "" {
+				writeJSON(w, http.StatusUnauthorized, map[string]string{"detail": "a request without an evalbox API key runs only as a JSON POST from this host's own programs: " + why})
+				return
+			}
 			p, err = h.cfg.Keyless(r.Context())
 		} else {
 			p, err = h.cfg.Auth.Authenticate(r.Context(), authz)
@@ -379,6 +516,56 @@ func (h *Handler) authed(fn func(http.ResponseWriter, *http.Request, auth.Princi
 		}
 		fn(w, r, p)
 	}
+}
+
+// hasCredentials reports whether r carries any credentials header at all,
+// even an empty one: such a request is judged by its key, never keyless.
+func hasCredentials(r *http.Request) bool {
+	_, authz := r.Header["Authorization"]
+	_, key := r.Header["X-Api-Key"]
+	return authz || key
+}
+
+// keylessRefusal says why a credential-less loopback request may not run
+// keyless, or "" when it may. A web page the host's user opens can make its
+// browser post to a loopback port; a program (verl, the sandbox-fusion
+// client) does not look like one. So the request must be JSON, which a page
+// can send across origins only after a CORS preflight this server never
+// grants; carry no Origin and no cross-site Sec-Fetch-Site, which browsers
+// add; and name a loopback host, which a DNS-rebinding page cannot.
+func keylessRefusal(r *http.Request) string {
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return "Content-Type is not application/json"
+	}
+	if _, ok := r.Header["Origin"]; ok {
+		return "it carries an Origin header (a browser's request)"
+	}
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "none" {
+		return "it carries Sec-Fetch-Site: " + site + " (a browser's request)"
+	}
+	if !loopbackHost(r.Host) {
+		return fmt.Sprintf("its Host %q is not localhost or a loopback address", r.Host)
+	}
+	return ""
+}
+
+// loopbackHost reports whether a Host header names this host: localhost or
+// an IP literal of loopback or of any address (0.0.0.0 and :: reach
+// loopback when dialled), with or without a port.
+func loopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return false
+	}
+	a = a.Unmap()
+	return a.IsLoopback() || a.IsUnspecified()
 }
 
 // fromLoopback reports whether r came from a loopback address.

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/trial"
 	"github.com/evalbox/evalbox/pkg/client"
 )
@@ -26,7 +28,15 @@ type fakeTrials struct {
 
 func (f *fakeTrials) Run(_ context.Context, teamID string, spec trial.Spec) (trial.Outcome, error) {
 	f.spec, f.team = spec, teamID
-	return f.out, f.err
+	out := f.out
+	if spec.Output != nil && f.err == nil {
+		// As trial.Runner: the output goes to the writers, not the Result.
+		stdout, stderr := spec.Output()
+		_, _ = io.WriteString(stdout, out.Result.Stdout)
+		_, _ = io.WriteString(stderr, out.Result.Stderr)
+		out.Result.Stdout, out.Result.Stderr = "", ""
+	}
+	return out, f.err
 }
 
 // keys accepts the bearer key "good" as team-a.
@@ -41,7 +51,11 @@ func (keys) Authenticate(_ context.Context, authz string) (auth.Principal, error
 
 func serve(t *testing.T, f *fakeTrials, keyless bool, remote, body string, hdr map[string]string) (*httptest.ResponseRecorder, map[string]any) {
 	t.Helper()
-	cfg := Config{Trials: f, Auth: keys{}}
+	return serveWith(t, Config{Trials: f, Auth: keys{}}, keyless, remote, body, hdr)
+}
+
+func serveWith(t *testing.T, cfg Config, keyless bool, remote, body string, hdr map[string]string) (*httptest.ResponseRecorder, map[string]any) {
+	t.Helper()
 	if keyless {
 		cfg.Keyless = func(context.Context) (auth.Principal, error) { return auth.Principal{TeamID: "team-keyless"}, nil }
 	}
@@ -49,8 +63,17 @@ func serve(t *testing.T, f *fakeTrials, keyless bool, remote, body string, hdr m
 	New(cfg).Register(mux)
 	req := httptest.NewRequest(http.MethodPost, "/run_code", strings.NewReader(body))
 	req.RemoteAddr = remote
+	req.Host = "127.0.0.1:8700"
+	req.Header.Set("Content-Type", "application/json")
 	for k, v := range hdr {
-		req.Header.Set(k, v)
+		switch {
+		case k == "Host":
+			req.Host = v
+		case v == "-":
+			req.Header.Del(k)
+		default:
+			req.Header[http.CanonicalHeaderKey(k)] = []string{v}
+		}
 	}
 	rec := httptest.NewRecorder()
 	mux.ServeHTTP(rec, req)
@@ -98,11 +121,14 @@ func TestRunCodeResponse(t *testing.T) {
 		code           any
 		files, message bool
 	}{
-		"success":  {client.ExecResult{Status: client.StatusExited, Stdout: "out", Stderr: "err", DurationMs: 1500}, "Success", "Finished", 0.0, true, false},
-		"exit 3":   {client.ExecResult{Status: client.StatusExited, ExitCode: 3}, "Failed", "Finished", 3.0, true, false},
-		"timeout":  {client.ExecResult{Status: client.StatusTimedOut, ExitCode: -1}, "Failed", "TimeLimitExceeded", nil, true, false},
-		"signal":   {client.ExecResult{Status: client.StatusKilled, Signal: 11, ExitCode: -1}, "Failed", "Finished", -11.0, true, false},
-		"no start": {client.ExecResult{Status: client.StatusError, Error: "infrastructure failure after 3 attempts"}, "SandboxError", "", nil, false, true},
+		"success": {client.ExecResult{Status: client.StatusExited, Stdout: "out", Stderr: "err", DurationMs: 1500}, "Success", "Finished", 0.0, true, false},
+		// Output that looks like the answer's placeholders or like JSON
+		// comes back as it was.
+		"tricky output": {client.ExecResult{Status: client.StatusExited, Stdout: "\x00\"\\u0000\"}\n\u2028<", Stderr: "\"\\u00000\""}, "Success", "Finished", 0.0, true, false},
+		"exit 3":        {client.ExecResult{Status: client.StatusExited, ExitCode: 3}, "Failed", "Finished", 3.0, true, false},
+		"timeout":       {client.ExecResult{Status: client.StatusTimedOut, ExitCode: -1}, "Failed", "TimeLimitExceeded", nil, true, false},
+		"signal":        {client.ExecResult{Status: client.StatusKilled, Signal: 11, ExitCode: -1}, "Failed", "Finished", -11.0, true, false},
+		"no start":      {client.ExecResult{Status: client.StatusError, Error: "infrastructure failure after 3 attempts"}, "SandboxError", "", nil, false, true},
 	} {
 		f := &fakeTrials{out: trial.Outcome{Result: c.res, Files: map[string][]byte{"out.txt": []byte("o")}}}
 		rec, m := serve(t, f, false, "10.0.0.1:1", `{"code": "", "language": "python"}`, bearer)
@@ -195,6 +221,26 @@ func TestRunCodeAuth(t *testing.T) {
 		"bad key from loopback":     {true, "127.0.0.1:1", map[string]string{"Authorization": "Bearer bad"}, ""},
 		"keyless mapped v4 remote":  {true, "[::ffff:10.0.0.1]:1", nil, ""},
 		"keyless mapped v4 loopack": {true, "[::ffff:127.0.0.1]:1", nil, "team-keyless"},
+		// Any credentials header, even an empty one, is judged as a key.
+		"empty authorization":  {true, "127.0.0.1:1", map[string]string{"Authorization": ""}, ""},
+		"empty x-api-key":      {true, "127.0.0.1:1", map[string]string{"X-API-Key": ""}, ""},
+		"empty basic password": {true, "127.0.0.1:1", map[string]string{"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte(":"))}, ""},
+		// What a web page's fetch or form from the host's browser looks
+		// like is refused keyless.
+		"keyless text/plain":             {true, "127.0.0.1:1", map[string]string{"Content-Type": "text/plain"}, ""},
+		"keyless form":                   {true, "127.0.0.1:1", map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, ""},
+		"keyless no content type":        {true, "127.0.0.1:1", map[string]string{"Content-Type": "-"}, ""},
+		"keyless json with charset":      {true, "127.0.0.1:1", map[string]string{"Content-Type": "application/json; charset=utf-8"}, "team-keyless"},
+		"keyless with Origin":            {true, "127.0.0.1:1", map[string]string{"Origin": "https://evil.example"}, ""},
+		"keyless with Origin null":       {true, "127.0.0.1:1", map[string]string{"Origin": "null"}, ""},
+		"keyless cross-site fetch":       {true, "127.0.0.1:1", map[string]string{"Sec-Fetch-Site": "cross-site"}, ""},
+		"keyless same-origin fetch":      {true, "127.0.0.1:1", map[string]string{"Sec-Fetch-Site": "same-origin"}, ""},
+		"keyless rebinding host":         {true, "127.0.0.1:1", map[string]string{"Host": "evil.example:8700"}, ""},
+		"keyless localhost host":         {true, "127.0.0.1:1", map[string]string{"Host": "localhost:8700"}, "team-keyless"},
+		"keyless ::1 host":               {true, "[::1]:1", map[string]string{"Host": "[::1]:8700"}, "team-keyless"},
+		"keyless 0.0.0.0 host":           {true, "127.0.0.1:1", map[string]string{"Host": "0.0.0.0:8700"}, "team-keyless"},
+		"keyless localhost.evil host":    {true, "127.0.0.1:1", map[string]string{"Host": "localhost.evil.example"}, ""},
+		"a key with Origin, not keyless": {true, "127.0.0.1:1", map[string]string{"Authorization": "Bearer good", "Origin": "https://evil.example"}, "team-a"},
 	} {
 		f := &fakeTrials{out: trial.Outcome{Result: client.ExecResult{Status: client.StatusExited}}}
 		rec, _ := serve(t, f, c.keyless, c.remote, ok, c.hdr)
@@ -204,5 +250,40 @@ func TestRunCodeAuth(t *testing.T) {
 		case c.team != "" && (rec.Code != http.StatusOK || f.team != c.team):
 			t.Errorf("%s: %d, ran as %q, want %s", name, rec.Code, f.team, c.team)
 		}
+	}
+}
+
+// TestRunCodeOutputBudget: a run's output and fetched files are reserved
+// from the server's output budget until the answer is written, then given
+// back; output past it is dropped and the message says so; with not even
+// the first chunks free the request is a 503 to retry, and nothing ran.
+func TestRunCodeOutputBudget(t *testing.T) {
+	big := strings.Repeat("x", 3<<20)
+	budget := outbuf.NewBudget(1 << 20)
+	f := &fakeTrials{out: trial.Outcome{Result: client.ExecResult{Status: client.StatusExited, Stdout: big}, FetchSkipped: []string{"out.bin"}}}
+	rec, m := serveWith(t, Config{Trials: f, Auth: keys{}, Output: budget}, false, "10.0.0.1:1", `{"code": "", "language": "python", "fetch_files": ["out.bin"]}`, bearer)
+	rr, _ := m["run_result"].(map[string]any)
+	stdout, _ := rr["stdout"].(string)
+	if rec.Code != 200 || m["status"] != "Success" || len(stdout) == 0 || len(stdout) > 1<<20 {
+		t.Fatalf("%d %v, %d bytes of stdout", rec.Code, m["status"], len(stdout))
+	}
+	msg, _ := m["message"].(string)
+	if !strings.Contains(msg, "was dropped") || !strings.Contains(msg, "out.bin") {
+		t.Errorf("message %q", msg)
+	}
+	if f.spec.FetchBudget == nil {
+		t.Error("the fetched files were not bounded by the budget")
+	}
+	if budget.Used() != 0 {
+		t.Errorf("%d bytes still reserved after the answer", budget.Used())
+	}
+
+	if !budget.TryReserve(budget.Total()) {
+		t.Fatal("reserve")
+	}
+	f = &fakeTrials{out: trial.Outcome{Result: client.ExecResult{Status: client.StatusExited}}}
+	rec, m = serveWith(t, Config{Trials: f, Auth: keys{}, Output: budget}, false, "10.0.0.1:1", `{"code": "", "language": "python"}`, bearer)
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" || f.team != "" {
+		t.Errorf("with the budget spent: %d %v, ran as %q", rec.Code, m, f.team)
 	}
 }

@@ -212,6 +212,30 @@ def test_key_required_without_the_flag(keyed_server: Server) -> None:
     assert fusion_sandboxes(keyed_server, key) == []
 
 
+def test_keyless_refuses_what_a_web_page_sends(keyless_server: Server) -> None:
+    """A page open in the host's browser can post to a loopback port: a form or a no-cors fetch
+    (no JSON type), a request with an Origin, a DNS-rebinding name as Host. None runs keyless,
+    and neither does a request whose credentials header is empty."""
+    url = keyless_server.url + "/run_code"
+    body = json.dumps({"code": "print(1)", "language": "python"})
+    port = keyless_server.url.rsplit(":", 1)[1]
+    for headers in (
+        {"Content-Type": "text/plain"},
+        {"Content-Type": "application/x-www-form-urlencoded"},
+        {"Content-Type": "application/json", "Origin": "https://evil.example"},
+        {"Content-Type": "application/json", "Sec-Fetch-Site": "cross-site"},
+        {"Content-Type": "application/json", "Host": f"rebind.evil.example:{port}"},
+        {"Content-Type": "application/json", "Authorization": ""},
+    ):
+        r = requests.post(url, data=body, headers=headers, timeout=30)
+        assert r.status_code == 401, (headers, r.text)
+    # What verl and the client send still runs.
+    r = requests.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "Success", r.text
+    assert fusion_sandboxes(keyless_server) == []
+
+
 def test_sandbox_cannot_reach_the_server(keyless_server: Server) -> None:
     """With keyless loopback on, code in a sandbox must not reach the server's port: the sandbox's
     loopback is its own, and it has no network to the host."""
