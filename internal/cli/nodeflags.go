@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/netip"
 
+	"github.com/evalbox/evalbox/internal/runtime/network"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -111,6 +112,9 @@ func (n *nodeFlagSet) check(cmd *cobra.Command) error {
 		p, err := netip.ParsePrefix(s)
 		if err != nil || p.Masked() != p {
 			return usagef(cmd, "--allow-private %q: want a CIDR such as 10.1.0.0/16", s)
+		}
+		if err := network.CheckAllowPrivate(p); err != nil {
+			return usagef(cmd, "--allow-private: %v", err)
 		}
 		c.AllowPrivate = append(c.AllowPrivate, p)
 	}

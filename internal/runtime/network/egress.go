@@ -307,6 +307,9 @@ func (g *gateway) refused(addr netip.Addr) bool {
 			return true // the host itself, whatever the operator opens
 		}
 	}
+	if neverOpen(addr) {
+		return true // loopback, link-local, metadata: whatever the operator opens
+	}
 	for _, p := range m.allowPrivate {
 		if p.Contains(addr) {
 			return false
@@ -367,6 +370,43 @@ func (g *gateway) hostNets() ([]netip.Prefix, bool) {
 // Teredo (they embed IPv4 addresses), unique local (fd00:ec2::254, a
 // cloud's metadata service, among them), link-local, site-local and
 // multicast.
+// neverOpenRanges are what --allow-private may not open: the host's
+// loopback (all of 127.0.0.0/8 reaches the host, not only 127.0.0.1, and
+// with it every port bound to 0.0.0.0 or to loopback), "this host"
+// (0.0.0.0/8, ::), link-local and the cloud metadata addresses within it.
+var neverOpenRanges = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("::/127"),
+	netip.MustParsePrefix("fe80::/10"),
+	netip.MustParsePrefix("fd00:ec2::254/128"),
+}
+
+func neverOpen(addr netip.Addr) bool {
+	for _, p := range neverOpenRanges {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckAllowPrivate checks a range an operator opens (serve
+// --allow-private): a CIDR that does not overlap loopback, "this host",
+// link-local or the metadata addresses, which no sandbox may reach.
+func CheckAllowPrivate(p netip.Prefix) error {
+	if !p.IsValid() || p.Masked() != p {
+		return fmt.Errorf("%s is not a CIDR (want one such as 10.1.0.0/16)", p)
+	}
+	for _, n := range neverOpenRanges {
+		if n.Overlaps(p) {
+			return fmt.Errorf("%s overlaps %s, which no sandbox may reach (loopback, this host, link-local or metadata)", p, n)
+		}
+	}
+	return nil
+}
+
 var specialRanges6 = []netip.Prefix{
 	netip.MustParsePrefix("::/127"),
 	netip.MustParsePrefix("::ffff:0:0/96"),

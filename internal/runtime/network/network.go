@@ -161,8 +161,8 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("network: invalid link or chain prefix %q, %q", linkPrefix, chainPrefix)
 	}
 	for _, p := range cfg.AllowPrivate {
-		if !p.IsValid() || p.Masked() != p {
-			return nil, fmt.Errorf("network: allow-private %s: not a CIDR", p)
+		if err := CheckAllowPrivate(p); err != nil {
+			return nil, fmt.Errorf("network: allow-private: %w", err)
 		}
 	}
 	m := &Manager{scope: cfg.Scope, pool: pool.Masked(), alloc: alloc, dns: cfg.DNS, deny: cfg.EgressDeny, log: cfg.Logger,

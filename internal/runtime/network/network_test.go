@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestIPAllocator(t *testing.T) {
@@ -105,5 +106,33 @@ func TestRulesetParses(t *testing.T) {
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("iptables-restore --test: %v: %s\n%s", err, out, rules)
+	}
+}
+
+// TestAllowPrivateNeverOpensLoopback: --allow-private cannot open the
+// host's loopback (all of 127.0.0.0/8 reaches the host's servers), this
+// host, link-local or metadata; a gateway refuses those even if a range
+// that covers them got in, and opens what the operator asked otherwise.
+func TestAllowPrivateNeverOpensLoopback(t *testing.T) {
+	for p, ok := range map[string]bool{
+		"10.0.0.0/8": true, "192.168.7.0/24": true, "fd12:3456::/32": true,
+		"127.0.0.0/8": false, "127.0.0.2/32": false, "0.0.0.0/0": false, "0.0.0.0/8": false, "169.254.169.254/32": false,
+		"::1/128": false, "::/0": false, "fe80::/64": false, "fd00:ec2::/64": false,
+	} {
+		if err := CheckAllowPrivate(netip.MustParsePrefix(p)); (err == nil) != ok {
+			t.Errorf("CheckAllowPrivate(%s) = %v", p, err)
+		}
+	}
+	g := &gateway{m: &Manager{pool: netip.MustParsePrefix("10.200.0.0/16"),
+		allowPrivate: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}},
+		hostOK: true, hostAt: time.Now(), hostPrefixes: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("192.0.2.10/32")}}
+	for a, want := range map[string]bool{
+		"127.0.0.2": true, "127.255.255.254": true, "0.0.0.0": true, "169.254.169.254": true, "::1": true, "fe80::1": true,
+		"fd00:ec2::254": true, "::ffff:127.0.0.2": true, "192.0.2.10": true, "10.200.0.5": true,
+		"10.1.2.3": false, "192.168.1.1": false,
+	} {
+		if got := g.refused(netip.MustParseAddr(a)); got != want {
+			t.Errorf("refused(%s) = %v, want %v", a, got, want)
+		}
 	}
 }
