@@ -439,9 +439,6 @@ func (b *sizedBody) Read(p []byte) (int, error) {
 
 func (b *sizedBody) Close() error { return nil }
 
-// portNetConn is a sandbox port's connection as the transport wants it.
-// Deadlines are not kept: the transport closes the connection when it is
-// done with it, and the sandbox's end ends it.
 // dialPort connects to port of the team's sandbox id, as a net.Conn. The
 // connection may be pooled for later requests: the dialling request's end
 // must not cut it (its user closes it). The dial itself is bounded (a
@@ -465,6 +462,9 @@ func (s *Server) dialPort(ctx context.Context, teamID, id string, port int) (net
 	return &portNetConn{PortConn: conn, addr: portAddr(id + "-" + strconv.Itoa(port) + portHostSuffix), cancel: cancel}, nil
 }
 
+// portNetConn is a sandbox port's connection as the transport wants it.
+// Deadlines are not kept: the transport closes the connection when it is
+// done with it, and the sandbox's end ends it.
 type portNetConn struct {
 	nodeapi.PortConn
 	addr   portAddr

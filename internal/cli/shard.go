@@ -3,6 +3,8 @@ package cli
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/xml"
 	"errors"
@@ -59,9 +61,10 @@ into --junit-out. Files are split by the durations recorded by the last run
 deleted at the end, also on failure or Ctrl-C.
 
 Exit status: 0 when every test passed; 1 when a test failed or errored, or a
-shard's command failed without a report.`,
+shard's command ran past --timeout or exited non-zero with no failure in its
+report (or without one).`,
 		Example: `  evalbox shard --template my-project --shards 4 -- python3 -m pytest -q
-  evalbox shard --pattern 'test_*.py' --junit-out report.xml -- pytest tests`,
+  evalbox shard --pattern 'test_*.py' --junit-out report.xml -- python3 -m pytest -q -p no:cacheprovider`,
 		Args: args(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			if cmd.ArgsLenAtDash() != 0 {
@@ -242,6 +245,21 @@ func runShard(ctx context.Context, cmd *cobra.Command, c *client.Client, o shard
 	errw := cmd.ErrOrStderr()
 	fmt.Fprintf(errw, "shard: %d test files across %d sandboxes of %s\n", len(files), len(parts), o.template)
 
+	// Every sandbox of this run carries its id: a create that ctx cut off
+	// after the server answered leaves a sandbox whose id never came back,
+	// and it is found by the tag and deleted at the end.
+	runID := newRunID()
+	defer func() {
+		if ctx.Err() == nil {
+			return
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if _, err := c.DeleteSandboxes(dctx, map[string]string{"evalbox-shard-run": runID}); err != nil {
+			fmt.Fprintf(errw, "shard: delete this run's sandboxes (evalbox-shard-run=%s): %v\n", runID, err)
+		}
+	}()
+
 	start := time.Now()
 	results := make([]shardResult, len(parts))
 	var wg sync.WaitGroup
@@ -249,8 +267,10 @@ func runShard(ctx context.Context, cmd *cobra.Command, c *client.Client, o shard
 	for i, part := range parts {
 		wg.Go(func() {
 			prefix := fmt.Sprintf("[shard %d] ", i+1)
-			results[i] = oneShard(ctx, c, o, env, argv, i, part,
-				&prefixWriter{w: errw, mu: &mu, prefix: prefix}, &prefixWriter{w: errw, mu: &mu, prefix: prefix})
+			out, errOut := &prefixWriter{w: errw, mu: &mu, prefix: prefix}, &prefixWriter{w: errw, mu: &mu, prefix: prefix}
+			results[i] = oneShard(ctx, c, o, env, argv, runID, i, part, out, errOut)
+			out.Flush()
+			errOut.Flush()
 		})
 	}
 	wg.Wait()
@@ -262,11 +282,25 @@ func runShard(ctx context.Context, cmd *cobra.Command, c *client.Client, o shard
 	var tests, failed, errored, skipped int
 	var bad []string
 	for i, r := range results {
+		var sfail int
+		for _, s := range r.suites {
+			sfail += s.Failures + s.Errors
+		}
 		switch {
 		case r.err != nil:
 			bad = append(bad, fmt.Sprintf("shard %d: %v", i+1, r.err))
-		case r.suites == nil && (r.exit.Status != client.StatusExited || r.exit.ExitCode != 0):
-			bad = append(bad, fmt.Sprintf("shard %d: the command ended %s (exit code %d) without a JUnit report", i+1, r.exit.Status, r.exit.ExitCode))
+		case r.exit.Status == client.StatusTimedOut:
+			// Whatever its report says, the tests after the cut did not run.
+			bad = append(bad, fmt.Sprintf("shard %d: the command ran past --timeout %s", i+1, time.Duration(o.timeout)))
+		case r.exit.Status != client.StatusExited || r.exit.ExitCode != 0:
+			switch {
+			case r.suites == nil:
+				bad = append(bad, fmt.Sprintf("shard %d: the command ended %s (exit code %d) without a JUnit report", i+1, r.exit.Status, r.exit.ExitCode))
+			case sfail == 0:
+				// pytest's 2 to 5 (interrupted, internal error, usage, no
+				// tests), a crash in teardown: not a pass.
+				bad = append(bad, fmt.Sprintf("shard %d: the command ended %s (exit code %d) though its report has no failure", i+1, r.exit.Status, r.exit.ExitCode))
+			}
 		}
 		for _, s := range r.suites {
 			tests, failed, errored, skipped = tests+s.Tests, failed+s.Failures, errored+s.Errors, skipped+s.Skipped
@@ -292,10 +326,10 @@ func runShard(ctx context.Context, cmd *cobra.Command, c *client.Client, o shard
 
 // oneShard runs one part of the files in a fresh sandbox, deleted before
 // it returns (also when ctx ends).
-func oneShard(ctx context.Context, c *client.Client, o shardOpts, env map[string]string, argv []string, i int, part []string, out, errOut io.Writer) shardResult {
+func oneShard(ctx context.Context, c *client.Client, o shardOpts, env map[string]string, argv []string, runID string, i int, part []string, out, errOut io.Writer) shardResult {
 	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: o.template, Runtime: o.runtime,
 		Timeout: wholeSeconds(time.Duration(o.timeout)) + 120, WaitSeconds: 600,
-		Metadata: map[string]string{"via": "evalbox-shard", "shard": strconv.Itoa(i + 1)}})
+		Metadata: map[string]string{"via": "evalbox-shard", "shard": strconv.Itoa(i + 1), "evalbox-shard-run": runID}})
 	if err != nil {
 		return shardResult{err: err}
 	}
@@ -402,7 +436,8 @@ func fileOf(tc junitCase, files []string) string {
 }
 
 // prefixWriter writes whole lines to w, each with prefix, one writer at a
-// time (mu).
+// time (mu). A line longer than maxPrefixLine is written in pieces of that
+// size, each prefixed; Flush writes what is left of the last line.
 type prefixWriter struct {
 	w      io.Writer
 	mu     *sync.Mutex
@@ -410,19 +445,47 @@ type prefixWriter struct {
 	buf    []byte
 }
 
+// maxPrefixLine bounds what a prefixWriter holds of one line.
+const maxPrefixLine = 64 << 10
+
 func (p *prefixWriter) Write(b []byte) (int, error) {
 	p.buf = append(p.buf, b...)
 	for {
-		i := slices.Index(p.buf, '\n')
-		if i < 0 {
+		var err error
+		switch i := slices.Index(p.buf, '\n'); {
+		case i >= 0:
+			err = p.line(p.buf[:i])
+			p.buf = p.buf[i+1:]
+		case len(p.buf) >= maxPrefixLine:
+			err = p.line(p.buf[:maxPrefixLine])
+			p.buf = p.buf[maxPrefixLine:]
+		default:
 			return len(b), nil
 		}
-		p.mu.Lock()
-		_, err := fmt.Fprintf(p.w, "%s%s\n", p.prefix, p.buf[:i])
-		p.mu.Unlock()
-		p.buf = p.buf[i+1:]
 		if err != nil {
 			return len(b), err
 		}
 	}
+}
+
+func (p *prefixWriter) line(b []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, err := fmt.Fprintf(p.w, "%s%s\n", p.prefix, b)
+	return err
+}
+
+// Flush writes the last line if it did not end with a newline.
+func (p *prefixWriter) Flush() {
+	if len(p.buf) > 0 {
+		_ = p.line(p.buf)
+		p.buf = nil
+	}
+}
+
+// newRunID is a random id that tags one run's sandboxes.
+func newRunID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

@@ -3,6 +3,8 @@ package cli
 import (
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 )
 
@@ -70,5 +72,38 @@ func TestParseJUnit(t *testing.T) {
 	}
 	if _, err := parseJUnit([]byte("not xml")); err == nil {
 		t.Error("not XML: no error")
+	}
+}
+
+// TestPrefixWriter: whole lines get the prefix, however the writes split
+// them; a line past maxPrefixLine comes out in prefixed pieces, so that
+// the writer holds no more than that; Flush writes a last line without
+// its newline.
+func TestPrefixWriter(t *testing.T) {
+	var out strings.Builder
+	var mu sync.Mutex
+	p := &prefixWriter{w: &out, mu: &mu, prefix: "[1] "}
+	for _, w := range []string{"a", "b\nc\n", "\nd"} {
+		if n, err := p.Write([]byte(w)); n != len(w) || err != nil {
+			t.Fatalf("Write(%q) = %d, %v", w, n, err)
+		}
+	}
+	if out.String() != "[1] ab\n[1] c\n[1] \n" {
+		t.Errorf("before Flush: %q", out.String())
+	}
+	p.Flush()
+	if out.String() != "[1] ab\n[1] c\n[1] \n[1] d\n" {
+		t.Errorf("after Flush: %q", out.String())
+	}
+	out.Reset()
+	long := strings.Repeat("x", 2*maxPrefixLine+5)
+	_, _ = p.Write([]byte(long))
+	if len(p.buf) >= maxPrefixLine {
+		t.Errorf("holds %d bytes of one line", len(p.buf))
+	}
+	p.Flush()
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 3 || strings.Join(lines, "") != strings.Repeat("[1] "+strings.Repeat("x", maxPrefixLine), 2)+"[1] xxxxx" {
+		t.Errorf("a long line came out as %d lines", len(lines))
 	}
 }

@@ -84,6 +84,14 @@ func TestShard(t *testing.T) {
 	if stderr, code = run("2", filepath.Join(out, "again.xml"), "--pattern", "test_pass.py", "--pattern", "test_slow.py"); code != 0 {
 		t.Errorf("passing subset: exit %d\n%s", code, stderr)
 	}
+	// A shard whose command fails after a report without failures fails
+	// the run: a crash in teardown, pytest's internal error.
+	args := []string{"shard", "--template", tpl, "--runtime", client.RuntimeNamespaces, "--shards", "1", "--dir", proj,
+		"--junit-out", filepath.Join(out, "crash.xml"), "--durations", durations, "--pattern", "test_pass.py",
+		"--", "sh", "-c", `python3 -m pytest -q -p no:cacheprovider "$@"; exit 3`, "sh"}
+	if _, stderr, code := runCLI(t, ctx, key, "", args...); code != 1 || !strings.Contains(stderr, "exit code 3) though its report has no failure") {
+		t.Errorf("a failing command with a clean report: exit %d\n%s", code, stderr)
+	}
 	if sbs, err := c.ListSandboxes(context.Background(), client.ListOptions{}); err != nil || len(sbs) != 0 {
 		t.Errorf("sandboxes left: %+v %v", sbs, err)
 	}

@@ -24,6 +24,11 @@ CHAT: list[tuple[list[dict[str, Any]], float]] = [
     ([{"role": "assistant", "content": "```python\ndef add(a, b):\n    while True:\n        pass\n```"}], 0.0),
     ([{"role": "assistant", "content": "```py\ndef add(a, b)\n    return a + b\n```"}], 0.0),  # a syntax error
     ([{"role": "assistant", "content": [{"type": "text", "text": "def add(a, b):\n    return b + a\n"}]}], 1.0),
+    # Reward hacks: leave before the tests with exit status 0, or print what looks like a pass.
+    ([{"role": "assistant", "content": "```python\nimport sys\nsys.exit(0)\n```"}], 0.0),
+    ([{"role": "assistant", "content": "```python\nimport os\nprint('ok', flush=True)\nos._exit(0)\n```"}], 0.0),
+    # The last assistant message holds only tool calls: no code.
+    ([{"role": "assistant", "content": "def add(a, b): return a + b"}, {"role": "assistant", "content": None}], 0.0),
 ]
 
 
@@ -68,6 +73,19 @@ def test_async(team: Team) -> None:
     assert default == [1.0]
 
 
+def test_rows_without_tests_are_not_scored(team: Team) -> None:
+    """A row whose tests are missing gets None (the code alone would pass), and the rest of the
+    batch is still scored."""
+    completions = ["def add(a, b):\n    return a + b\n"] * 4
+    with team.client() as c:
+        got = grpo_call(code_reward(timeout=3, runtime=NS, client=c), completions, [TEST, None, "", []])
+        assert got == [1.0, None, None, None]
+        assert grpo_call(code_reward(timeout=3, runtime=NS, client=c), completions[:1], [None]) == [None]
+        # tests_column=None: the code alone, asked for.
+        alone = code_reward(tests_column=None, timeout=3, runtime=NS, client=c)
+        assert alone(completions=["assert 1 + 1 == 2"]) == [1.0]
+
+
 def test_infra_failure_is_none() -> None:
     """An evalbox that cannot be reached gives None for every completion (TRL then leaves them
     out), not a false 0; a bad request still raises."""
@@ -88,3 +106,6 @@ def test_extract_code() -> None:
     assert extract_code("no fence") == "no fence"
     assert extract_code([{"role": "user", "content": "q"}, {"role": "assistant", "content": "```\nz\n```"}]) == "z\n"
     assert program("x = 1", ["assert x", "assert x == 1"]) == "x = 1\n\nassert x\n\nassert x == 1\n"
+    assert program("x = 1", "assert x", marker="m") == "x = 1\n\nassert x\n\nprint('m')\n"
+    assert program("true", None, marker="m", language="bash") == "true\n\nprintf '%s\\n' 'm'\n"
+    assert extract_code([{"role": "assistant", "content": None}]) == ""

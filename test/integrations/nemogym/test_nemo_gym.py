@@ -6,6 +6,7 @@ start, exec, upload, download, status, stop, and a port's endpoint."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import httpx
@@ -120,3 +121,33 @@ def test_bad_specs(config: dict[str, dict[str, object]], keyed_server: Server) -
     with pytest.raises(ValueError, match="Unknown sandbox resource keys"):
         SandboxSpec(resources={"tpu": 1})
     assert create_provider({"evalbox": {"template": "python"}}).name == "evalbox"
+
+
+def test_cancelled_creates_leave_nothing(config: dict[str, dict[str, object]], keyed_server: Server) -> None:
+    """A create cancelled at any moment (an episode's timeout, a shutdown) leaves no sandbox: the
+    server ends one whose creator left, and the provider deletes one whose answer it dropped by
+    the create's tag. A fractional ttl_s rounds up."""
+    key = str(config["evalbox"]["api_key"])
+    provider = create_provider(config)
+
+    async def main() -> None:
+        for delay in (0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6):
+            task = asyncio.create_task(provider.create(SandboxSpec(image="python", ttl_s=299.5)))
+            await asyncio.sleep(delay)
+            task.cancel()
+            try:
+                handle = await task
+            except asyncio.CancelledError:
+                continue
+            # It finished first: a whole TTL, rounded up.
+            info = await handle.raw.info()
+            assert (info.expires_at - info.created_at).total_seconds() == 300
+            await provider.close(handle)
+        await provider.aclose()
+
+    asyncio.run(main())
+    for _ in range(100):
+        if not running(keyed_server, key):
+            break
+        time.sleep(0.1)
+    assert running(keyed_server, key) == []

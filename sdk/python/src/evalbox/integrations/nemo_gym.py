@@ -20,8 +20,11 @@ with the headers that open it (docs/integrations/nemo-gym.md).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
 import re
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -50,6 +53,10 @@ _STATUS = {
     "expired": SandboxStatus.STOPPED,
     "lost": SandboxStatus.ERROR,
 }
+
+
+_CREATE_TAG = "evalbox-nemo-gym-create"
+"""The metadata key of the random tag each create carries (see :meth:`EvalboxProvider.create`)."""
 
 
 class EvalboxProvider:
@@ -115,29 +122,39 @@ class EvalboxProvider:
         if res.gpu:
             raise SandboxCreateError("evalbox sandboxes have no GPUs")
         opts = dict(spec.provider_options)
+        # A create cancelled after the server made the sandbox never learns its id: the tag finds
+        # it, and it is deleted by that.
+        tag = {_CREATE_TAG: secrets.token_hex(8)}
         try:
             sb = await AsyncSandbox.create(
                 template,
                 runtime=opts.get("runtime", self.runtime),
-                timeout=int(spec.ttl_s) if spec.ttl_s else None,
+                timeout=math.ceil(spec.ttl_s) if spec.ttl_s else None,
                 cpu=res.cpu,
                 memory_mb=res.memory_mib,
                 disk_mb=res.disk_gib * 1024 if res.disk_gib else None,
                 env=spec.env or None,
-                metadata=spec.metadata or None,
+                metadata={**(spec.metadata or {}), **tag},
                 network=opts.get("network", self.network),
                 wait=spec.ready_timeout_s if spec.ready_timeout_s is not None else self.wait,
                 client=self._c(),
             )
         except EvalboxError as e:
             raise SandboxCreateError(f"evalbox could not create a sandbox of {template!r}: {e}") from e
+        except BaseException:
+            # Cancelled (a timeout, a shutdown) while the server may have made it.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(AsyncSandbox.kill_all(tag, client=self._c()))
+            raise
         try:
             if spec.workdir:
                 await sb.files.mkdir(spec.workdir, parents=True)
             if spec.entrypoint:
                 await sb.commands.run(list(spec.entrypoint), background=True, cwd=spec.workdir, tag="entrypoint")
         except BaseException as e:
-            await sb.kill()
+            # Even when cancelled: the sandbox goes, and the first error is the one raised.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(sb.kill())
             if isinstance(e, EvalboxError):
                 raise SandboxCreateError(f"evalbox sandbox {sb.id}: {e}") from e
             raise

@@ -5,7 +5,9 @@
 code out of each completion (a chat completion's last assistant message, or plain text; the
 last fenced code block, else the whole text), appends the completion's tests (a dataset
 column), runs each program in its own fresh sandbox through ``POST /v1/execute`` and scores
-1.0 when it exits 0, 0.0 when it fails or times out, and ``None`` when evalbox could not run it
+1.0 when it exits 0 having run past its tests (a random line printed after them must end its
+output, so that an early ``sys.exit(0)`` earns nothing), 0.0 when it fails or times out, and
+``None`` when the row has no tests or evalbox could not run it
 (TRL leaves ``None`` out of the reward instead of counting a false 0); so is a whole batch
 that evalbox could not take (unreachable, overloaded), while a bad request or key raises. :func:`async_code_reward`
 is its ``async def`` twin (TRL awaits async reward functions). TRL itself is not imported: the
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -59,7 +62,10 @@ def _text(completion: str | Sequence[Mapping[str, Any]]) -> str:
     for msg in reversed(completion):
         if msg.get("role", "assistant") != "assistant":
             continue
-        content = msg.get("content", "")
+        content = msg.get("content")
+        if content is None:
+            # A message of tool calls only.
+            return ""
         if isinstance(content, str):
             return content
         # A list of parts: its text parts, in order.
@@ -67,23 +73,32 @@ def _text(completion: str | Sequence[Mapping[str, Any]]) -> str:
     return ""
 
 
-def program(code: str, tests: str | Sequence[str] | None) -> str:
+def program(code: str, tests: str | Sequence[str] | None, marker: str = "", language: str = "python") -> str:
     """The program a completion is scored by: its code, then its tests (asserts, one string or a
-    list), each on lines of their own."""
-    if tests is None:
-        return code
-    parts = [tests] if isinstance(tests, str) else list(tests)
-    return "\n\n".join([code, *parts]) + "\n"
+    list), each on lines of their own, then (with a marker) a last line that prints it: a program
+    that exits 0 before its tests ran does not print it."""
+    parts = [code]
+    if tests is not None:
+        parts += [tests] if isinstance(tests, str) else list(tests)
+    if marker:
+        parts.append(f"print({marker!r})" if language == "python" else f"printf '%s\\n' '{marker}'")
+    return "\n\n".join(parts) + "\n"
 
 
-def _score(r: CommandResult) -> float | None:
+def _score(r: CommandResult, marker: str) -> float | None:
     if r.status == "error":
         log.warning("evalbox could not run a completion's program: %s", r.error)
         return None
-    return 1.0 if r.ok else 0.0
+    # Exit 0 alone is not a pass: `sys.exit(0)` at the top of the code would be one. The run must
+    # also have reached the line after the tests.
+    return 1.0 if r.ok and r.stdout.rstrip("\n").endswith(marker) else 0.0
 
 
-def _programs(completions: Sequence[Any], columns: Mapping[str, Any], tests_column: str | None) -> list[str]:
+def _programs(
+    completions: Sequence[Any], columns: Mapping[str, Any], tests_column: str | None, marker: str, language: str
+) -> list[str | None]:
+    """Each completion's program, or None for a row whose tests are missing (it is not scored:
+    the code alone would pass)."""
     tests: Sequence[Any] | None = None
     if tests_column is not None:
         if tests_column not in columns:
@@ -91,7 +106,26 @@ def _programs(completions: Sequence[Any], columns: Mapping[str, Any], tests_colu
         tests = columns[tests_column]
         if len(tests) != len(completions):
             raise ValueError(f"{len(completions)} completions but {len(tests)} values of {tests_column!r}")
-    return [program(extract_code(c), tests[i] if tests is not None else None) for i, c in enumerate(completions)]
+    out: list[str | None] = []
+    for i, c in enumerate(completions):
+        t = tests[i] if tests is not None else None
+        if tests is not None and (t is None or len(t) == 0):
+            log.warning("completion %d has no tests in %r: not scored", i, tests_column)
+            out.append(None)
+            continue
+        out.append(program(extract_code(c), t, marker, language))
+    return out
+
+
+def _marker() -> str:
+    """A line no completion can know in advance, printed after the tests."""
+    return "evalbox-tests-ran-" + secrets.token_hex(16)
+
+
+def _rewards(programs: list[str | None], results: Sequence[CommandResult], marker: str) -> list[float | None]:
+    """The rewards of programs, from the results of those that ran, in order."""
+    it = iter(results)
+    return [None if p is None else _score(next(it), marker) for p in programs]
 
 
 def code_reward(
@@ -108,7 +142,9 @@ def code_reward(
 
     Args:
         tests_column: The dataset column whose value (a string, or a list of strings) is
-            appended to each completion's code; ``None``: the code alone.
+            appended to each completion's code; a row whose value is missing (None or empty) is
+            not scored (``None``). ``tests_column=None``: the code alone, for code that tests
+            itself.
         timeout: Seconds each program may run.
         language: ``python`` or ``bash``.
         template: The sandboxes' template (default ``python`` / ``base``).
@@ -124,17 +160,19 @@ def code_reward(
         completion_ids: Sequence[Any] | None = None,
         **columns: Any,
     ) -> list[float | None]:
-        programs = _programs(completions, columns, tests_column)
-        if not programs:
-            return []
+        marker = _marker()
+        programs = _programs(completions, columns, tests_column, marker, language)
+        runnable = [p for p in programs if p is not None]
+        if not runnable:
+            return [None] * len(programs)
         try:
             results = execute(
-                programs, timeout=timeout, language=language, template=template, runtime=runtime, client=client
+                runnable, timeout=timeout, language=language, template=template, runtime=runtime, client=client
             )
         except _INFRA as e:
-            log.warning("evalbox could not run the batch of %d completions: %s", len(programs), e)
+            log.warning("evalbox could not run the batch of %d completions: %s", len(runnable), e)
             return [None] * len(programs)
-        return [_score(r) for r in results]
+        return _rewards(programs, results, marker)
 
     reward.__name__ = reward.__qualname__ = name
     return reward
@@ -158,18 +196,20 @@ def async_code_reward(
         completion_ids: Sequence[Any] | None = None,
         **columns: Any,
     ) -> list[float | None]:
-        programs = _programs(completions, columns, tests_column)
-        if not programs:
-            return []
+        marker = _marker()
+        programs = _programs(completions, columns, tests_column, marker, language)
+        runnable = [p for p in programs if p is not None]
+        if not runnable:
+            return [None] * len(programs)
         try:
             # Without a client: the awaiting loop's default one (evalbox.async_execute).
             results = await async_execute(
-                programs, timeout=timeout, language=language, template=template, runtime=runtime, client=client
+                runnable, timeout=timeout, language=language, template=template, runtime=runtime, client=client
             )
         except _INFRA as e:
-            log.warning("evalbox could not run the batch of %d completions: %s", len(programs), e)
+            log.warning("evalbox could not run the batch of %d completions: %s", len(runnable), e)
             return [None] * len(programs)
-        return [_score(r) for r in results]
+        return _rewards(programs, results, marker)
 
     reward.__name__ = reward.__qualname__ = name
     return reward
