@@ -1,11 +1,13 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/evalbox/evalbox/internal/apierr"
@@ -71,30 +73,54 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 // buildRequest is BuildTemplateRequest with the spec kept raw, so that the
 // spec's own parser reports what is wrong with it (step and field).
 type buildRequest struct {
-	Name string          `json:"name"`
-	Spec json.RawMessage `json:"spec"`
-	Tags []string        `json:"tags"`
+	Name       string            `json:"name"`
+	Spec       json.RawMessage   `json:"spec"`
+	Dockerfile string            `json:"dockerfile"`
+	BuildArgs  map[string]string `json:"build_args"`
+	Tags       []string          `json:"tags"`
+}
+
+// parsedBuild is a checked build request: its spec, or its Dockerfile
+// (whose FROM is resolved when the build starts).
+type parsedBuild struct {
+	req        buildRequest
+	spec       client.TemplateSpec
+	dockerfile *template.Dockerfile
 }
 
 // parseBuildRequest decodes a build request (JSON).
-func parseBuildRequest(body io.Reader) (buildRequest, client.TemplateSpec, error) {
-	var req buildRequest
+func parseBuildRequest(body io.Reader) (parsedBuild, error) {
+	var b parsedBuild
 	dec := json.NewDecoder(io.LimitReader(body, maxJSONBody))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := dec.Decode(&b.req); err != nil {
 		if errors.Is(err, io.EOF) {
-			return req, client.TemplateSpec{}, errorf(client.CodeBadRequest, "request body is empty; expected {\"name\", \"spec\"}")
+			return b, errorf(client.CodeBadRequest, "request body is empty; expected {\"name\", \"spec\"} or {\"name\", \"dockerfile\"}")
 		}
-		return req, client.TemplateSpec{}, errorf(client.CodeBadRequest, "invalid JSON body: %s", strings.TrimPrefix(err.Error(), "json: "))
+		return b, errorf(client.CodeBadRequest, "invalid JSON body: %s", strings.TrimPrefix(err.Error(), "json: "))
 	}
-	if len(req.Spec) == 0 || string(req.Spec) == "null" {
-		return req, client.TemplateSpec{}, errorf(client.CodeBadRequest, "spec is required")
+	hasSpec := len(b.req.Spec) > 0 && string(b.req.Spec) != "null"
+	switch {
+	case hasSpec && b.req.Dockerfile != "":
+		return b, errorf(client.CodeBadRequest, "give spec or dockerfile, not both")
+	case b.req.Dockerfile != "":
+		df, err := template.ParseDockerfile([]byte(b.req.Dockerfile), b.req.BuildArgs)
+		if err != nil {
+			return b, errorf(client.CodeBadRequest, "%v", err)
+		}
+		b.dockerfile = df
+		return b, nil
+	case len(b.req.BuildArgs) > 0:
+		return b, errorf(client.CodeBadRequest, "build_args are for a dockerfile")
+	case !hasSpec:
+		return b, errorf(client.CodeBadRequest, "spec (or dockerfile) is required")
 	}
-	spec, err := template.ParseSpec(req.Spec)
+	spec, err := template.ParseSpec(b.req.Spec)
 	if err != nil {
-		return req, client.TemplateSpec{}, errorf(client.CodeBadRequest, "spec: %v", err)
+		return b, errorf(client.CodeBadRequest, "spec: %v", err)
 	}
-	return req, spec, nil
+	b.spec = spec
+	return b, nil
 }
 
 // buildTemplate starts a build: a JSON BuildTemplateRequest, or a
@@ -110,12 +136,12 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Pr
 	mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	switch mt {
 	case "", client.ContentTypeJSON:
-		req, spec, err := parseBuildRequest(http.MaxBytesReader(w, r.Body, maxJSONBody))
+		b, err := parseBuildRequest(http.MaxBytesReader(w, r.Body, maxJSONBody))
 		if err != nil {
 			writeError(w, err)
 			return
 		}
-		s.startBuild(w, r, p, req, spec, nil)
+		s.startBuild(w, r, p, b, nil)
 	case "multipart/form-data":
 		mr, err := r.MultipartReader()
 		if err != nil {
@@ -127,7 +153,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Pr
 			writeError(w, errorf(client.CodeBadRequest, "the first part of the multipart body must be \"request\" (the JSON build request)"))
 			return
 		}
-		req, spec, err := parseBuildRequest(part)
+		b, err := parseBuildRequest(part)
 		if err != nil {
 			writeError(w, err)
 			return
@@ -145,19 +171,52 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Pr
 		default:
 			ctxTar = part
 		}
-		s.startBuild(w, r, p, req, spec, ctxTar)
+		s.startBuild(w, r, p, b, ctxTar)
 	default:
 		writeError(w, errorf(client.CodeBadRequest, "Content-Type must be application/json or multipart/form-data, got %q", mt))
 	}
 }
 
-func (s *Server) startBuild(w http.ResponseWriter, r *http.Request, p auth.Principal, req buildRequest, spec client.TemplateSpec, ctxTar io.Reader) {
-	b, err := s.templates.Build(r.Context(), p.TeamID, req.Name, spec, ctxTar, catalog.BuildOptions{Tags: req.Tags})
+func (s *Server) startBuild(w http.ResponseWriter, r *http.Request, p auth.Principal, b parsedBuild, ctxTar io.Reader) {
+	spec, opts := b.spec, catalog.BuildOptions{Tags: b.req.Tags}
+	if df := b.dockerfile; df != nil {
+		var err error
+		if spec, err = s.dockerfileSpec(r.Context(), p.TeamID, df); err != nil {
+			writeError(w, err)
+			return
+		}
+		opts.Cmd = append(slices.Clone(df.Entrypoint), df.Cmd...)
+	}
+	build, err := s.templates.Build(r.Context(), p.TeamID, b.req.Name, spec, ctxTar, opts)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusAccepted, b)
+	writeJSON(w, http.StatusAccepted, build)
+}
+
+// dockerfileSpec translates a Dockerfile onto the template its FROM names:
+// one of the team's templates, or an image it imported.
+func (s *Server) dockerfileSpec(ctx context.Context, teamID string, df *template.Dockerfile) (client.TemplateSpec, error) {
+	base, ok, err := template.ResolveImage(ctx, df.From, func(ctx context.Context, name string) (client.Template, error) {
+		return s.templates.Get(ctx, teamID, name)
+	}, func(ctx context.Context) ([]client.Template, error) {
+		list, err := s.templates.List(ctx, teamID)
+		return list.Templates, err
+	})
+	if err != nil {
+		return client.TemplateSpec{}, err
+	}
+	if !ok {
+		return client.TemplateSpec{}, errorf(client.CodeBadRequest,
+			"Dockerfile line %d: FROM %s: no template of this name, and no image imported under this reference (evalbox pulls no images at build time): import it (evalbox template import --ref %s IMAGE.tar), or start FROM a template (base, python, node or one of yours)",
+			df.FromLine, df.From, df.From)
+	}
+	spec, err := df.Spec(base)
+	if err != nil {
+		return client.TemplateSpec{}, errorf(client.CodeBadRequest, "%v", err)
+	}
+	return spec, nil
 }
 
 // importTemplate starts an import: the body is the image archive, or

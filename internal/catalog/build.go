@@ -393,7 +393,7 @@ func (s *Service) Build(ctx context.Context, teamID, name string, spec client.Te
 			}
 		}
 		out, err := s.builder.Build(ctx, template.BuildRequest{ID: b.ID, TeamID: teamID, Name: name, Spec: spec, From: from,
-			FromLayer: fromLayer, ContextDir: ctxDir, Network: network, Log: a, Charge: res.Grow})
+			FromLayer: fromLayer, Cmd: opts.Cmd, ContextDir: ctxDir, Network: network, Log: a, Charge: res.Grow})
 		b.CachedSteps, b.BuiltSteps = out.Cached, out.Built
 		return out.Template, err
 	}, cleanup)

@@ -26,6 +26,9 @@ type BuildOptions struct {
 	ID string
 	// Tags the build takes when it succeeds; none is the default tag.
 	Tags []string
+	// Cmd is recorded on the template, not run (a Dockerfile's
+	// ENTRYPOINT and CMD).
+	Cmd []string
 }
 
 // NewBuildID returns a new build id.

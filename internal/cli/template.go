@@ -136,9 +136,9 @@ func newTemplateTagCmd(a *app) *cobra.Command {
 
 func newTemplateBuildCmd(a *app) *cobra.Command {
 	var (
-		specFile, name string
-		tags           []string
-		detach, asJSON bool
+		specFile, name  string
+		tags, buildArgs []string
+		detach, asJSON  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "build -f SPEC --name NAME [CONTEXT_DIR]",
@@ -156,12 +156,18 @@ func newTemplateBuildCmd(a *app) *cobra.Command {
   ready_cmd: python3 -c 'import numpy'
   network: outbound             # of the run steps (or none)
 
+Or a Dockerfile (-f Dockerfile): one stage, FROM a template or an image you
+imported; RUN, ENV, ARG (--build-arg), WORKDIR, USER, COPY and ADD of local
+files (--chown, --chmod) and SHELL become steps; an instruction evalbox does
+not build is refused with its line.
+
 The files the copy steps name are uploaded from CONTEXT_DIR (default: the
 spec file's directory); nothing else is. The build log streams to stderr;
 on success the template's digest is printed. A failed build exits 1 with the
 failing step, its exit code and the end of its stderr. Ctrl-C stops
 following; the build goes on on the server (evalbox template logs replays it).`,
 		Example: `  evalbox template build -f task.yaml --name my-task
+  evalbox template build -f environment/Dockerfile --name my-task environment
   evalbox sandbox create --template my-task
   evalbox template build -f task.yaml --name my-task --tag v2   # my-task:v2; my-task stays`,
 		Args: args(cobra.MaximumNArgs(1)),
@@ -173,9 +179,31 @@ following; the build goes on on the server (evalbox template logs replays it).`,
 			if err != nil {
 				return err
 			}
-			spec, err := template.ParseSpec(raw)
+			args, err := parseKV(cmd, "build-arg", buildArgs)
 			if err != nil {
-				return fmt.Errorf("%s: %w", specFile, err)
+				return err
+			}
+			var spec client.TemplateSpec
+			req := client.BuildTemplateRequest{}
+			if isDockerfile(specFile) {
+				df, err := template.ParseDockerfile(raw, args)
+				if err != nil {
+					return fmt.Errorf("%s: %w", specFile, err)
+				}
+				// The server translates it onto its FROM; here, only
+				// for the files its COPY steps upload.
+				if spec, err = df.Spec(client.Template{Name: df.From}); err != nil {
+					return fmt.Errorf("%s: %w", specFile, err)
+				}
+				req.Dockerfile, req.BuildArgs = string(raw), args
+			} else {
+				if len(args) > 0 {
+					return usagef(cmd, "--build-arg is for a Dockerfile (-f Dockerfile)")
+				}
+				if spec, err = template.ParseSpec(raw); err != nil {
+					return fmt.Errorf("%s: %w", specFile, err)
+				}
+				req.Spec = spec
 			}
 			ctxDir := filepath.Dir(specFile)
 			if specFile == "-" {
@@ -188,7 +216,7 @@ following; the build goes on on the server (evalbox template logs replays it).`,
 			if n, t, ok := strings.Cut(name, ":"); ok {
 				name, tags = n, append([]string{t}, tags...)
 			}
-			req := client.BuildTemplateRequest{Name: name, Spec: spec, Tags: tags}
+			req.Name, req.Tags = name, tags
 			var b *client.TemplateBuild
 			if srcs := template.CopySources(spec); len(srcs) > 0 {
 				if err := checkSources(ctxDir, srcs); err != nil {
@@ -208,7 +236,8 @@ following; the build goes on on the server (evalbox template logs replays it).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&specFile, "file", "f", "", "build spec, YAML or JSON (- for stdin)")
+	f.StringVarP(&specFile, "file", "f", "", "build spec, YAML or JSON, or a Dockerfile (a file named Dockerfile, Dockerfile.*, *.Dockerfile); - for stdin")
+	f.StringArrayVar(&buildArgs, "build-arg", nil, "a Dockerfile ARG's value, KEY=VALUE (repeatable)")
 	f.StringVarP(&name, "name", "n", "", "template name (NAME:TAG: that tag)")
 	f.StringArrayVarP(&tags, "tag", "t", nil, "a tag the build takes (repeatable; none: the untagged name, tag default)")
 	f.BoolVarP(&detach, "detach", "d", false, "print the build id and return at once")
@@ -430,4 +459,11 @@ func writeTarSkipping(w io.Writer, root string, srcs []string, skip func(rel str
 		}
 	}
 	return tw.Close()
+}
+
+// isDockerfile reports whether a build file is a Dockerfile by its name:
+// Dockerfile, Dockerfile.NAME or NAME.Dockerfile (any case).
+func isDockerfile(p string) bool {
+	b := strings.ToLower(filepath.Base(p))
+	return b == "dockerfile" || strings.HasPrefix(b, "dockerfile.") || strings.HasSuffix(b, ".dockerfile")
 }

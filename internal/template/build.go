@@ -115,6 +115,9 @@ type BuildRequest struct {
 	From *Template
 	// FromLayer, if set, is the build's first layer, over From.
 	FromLayer *FilesLayer
+	// Cmd is recorded on the template (a Dockerfile's ENTRYPOINT and
+	// CMD), not run.
+	Cmd []string
 	// ContextDir is the extracted build context ("" = none).
 	ContextDir string
 	// Network of the run steps (Spec.Network, or the server's).
@@ -321,6 +324,10 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 		defaults.DiskMB = spec.DiskMB
 	}
 	digest := digestOf("template/v1", chain, defaults)
+	if len(req.Cmd) > 0 {
+		// A recorded command is part of what the template is.
+		digest = digestOf("template/v1", chain, defaults, req.Cmd)
+	}
 	if b.reg.HasStored(digest) {
 		t, err := b.reg.Get(digest)
 		if err != nil {
@@ -371,7 +378,7 @@ func (b *Builder) Build(ctx context.Context, req BuildRequest) (res BuildResult,
 		}
 	}
 	t := &Template{Name: req.Name, Digest: digest, SizeBytes: size, StorageBytes: own, BuiltAt: time.Now().UTC(), Defaults: defaults,
-		Source: SourceBuild, From: from.Digest, Layers: layerDigests}
+		Source: SourceBuild, From: from.Digest, Layers: layerDigests, Cmd: req.Cmd}
 	if err := writeTemplateJSON(tdir, t); err != nil {
 		return res, err
 	}

@@ -644,8 +644,13 @@ type CopyStep struct {
 type BuildTemplateRequest struct {
 	// Name of the template; building an existing name replaces it once
 	// the build succeeds.
-	Name string       `json:"name"`
-	Spec TemplateSpec `json:"spec"`
+	Name string `json:"name"`
+	// Spec is what to build; or Dockerfile, the text of a Dockerfile
+	// (one stage, FROM a template or an imported image), with BuildArgs
+	// the values of its ARGs.
+	Spec       TemplateSpec      `json:"spec,omitzero"`
+	Dockerfile string            `json:"dockerfile,omitempty"`
+	BuildArgs  map[string]string `json:"build_args,omitempty"`
 	// Tags the build takes when it succeeds, as "name:tag" (none: the
 	// untagged name, which is the tag "default").
 	Tags []string `json:"tags,omitempty"`

@@ -531,34 +531,20 @@ func (h *Handler) resolveFrom(ctx context.Context, team, image, tmpl string) (cl
 			return t, nil
 		}
 	}
-	list, err := h.cfg.Templates.List(ctx, team)
+	t, ok, err := template.ResolveImage(ctx, image, func(ctx context.Context, name string) (client.Template, error) {
+		return h.cfg.Templates.Get(ctx, team, name)
+	}, func(ctx context.Context) ([]client.Template, error) {
+		list, err := h.cfg.Templates.List(ctx, team)
+		return list.Templates, err
+	})
 	if err != nil {
 		return client.Template{}, err
 	}
-	want := normalizeImage(image)
-	for _, t := range list.Templates {
-		if t.Source != "import" {
-			continue
-		}
-		ref, _, _ := strings.Cut(t.From, "@")
-		if normalizeImage(ref) == want {
-			return t, nil
-		}
+	if ok {
+		return t, nil
 	}
 	return client.Template{}, errorf(client.CodeBadRequest,
 		"fromImage %q: this server pulls no images; import it first (evalbox template import --name NAME --ref %s IMAGE.tar), or start from a template (fromTemplate: base, python, node, code-interpreter or one of yours)", image, image)
-}
-
-// normalizeImage writes an image reference the way Docker reads it:
-// docker.io/library/python:3.12 and python:3.12 are one; no tag is latest.
-func normalizeImage(ref string) string {
-	ref = strings.TrimPrefix(strings.TrimPrefix(ref, "docker.io/"), "index.docker.io/")
-	ref = strings.TrimPrefix(ref, "library/")
-	last := ref[strings.LastIndexByte(ref, '/')+1:]
-	if !strings.Contains(last, ":") && !strings.Contains(ref, "@") {
-		ref += ":latest"
-	}
-	return ref
 }
 
 // Build states as E2B names them.

@@ -71,6 +71,7 @@ from .errors import (
     ServerError,
     ServiceUnavailableError,
     StorageQuotaExceededError,
+    TemplateBuildError,
     TooManySandboxesError,
 )
 from .models import (
@@ -88,6 +89,7 @@ from .models import (
     ProcessInfo,
     SandboxInfo,
     SnapshotInfo,
+    TemplateBuild,
     TemplateInfo,
 )
 
@@ -147,6 +149,8 @@ __all__ = [
     "SnapshotInfo",
     "Snapshots",
     "StorageQuotaExceededError",
+    "TemplateBuild",
+    "TemplateBuildError",
     "TemplateInfo",
     "Templates",
     "TooManySandboxesError",

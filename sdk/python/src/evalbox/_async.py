@@ -42,6 +42,7 @@ from .models import (
     ProcessInfo,
     SandboxInfo,
     SnapshotInfo,
+    TemplateBuild,
     TemplateInfo,
 )
 
@@ -496,6 +497,36 @@ class AsyncTemplates:
         """A template by name."""
         c = _client(self._c, None, None)
         return await c._run(core.get_template(c._cfg, name))
+
+    async def build(
+        self,
+        name: str,
+        *,
+        spec: Mapping[str, Any] | None = None,
+        dockerfile: str | None = None,
+        build_args: Mapping[str, str] | None = None,
+        context_dir: core.PathLike | None = None,
+        tags: Sequence[str] | None = None,
+        wait: bool = True,
+        timeout: float | None = 3600,
+    ) -> TemplateBuild:
+        """Build a template. See :meth:`evalbox.Templates.build`."""
+        c = _client(self._c, None, None)
+        tag = None
+        if ":" in name:
+            name, tag = name.split(":", 1)
+        body, ctype = core.build_template_body(
+            name,
+            spec=spec,
+            dockerfile=dockerfile,
+            build_args=build_args,
+            tags=[tag, *(tags or ())] if tag else tags,
+            context=core.context_tar(context_dir) if context_dir is not None else None,
+        )
+        build = await c._run(core.build_template(c._cfg, body, ctype))
+        if not wait:
+            return build
+        return await c._run(core.wait_build(c._cfg, build, timeout))
 
 
 #: Eval runs with the running loop's default client.

@@ -31,7 +31,9 @@ import json
 import math
 import os
 import random
+import secrets
 import stat as stat_mod
+import tarfile
 import time
 from collections.abc import AsyncIterable, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ from .errors import (
     CommandTimeoutError,
     EvalboxError,
     SandboxNotRunningError,
+    TemplateBuildError,
     error_from_detail,
 )
 from .models import (
@@ -59,6 +62,7 @@ from .models import (
     ProcessInfo,
     SandboxInfo,
     SnapshotInfo,
+    TemplateBuild,
     TemplateInfo,
 )
 
@@ -187,12 +191,14 @@ class Call:
     """May be sent again after a 429/503 answer or a network error."""
     read_timeout: float | None = DEFAULT_READ_TIMEOUT
     """Seconds without data from the server before the call fails; None = no limit."""
+    content_type: str = OCTET_STREAM
+    """The raw body's type."""
 
     def headers(self) -> dict[str, str]:
         """This call's own headers (besides Authorization and User-Agent)."""
         h = {"Accept": self.accept}
         if self.upload is not None:
-            h["Content-Type"] = OCTET_STREAM
+            h["Content-Type"] = self.content_type
             if self.upload.size is not None:
                 h["Content-Length"] = str(self.upload.size)
         return h
@@ -1151,6 +1157,92 @@ def get_template(cfg: Config, name: str) -> Op[TemplateInfo]:
     """``GET /v1/templates/{name}``."""
     resp = yield from request(cfg, Call("GET", f"/templates/{_seg(name, 'template name')}", retry=True))
     return TemplateInfo.from_json(resp.json())
+
+
+#: Directories a build context upload leaves out.
+_CONTEXT_SKIP = frozenset(
+    {".git", "__pycache__", ".venv", "node_modules", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+)
+
+
+def context_tar(context_dir: PathLike) -> bytes:
+    """The build context, a directory, as an uncompressed tar (its VCS, virtualenv and cache
+    directories left out; symlinks kept as links)."""
+    root = os.fspath(context_dir)
+    if not os.path.isdir(root):
+        raise ValueError(f"build context {root!r} is not a directory")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in _CONTEXT_SKIP)
+            for name in [*dirnames, *sorted(filenames)]:
+                full = os.path.join(dirpath, name)
+                tf.add(full, arcname=os.path.relpath(full, root), recursive=False)
+    return buf.getvalue()
+
+
+def build_template_body(
+    name: str,
+    *,
+    spec: Mapping[str, Any] | None,
+    dockerfile: str | None,
+    build_args: Mapping[str, str] | None,
+    tags: Sequence[str] | None,
+    context: bytes | None,
+) -> tuple[bytes, str]:
+    """The body of ``POST /v1/templates`` and its content type: the JSON request, or with a
+    context a multipart body of the request and the context tar."""
+    if (spec is None) == (dockerfile is None):
+        raise ValueError("give spec or dockerfile (one of them)")
+    req: dict[str, Any] = {"name": name}
+    if spec is not None:
+        req["spec"] = dict(spec)
+    if dockerfile is not None:
+        req["dockerfile"] = dockerfile
+        if build_args:
+            req["build_args"] = dict(build_args)
+    elif build_args:
+        raise ValueError("build_args are for a dockerfile")
+    if tags:
+        req["tags"] = list(tags)
+    payload = json.dumps(req).encode()
+    if context is None:
+        return payload, JSON
+    boundary = "evalbox-" + secrets.token_hex(16)
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="request"\r\nContent-Type: {JSON}\r\n\r\n'.encode(),
+        payload,
+        f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="context"; filename="context.tar"\r\n'
+        f"Content-Type: application/x-tar\r\n\r\n".encode(),
+        context,
+        f"\r\n--{boundary}--\r\n".encode(),
+    ]
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+def build_template(cfg: Config, body: bytes, content_type: str) -> Op[TemplateBuild]:
+    """``POST /v1/templates``: the queued build. Not retried (a build is not idempotent)."""
+    call = Call("POST", "/templates", upload=Upload(body, len(body), None), content_type=content_type)
+    resp = yield from request(cfg, call)
+    return TemplateBuild.from_json(resp.json())
+
+
+def wait_build(cfg: Config, build: TemplateBuild, timeout: float | None) -> Op[TemplateBuild]:
+    """Poll ``GET /v1/templates/{name}/builds/{id}`` until the build ends (a failed one raises
+    :class:`~evalbox.errors.TemplateBuildError`)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    path = f"/templates/{_seg(build.template, 'template name')}/builds/{_seg(build.id, 'build id')}"
+    pause = 0.2
+    while not build.done:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise EvalboxError(f"build {build.id} of {build.template} did not end within {timeout} s", code="timeout")
+        yield Sleep(pause)
+        pause = min(pause * 1.5, 2.0)
+        resp = yield from request(cfg, Call("GET", path, retry=True))
+        build = TemplateBuild.from_json(resp.json())
+    if build.state == "failed":
+        raise TemplateBuildError(build)
+    return build
 
 
 # --- operations: execute -----------------------------------------------------

@@ -31,6 +31,7 @@ from .models import (
     ProcessInfo,
     SandboxInfo,
     SnapshotInfo,
+    TemplateBuild,
     TemplateInfo,
 )
 
@@ -475,6 +476,51 @@ class Templates:
         """A template by name (:class:`~evalbox.NotFoundError` if there is none)."""
         c = _client(self._c, None, None)
         return c._run(core.get_template(c._cfg, name))
+
+    def build(
+        self,
+        name: str,
+        *,
+        spec: Mapping[str, Any] | None = None,
+        dockerfile: str | None = None,
+        build_args: Mapping[str, str] | None = None,
+        context_dir: core.PathLike | None = None,
+        tags: Sequence[str] | None = None,
+        wait: bool = True,
+        timeout: float | None = 3600,
+    ) -> TemplateBuild:
+        """Build a template from a build spec (the ``TemplateSpec`` JSON) or a Dockerfile's text.
+
+        Args:
+            name: The template's name (``name:tag`` is built under that tag).
+            spec: A build spec, as a mapping.
+            dockerfile: A Dockerfile (one stage, ``FROM`` a template or an imported image).
+            build_args: Values of the Dockerfile's ``ARG``\\s.
+            context_dir: The build context (the files ``COPY`` steps take), uploaded as a tar.
+            tags: Tags the build takes when it succeeds.
+            wait: Wait for the build's end (else return it queued).
+            timeout: Seconds to wait at most (``None``: no limit).
+
+        Raises:
+            TemplateBuildError: The build failed (its error names the step).
+            BadRequestError: The spec or Dockerfile cannot be built (the message names the line).
+        """
+        c = _client(self._c, None, None)
+        tag = None
+        if ":" in name:
+            name, tag = name.split(":", 1)
+        body, ctype = core.build_template_body(
+            name,
+            spec=spec,
+            dockerfile=dockerfile,
+            build_args=build_args,
+            tags=[tag, *(tags or ())] if tag else tags,
+            context=core.context_tar(context_dir) if context_dir is not None else None,
+        )
+        build = c._run(core.build_template(c._cfg, body, ctype))
+        if not wait:
+            return build
+        return c._run(core.wait_build(c._cfg, build, timeout))
 
 
 #: Eval runs with the default client (``$EVALBOX_API_URL``, ``$EVALBOX_API_KEY``).

@@ -173,6 +173,14 @@ class PortClosedError(ServerError):
     closed the connection before answering."""
 
 
+class TemplateBuildError(EvalboxError):
+    """A template build that ended ``failed``; ``build`` is its :class:`~evalbox.models.TemplateBuild`."""
+
+    def __init__(self, build: Any) -> None:
+        super().__init__(f"build {build.id} of template {build.template} failed: {build.error}", code="build_failed")
+        self.build = build
+
+
 class APIConnectionError(EvalboxError):
     """The server could not be reached, or the connection broke mid-answer.
 

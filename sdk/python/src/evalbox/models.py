@@ -583,3 +583,41 @@ class CodeContext:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CodeContext:
         return cls(id=str(d["id"]), language=str(d["language"]), cwd=str(d["cwd"]))
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateBuild:
+    """A template build (``TemplateBuild`` in ``api/openapi.yaml``)."""
+
+    id: str
+    template: str
+    state: str
+    """``queued``, ``running``, ``succeeded`` or ``failed``."""
+    digest: str = ""
+    """The template's digest, once it succeeded."""
+    error: str = ""
+    """Why it failed (the failing step, its exit code, the end of its stderr)."""
+    failed_step: int = 0
+    steps: int = 0
+    cached_steps: int = 0
+    built_steps: int = 0
+
+    @property
+    def done(self) -> bool:
+        """Whether the build has ended."""
+        return self.state in ("succeeded", "failed")
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TemplateBuild:
+        """Parse a ``TemplateBuild`` JSON object."""
+        return cls(
+            id=d["id"],
+            template=d["template"],
+            state=d["state"],
+            digest=d.get("digest", ""),
+            error=d.get("error", ""),
+            failed_step=int(d.get("failed_step", 0)),
+            steps=int(d.get("steps", 0)),
+            cached_steps=int(d.get("cached_steps", 0)),
+            built_steps=int(d.get("built_steps", 0)),
+        )
