@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -92,6 +93,10 @@ type Manager struct {
 	// killFile is true when cgroup.kill is available in the unified
 	// hierarchy (Linux ≥ 5.14).
 	killFile bool
+	// others are the parent's directories in the v1 hierarchies evalbox
+	// sets no limits in (cpuset, devices, name=systemd, …), where runsc
+	// makes cgroups too: listed and removed, never created.
+	others []string
 }
 
 // Option configures New.
@@ -137,7 +142,20 @@ func New(parent string, opts ...Option) (*Manager, error) {
 		if o.unified {
 			unified = mounts.v2
 		}
-		return newV1(roots, unified, parent)
+		m, err := newV1(roots, unified, parent)
+		if err != nil {
+			return nil, err
+		}
+		// The other hierarchies: runsc makes its cgroups in all of them,
+		// under the same path, and a runsc killed before its delete leaves
+		// them there, where only List and Remove look.
+		for _, mp := range mounts.v1All {
+			if !slices.Contains(slices.Collect(maps.Values(roots)), mp) {
+				m.others = append(m.others, filepath.Join(mp, parent))
+			}
+		}
+		slices.Sort(m.others)
+		return m, nil
 	}
 	if mounts.v2 == "" {
 		return nil, errors.New("cgroups: no cgroup v1 memory hierarchy and no cgroup2 mount found")
@@ -304,7 +322,7 @@ func (m *Manager) Exists(id string) bool {
 	if checkID(id) != nil {
 		return false
 	}
-	for _, dir := range m.dirs {
+	for _, dir := range slices.Concat(m.dirs, m.others) {
 		if _, err := os.Lstat(filepath.Join(dir, id)); err == nil {
 			return true
 		}
@@ -316,7 +334,7 @@ func (m *Manager) Exists(id string) bool {
 // sorted.
 func (m *Manager) List() ([]string, error) {
 	var ids []string
-	for _, dir := range m.dirs {
+	for _, dir := range slices.Concat(m.dirs, m.others) {
 		ents, err := os.ReadDir(dir)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
@@ -339,6 +357,9 @@ func (m *Manager) cgroup(id string) *Cgroup {
 	for _, d := range m.dirs {
 		c.dirs = append(c.dirs, filepath.Join(d, id))
 	}
+	for _, d := range m.others {
+		c.others = append(c.others, filepath.Join(d, id))
+	}
 	if m.unified != "" {
 		c.unified = filepath.Join(m.unified, id)
 	}
@@ -351,6 +372,9 @@ type Cgroup struct {
 	id      string
 	dirs    []string
 	unified string // its directory in the cgroup2 hierarchy, or ""
+	// others are its directories in the hierarchies of Manager.others
+	// (Remove removes those that exist).
+	others []string
 }
 
 // ID returns the cgroup's name.
@@ -646,7 +670,7 @@ func (c *Cgroup) Remove(ctx context.Context) error {
 			return err
 		}
 	}
-	for _, dir := range c.dirs {
+	for _, dir := range slices.Concat(c.dirs, c.others) {
 		for b := newBackoff(); ; {
 			err := unix.Rmdir(dir)
 			if err == nil || errors.Is(err, unix.ENOENT) {
@@ -808,6 +832,9 @@ func checkRelPath(p string) error {
 type cgroupMounts struct {
 	v1 map[string]string // controller → mount point
 	v2 string            // the cgroup2 mount point (prefers /sys/fs/cgroup)
+	// v1All are the mount points of every v1 hierarchy (cpuset, devices,
+	// name=systemd, … as well as the managed controllers').
+	v1All []string
 }
 
 func readCgroupMounts() (cgroupMounts, error) {
@@ -835,6 +862,9 @@ func parseMountinfo(r io.Reader) (cgroupMounts, error) {
 		mp := unescapeMount(pf[4])
 		switch sf[0] {
 		case "cgroup":
+			if !slices.Contains(m.v1All, mp) {
+				m.v1All = append(m.v1All, mp)
+			}
 			for opt := range strings.SplitSeq(sf[2], ",") {
 				if slices.Contains(v1Controllers, opt) {
 					if _, dup := m.v1[opt]; !dup {

@@ -33,7 +33,7 @@ func testParent(t *testing.T) string {
 
 func cleanupManager(t *testing.T, m *Manager) {
 	t.Cleanup(func() {
-		for _, d := range m.dirs {
+		for _, d := range slices.Concat(m.dirs, m.others) {
 			if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
 				t.Errorf("remove test parent %s: %v", d, err)
 			}
@@ -333,6 +333,9 @@ func TestParseMountinfo(t *testing.T) {
 	if fmt.Sprint(m.v1) != fmt.Sprint(want) || m.v2 != "/sys/fs/cgroup/unified" {
 		t.Fatalf("hybrid: %+v", m)
 	}
+	if want := []string{"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/freezer", "/sys/fs/cgroup/systemd"}; !slices.Equal(m.v1All, want) {
+		t.Fatalf("hybrid v1 hierarchies %q, want %q", m.v1All, want)
+	}
 	const unified = `30 1 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
 40 1 0:26 / /mnt/my\040cg rw - cgroup2 cgroup2 rw
 `
@@ -345,6 +348,52 @@ func TestParseMountinfo(t *testing.T) {
 	}
 	if got := unescapeMount(`/mnt/my\040cg`); got != "/mnt/my cg" {
 		t.Fatalf("unescape = %q", got)
+	}
+}
+
+// TestOtherHierarchies: on a v1 host, a sandbox cgroup that runsc left
+// only in hierarchies evalbox sets no limits in (cpuset, devices,
+// name=systemd: what a runsc killed before its delete leaves) is still
+// listed, and Remove removes it; nothing is created there.
+func TestOtherHierarchies(t *testing.T) {
+	requireRoot(t)
+	m := newTestManager(t)
+	if m.Version() != V1 || len(m.others) == 0 {
+		t.Skip("a v1 host with hierarchies beyond cpu, memory, pids and freezer is needed")
+	}
+	c, err := m.Create("sb-others", Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range c.others {
+		if fileExists(d) {
+			t.Fatalf("Create made %s", d)
+		}
+	}
+	if err := c.Remove(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	// What runsc leaves: the cgroup in the other hierarchies alone.
+	left := m.cgroup("sb-others")
+	for _, d := range left.others {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids, err := m.List(); err != nil || !slices.Contains(ids, "sb-others") || !m.Exists("sb-others") {
+		t.Fatalf("List %q %v: the cgroup left in %q is not seen", ids, err, left.others)
+	}
+	open, err := m.Open("sb-others")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := open.Remove(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range left.others {
+		if fileExists(d) {
+			t.Errorf("%s left after Remove", d)
+		}
 	}
 }
 
