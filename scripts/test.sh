@@ -92,13 +92,7 @@ ln -sfn "$js_cache/node_modules" test/e2bcompat/js/node_modules
 # (Harbor's floor: pyenv's on these machines) cached by the constraints'
 # hash.
 echo "== Harbor (test/e2bcompat/harbor): harbor run -e e2b from PyPI against a real evalbox serve"
-harbor_python=
-for py in python3.13 python3.12 $(ls -d "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.1[23]*/bin/python 2>/dev/null | sort -rV); do
-  if command -v "$py" >/dev/null && "$py" -c 'import sys, venv; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
-    harbor_python=$py; break
-  fi
-done
-[ -n "$harbor_python" ] || { echo "test: Harbor needs Python >= 3.12 (python3.12, python3.13 or a pyenv version); none found" >&2; exit 1; }
+harbor_python=$(bash scripts/python312.sh) || { echo "test: Harbor needs Python >= 3.12" >&2; exit 1; }
 harbor_venv=/var/cache/evalbox/venv-harbor-$(sha256sum test/e2bcompat/harbor/constraints.txt | cut -c1-16)
 if [ ! -x "$harbor_venv/bin/harbor" ]; then
   rm -rf "$harbor_venv"
@@ -132,6 +126,20 @@ if [ ! -x "$ng_venv/bin/pytest" ]; then
 fi
 "$ng_venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./sdk/python
 (cd test/integrations && EVALBOX_BIN_DIR="$PWD/../../bin" "$ng_venv/bin/pytest" -q -W error -p no:cacheprovider nemogym)
+
+# Harbor's `harbor run` with evalbox's own environment
+# (evalbox.integrations.harbor): Harbor's pins plus hatchling, in a venv of
+# Harbor's Python cached by the hash of both constraints files; the SDK from
+# this checkout on every run.
+echo "== Harbor (test/integrations/harbor): harbor run -e evalbox.integrations.harbor:EvalboxEnvironment against a real evalbox serve"
+hn_venv=/var/cache/evalbox/venv-harbor-native-$(cat test/integrations/harbor/constraints.txt test/e2bcompat/harbor/constraints.txt | sha256sum | cut -c1-16)
+if [ ! -x "$hn_venv/bin/harbor" ]; then
+  rm -rf "$hn_venv"
+  "$harbor_python" -m venv "$hn_venv"
+  "$hn_venv/bin/pip" install -q --disable-pip-version-check -r test/integrations/harbor/constraints.txt
+fi
+"$hn_venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./sdk/python
+(cd test/integrations && EVALBOX_BIN_DIR="$PWD/../../bin" "$hn_venv/bin/pytest" -q -W error -p no:cacheprovider harbor)
 
 # The end-to-end suite runs a race-enabled server next to the real agent
 # and runsc.

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import evalbox
-from evalbox import AsyncClient, BadRequestError, Sandbox, TemplateBuildError
+from evalbox import AsyncClient, BadRequestError, ConflictError, Sandbox, TemplateBuildError
 
 from .server import NS, Team
 
@@ -47,13 +47,16 @@ def test_build_dockerfile(team: Team, tmp_path: Path) -> None:
 
 
 def test_build_spec_async(team: Team) -> None:
+    spec = {"from": "base", "steps": [{"run": "sleep 2 && echo hi > /hi"}]}  # long enough to be queued or running
+
     async def main() -> evalbox.TemplateBuild:
         async with AsyncClient(team.url, team.key) as c:
-            queued = await c.templates.build(
-                "sdk-spec-async", spec={"from": "base", "steps": [{"run": "echo hi > /hi"}]}, wait=False
-            )
+            queued = await c.templates.build("sdk-spec-async", spec=spec, wait=False)
             assert queued.state in ("queued", "running")
-            return await c.templates.build("sdk-spec-async", spec={"from": "base", "steps": [{"run": "echo hi > /hi"}]})
+            # One build of a name at a time: the queued one's is a conflict.
+            with pytest.raises(ConflictError):
+                await c.templates.build("sdk-spec-async", spec=spec)
+            return await c.templates.build("sdk-spec-async-2", spec=spec)
 
     b = asyncio.run(main())
     assert b.state == "succeeded"

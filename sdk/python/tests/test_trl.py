@@ -6,12 +6,14 @@ runs in its own fresh sandbox; an infra failure is None, never a false 0."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any
 
 import pytest
 
+import evalbox
 from evalbox import AsyncClient, Client, errors
-from evalbox.integrations.trl import async_code_reward, code_reward, extract_code, program
+from evalbox.integrations.trl import SandboxEnvironment, async_code_reward, code_reward, extract_code, program
 
 from .server import NS, Team
 
@@ -109,3 +111,45 @@ def test_extract_code() -> None:
     assert program("x = 1", "assert x", marker="m") == "x = 1\n\nassert x\n\nprint('m')\n"
     assert program("true", None, marker="m", language="bash") == "true\n\nprintf '%s\\n' 'm'\n"
     assert extract_code([{"role": "assistant", "content": None}]) == ""
+
+
+def test_sandbox_environment(team: Team) -> None:
+    """SandboxEnvironment driven as GRPOTrainer drives an environment_factory: instances from
+    factory(), the tools found as its public functions, reset(**example) per episode (a fresh
+    sandbox, the last one deleted), the tools, get_reward from the example's tests."""
+    with team.client() as c:
+        factory = SandboxEnvironment.factory(runtime=NS, tests_column="test", timeout=5, client=c)
+        env = factory()
+        tools = [n for n, _ in inspect.getmembers(type(env), predicate=inspect.isfunction) if not n.startswith("_")]
+        assert sorted(t for t in tools if t not in ("reset", "get_reward")) == ["run_code", "run_shell"]
+        for t in (env.run_code, env.run_shell):
+            assert t.__doc__ is not None
+            assert "Args:" in t.__doc__
+
+        assert (
+            env.reset(prompt="Write add(a, b) in solution.py.", test="from solution import add\nassert add(2, 3) == 5")
+            is None
+        )
+        first = env.sandbox
+        assert first is not None
+        assert env.run_shell("printf 'def add(a, b):\\n    return a - b\\n' > solution.py; echo written") == (
+            "written\n\n[exit status 0]"
+        )
+        assert env.get_reward() == 0.0
+        assert env.run_code("import solution; print(solution.add(2, 3))") == "-1\n\n[exit status 0]"
+        out = env.run_code("import sys; print('x' * 20000); sys.exit(4)")
+        assert out.startswith("[…]")
+        assert out.endswith("[exit status 4]")
+        assert "timed out after 5" in env.run_shell("sleep 30")
+        env.run_shell("printf 'def add(a, b):\\n    return a + b\\n' > solution.py")
+        assert env.get_reward() == 1.0
+        # The next episode: a fresh sandbox, the old one gone; an example without tests is not scored.
+        env.reset(prompt="again")
+        assert env.sandbox is not None
+        assert env.sandbox.id != first.id
+        assert "No such file" in env.run_shell("cat solution.py")
+        assert env.get_reward() is None
+        assert first.info().state != "running"
+        ids = [env.sandbox.id]
+        env._close()
+        assert [s.id for s in evalbox.Sandbox.list(client=c) if s.id in ids] == []

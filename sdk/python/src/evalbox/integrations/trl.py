@@ -12,20 +12,30 @@ output, so that an early ``sys.exit(0)`` earns nothing), 0.0 when it fails or ti
 that evalbox could not take (unreachable, overloaded), while a bad request or key raises. :func:`async_code_reward`
 is its ``async def`` twin (TRL awaits async reward functions). TRL itself is not imported: the
 functions only follow its calling convention (docs/integrations/trl.md).
+
+:class:`SandboxEnvironment` is an ``environment_factory`` for multi-turn tool use
+(``GRPOTrainer(environment_factory=SandboxEnvironment.factory(...))``): one fresh sandbox per
+episode, the tools ``run_code`` and ``run_shell``, and (with a tests column) ``get_reward``.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
 import logging
 import re
 import secrets
+import threading
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from .._async import AsyncClient, async_execute
-from .._sync import Client, execute
+from .._sync import Client, Sandbox, execute
 from ..errors import (
     APIConnectionError,
+    EvalboxError,
     OutputBudgetExhaustedError,
     RateLimitedError,
     ServerError,
@@ -33,7 +43,7 @@ from ..errors import (
 )
 from ..models import CommandResult
 
-__all__ = ["RewardFunc", "async_code_reward", "code_reward", "extract_code", "program"]
+__all__ = ["RewardFunc", "SandboxEnvironment", "async_code_reward", "code_reward", "extract_code", "program"]
 
 log = logging.getLogger("evalbox.integrations.trl")
 
@@ -213,3 +223,173 @@ def async_code_reward(
 
     reward.__name__ = reward.__qualname__ = name
     return reward
+
+
+#: Most characters of a tool's answer the model sees (the output's end is kept).
+MAX_TOOL_OUTPUT = 8000
+
+# Every environment that holds a sandbox, for the deletes at interpreter exit.
+_live: weakref.WeakSet[SandboxEnvironment] = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _close_all() -> None:
+    with _live_lock:
+        envs = list(_live)
+    for env in envs:
+        env._close()
+
+
+class SandboxEnvironment:
+    """A TRL environment (``GRPOTrainer(environment_factory=...)``): each episode gets its own
+    fresh sandbox, and the model works in it through two tools, :meth:`run_code` and
+    :meth:`run_shell`.
+
+    TRL makes instances with ``factory()`` and calls :meth:`reset` with each example's columns
+    at the start of every episode: the previous episode's sandbox is deleted and a new one made.
+    With ``tests_column``, :meth:`get_reward` scores the episode by running that column's tests
+    (Python that imports or reads what the model left in the sandbox, run in the template's
+    working directory) in the episode's sandbox: 1.0 when they pass and run to their end, 0.0
+    when not, ``None`` when the example has none or evalbox could not run them (TRL ignores
+    it). Sandboxes still held at interpreter exit are
+    deleted; each one's TTL bounds what a crash leaves.
+    """
+
+    def __init__(
+        self,
+        *,
+        template: str = "python",
+        runtime: str | None = None,
+        network: str | None = None,
+        timeout: float = 30,
+        ttl: int = 3600,
+        tests_column: str | None = None,
+        client: Client | None = None,
+    ) -> None:
+        self._template, self._runtime, self._network = template, runtime, network
+        self._timeout, self._ttl, self._tests_column, self._client = timeout, ttl, tests_column, client
+        self._sandbox: Sandbox | None = None
+        self._tests: str | None = None
+
+    @classmethod
+    def factory(
+        cls,
+        *,
+        template: str = "python",
+        runtime: str | None = None,
+        network: str | None = None,
+        timeout: float = 30,
+        ttl: int = 3600,
+        tests_column: str | None = None,
+        client: Client | None = None,
+    ) -> Callable[[], SandboxEnvironment]:
+        """The ``environment_factory`` for TRL: a callable that makes environments with these options.
+
+        Args:
+            template: The episodes' template.
+            runtime: ``gvisor`` or ``namespaces`` (default: the server's).
+            network: The sandboxes' network (``none`` by default on the server).
+            timeout: Seconds one tool call may run.
+            ttl: Each sandbox's TTL, in seconds.
+            tests_column: The dataset column holding each example's tests, for :meth:`get_reward`.
+            client: The evalbox client (default: the process's, from the environment).
+        """
+        return functools.partial(
+            cls,
+            template=template,
+            runtime=runtime,
+            network=network,
+            timeout=timeout,
+            ttl=ttl,
+            tests_column=tests_column,
+            client=client,
+        )
+
+    @property
+    def sandbox(self) -> Sandbox | None:
+        """The current episode's sandbox (``None`` before the first :meth:`reset`)."""
+        return self._sandbox
+
+    def reset(self, **example: Any) -> str | None:
+        """Start an episode: the previous one's sandbox is deleted, a fresh one made."""
+        self._close()
+        tests = example.get(self._tests_column) if self._tests_column else None
+        self._tests = tests if isinstance(tests, str) and tests.strip() else None
+        self._sandbox = Sandbox.create(
+            template=self._template,
+            runtime=self._runtime,
+            network=self._network,
+            timeout=self._ttl,
+            metadata={"via": "trl-environment"},
+            client=self._client,
+        )
+        with _live_lock:
+            _live.add(self)
+        return None
+
+    def run_code(self, code: str) -> str:
+        """Run Python code in the sandbox, in its working directory, and return what it printed and
+        its exit status.
+
+        Args:
+            code: The Python program to run.
+
+        Returns:
+            Its standard output and standard error, then its exit status.
+        """
+        sb = self._require()
+        # On standard input, so that it imports from the working directory as a script there would.
+        return self._answer(sb.commands.run(["python3", "-"], stdin=code, timeout=self._timeout))
+
+    def run_shell(self, command: str) -> str:
+        """Run a shell command in the sandbox and return what it printed and its exit status.
+
+        Args:
+            command: The command line, run by bash.
+
+        Returns:
+            Its standard output and standard error, then its exit status.
+        """
+        sb = self._require()
+        return self._answer(sb.commands.run(["bash", "-c", command], timeout=self._timeout))
+
+    def get_reward(self) -> float | None:
+        """The episode's reward: 1.0 when its tests pass in its sandbox, 0.0 when not, None when it
+        has no tests or evalbox could not run them."""
+        if self._tests is None or self._sandbox is None:
+            return None
+        marker = _marker()
+        try:
+            tests = program("", self._tests, marker)
+            r = self._sandbox.commands.run(["python3", "-"], stdin=tests, timeout=self._timeout)
+        except EvalboxError as e:
+            log.warning("evalbox could not run an episode's tests: %s", e)
+            return None
+        return _score(r, marker)
+
+    def _require(self) -> Sandbox:
+        if self._sandbox is None:
+            raise RuntimeError("the environment has no sandbox: reset() starts an episode")
+        return self._sandbox
+
+    def _answer(self, r: CommandResult) -> str:
+        if r.status == "timed_out":
+            status = f"timed out after {self._timeout} s"
+        elif r.status == "error":
+            status = f"could not run: {r.error}"
+        elif r.status == "killed":
+            status = f"killed by signal {r.signal}"
+        else:
+            status = f"exit status {r.exit_code}"
+        out = r.stdout + r.stderr
+        if len(out) > MAX_TOOL_OUTPUT:
+            out = "[…]" + out[-MAX_TOOL_OUTPUT:]
+        return f"{out}\n[{status}]" if out else f"[{status}]"
+
+    def _close(self) -> None:
+        """Delete the episode's sandbox (not a tool: TRL exposes public methods only)."""
+        sb, self._sandbox = self._sandbox, None
+        if sb is not None:
+            with contextlib.suppress(EvalboxError):
+                sb.kill()
