@@ -181,11 +181,16 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request, p auth.Princ
 	spec, opts := b.spec, catalog.BuildOptions{Tags: b.req.Tags}
 	if df := b.dockerfile; df != nil {
 		var err error
-		if spec, err = s.dockerfileSpec(r.Context(), p.TeamID, df); err != nil {
+		var base client.Template
+		if spec, base, err = s.dockerfileSpec(r.Context(), p.TeamID, df); err != nil {
 			writeError(w, err)
 			return
 		}
+		// As an image's: the Dockerfile's ENTRYPOINT and CMD, else its base's.
 		opts.Cmd = append(slices.Clone(df.Entrypoint), df.Cmd...)
+		if len(opts.Cmd) == 0 {
+			opts.Cmd = base.Cmd
+		}
 	}
 	build, err := s.templates.Build(r.Context(), p.TeamID, b.req.Name, spec, ctxTar, opts)
 	if err != nil {
@@ -197,7 +202,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request, p auth.Princ
 
 // dockerfileSpec translates a Dockerfile onto the template its FROM names:
 // one of the team's templates, or an image it imported.
-func (s *Server) dockerfileSpec(ctx context.Context, teamID string, df *template.Dockerfile) (client.TemplateSpec, error) {
+func (s *Server) dockerfileSpec(ctx context.Context, teamID string, df *template.Dockerfile) (client.TemplateSpec, client.Template, error) {
 	base, ok, err := template.ResolveImage(ctx, df.From, func(ctx context.Context, name string) (client.Template, error) {
 		return s.templates.Get(ctx, teamID, name)
 	}, func(ctx context.Context) ([]client.Template, error) {
@@ -205,18 +210,18 @@ func (s *Server) dockerfileSpec(ctx context.Context, teamID string, df *template
 		return list.Templates, err
 	})
 	if err != nil {
-		return client.TemplateSpec{}, err
+		return client.TemplateSpec{}, client.Template{}, err
 	}
 	if !ok {
-		return client.TemplateSpec{}, errorf(client.CodeBadRequest,
+		return client.TemplateSpec{}, client.Template{}, errorf(client.CodeBadRequest,
 			"Dockerfile line %d: FROM %s: no template of this name, and no image imported under this reference (evalbox pulls no images at build time): import it (evalbox template import --ref %s IMAGE.tar), or start FROM a template (base, python, node or one of yours)",
 			df.FromLine, df.From, df.From)
 	}
 	spec, err := df.Spec(base)
 	if err != nil {
-		return client.TemplateSpec{}, errorf(client.CodeBadRequest, "%v", err)
+		return client.TemplateSpec{}, client.Template{}, errorf(client.CodeBadRequest, "%v", err)
 	}
-	return spec, nil
+	return spec, base, nil
 }
 
 // importTemplate starts an import: the body is the image archive, or

@@ -245,14 +245,11 @@ func runShard(ctx context.Context, cmd *cobra.Command, c *client.Client, o shard
 	errw := cmd.ErrOrStderr()
 	fmt.Fprintf(errw, "shard: %d test files across %d sandboxes of %s\n", len(files), len(parts), o.template)
 
-	// Every sandbox of this run carries its id: a create that ctx cut off
-	// after the server answered leaves a sandbox whose id never came back,
-	// and it is found by the tag and deleted at the end.
+	// Every sandbox of this run carries its id: a create cut off (by ctx,
+	// or a lost answer) after the server made the sandbox leaves one whose
+	// id never came back, and it is found by the tag and deleted at the end.
 	runID := newRunID()
 	defer func() {
-		if ctx.Err() == nil {
-			return
-		}
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if _, err := c.DeleteSandboxes(dctx, map[string]string{"evalbox-shard-run": runID}); err != nil {

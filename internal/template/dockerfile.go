@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"path"
+	"runtime"
 	"slices"
 	"strings"
 
@@ -38,6 +39,22 @@ type Dockerfile struct {
 	stage           instructions.Stage
 	metaArgs        map[string]string // the ARGs before FROM, with the build args
 	buildArgs       map[string]string
+	escape          rune // the escape directive's token (default \\)
+}
+
+// Bounds of a Dockerfile's translation, applied as it goes (a few lines can
+// otherwise expand to gigabytes: ENV A=$A$A, doubling on every line).
+const (
+	maxExpanded     = 64 << 10 // one word, expanded
+	maxArgs         = 256      // ARGs in scope
+	maxInstructions = 1000
+)
+
+// platformArgs are the ARGs Docker fills in itself (for this host: evalbox
+// builds for the platform it runs on).
+var platformArgs = map[string]string{
+	"TARGETPLATFORM": "linux/" + runtime.GOARCH, "TARGETOS": "linux", "TARGETARCH": runtime.GOARCH, "TARGETVARIANT": "",
+	"BUILDPLATFORM": "linux/" + runtime.GOARCH, "BUILDOS": "linux", "BUILDARCH": runtime.GOARCH, "BUILDVARIANT": "",
 }
 
 // ParseDockerfile reads a Dockerfile; buildArgs override its ARG defaults
@@ -61,20 +78,29 @@ func ParseDockerfile(b []byte, buildArgs map[string]string) (*Dockerfile, error)
 		return nil, specErrorf("Dockerfile line %d: a second FROM: evalbox builds one stage (multi-stage builds are not supported)", line(stages[1].Location))
 	}
 	st := stages[0]
-	d := &Dockerfile{stage: st, FromLine: line(st.Location), metaArgs: map[string]string{}, buildArgs: buildArgs}
+	if len(st.Commands) > maxInstructions {
+		return nil, specErrorf("Dockerfile: more than %d instructions", maxInstructions)
+	}
+	d := &Dockerfile{stage: st, FromLine: line(st.Location), metaArgs: maps.Clone(platformArgs), buildArgs: buildArgs, escape: res.EscapeToken}
 	for _, a := range metaArgs {
 		for _, kv := range a.Args {
-			if v, ok := buildArgs[kv.Key]; ok {
+			switch v, ok := buildArgs[kv.Key]; {
+			case ok:
 				d.metaArgs[kv.Key] = v
-			} else if kv.Value != nil {
-				d.metaArgs[kv.Key] = *kv.Value
+			case kv.Value != nil:
+				// A default may name the ARGs before it.
+				v, err := d.expand(*kv.Value, d.metaArgs)
+				if err != nil {
+					return nil, specErrorf("Dockerfile line %d (ARG %s): %v", line(a.Location()), kv.Key, err)
+				}
+				d.metaArgs[kv.Key] = v
 			}
 		}
 	}
 	if st.Platform != "" {
 		return nil, specErrorf("Dockerfile line %d: FROM --platform is not supported", d.FromLine)
 	}
-	from, err := expand(st.BaseName, d.metaArgs)
+	from, err := d.expand(st.BaseName, d.metaArgs)
 	if err != nil || from == "" {
 		return nil, specErrorf("Dockerfile line %d: FROM %q: %v", d.FromLine, st.BaseName, err)
 	}
@@ -111,7 +137,7 @@ func (d *Dockerfile) Spec(from client.Template) (client.TemplateSpec, error) {
 		if ex, ok := c.(instructions.SupportsSingleWordExpansion); ok {
 			if _, isRun := c.(*instructions.RunCommand); !isRun {
 				vs := vars()
-				if err := ex.Expand(func(w string) (string, error) { return expand(w, vs) }); err != nil {
+				if err := ex.Expand(func(w string) (string, error) { return d.expand(w, vs) }); err != nil {
 					return spec, bad("%v", err)
 				}
 			}
@@ -125,18 +151,29 @@ func (d *Dockerfile) Spec(from client.Template) (client.TemplateSpec, error) {
 				case kv.Value != nil:
 					args[kv.Key] = *kv.Value
 				default:
+					// ARG NAME after FROM takes the global's value, or
+					// Docker's own (TARGETARCH, …); else it stays unset.
 					if mv, ok := d.metaArgs[kv.Key]; ok {
-						args[kv.Key] = mv // ARG NAME after FROM takes the global's value
-					} else {
-						args[kv.Key] = ""
+						args[kv.Key] = mv
 					}
 				}
+			}
+			total := 0
+			for k, v := range args {
+				total += len(k) + len(v)
+			}
+			// Every RUN gets them all: they must fit in one.
+			if len(args) > maxArgs || total > maxRunBytes {
+				return spec, bad("more than %d ARGs, or more than %d bytes of them", maxArgs, maxRunBytes)
 			}
 		case *instructions.EnvCommand:
 			step := map[string]string{}
 			for _, kv := range c.Env {
 				step[kv.Key] = kv.Value
 				env[kv.Key] = kv.Value
+			}
+			if len(env) > maxEnvVars {
+				return spec, bad("more than %d environment variables", maxEnvVars)
 			}
 			spec.Steps = append(spec.Steps, client.TemplateStep{Env: step})
 		case *instructions.RunCommand:
@@ -149,7 +186,11 @@ func (d *Dockerfile) Spec(from client.Template) (client.TemplateSpec, error) {
 			if len(c.CmdLine) == 0 || strings.TrimSpace(strings.Join(c.CmdLine, "")) == "" {
 				return spec, bad("want a command")
 			}
-			spec.Steps = append(spec.Steps, client.TemplateStep{Run: runLine(args, env, sh, c.ShellDependantCmdLine)})
+			run := runLine(args, env, sh, c.ShellDependantCmdLine)
+			if len(run) > maxRunBytes {
+				return spec, bad("the command, with its ARGs, is longer than %d bytes", maxRunBytes)
+			}
+			spec.Steps = append(spec.Steps, client.TemplateStep{Run: run})
 		case *instructions.WorkdirCommand:
 			w := c.Path
 			if !path.IsAbs(w) {
@@ -205,6 +246,9 @@ func (d *Dockerfile) Spec(from client.Template) (client.TemplateSpec, error) {
 			// Metadata: nothing to build.
 		default:
 			return spec, bad("evalbox does not build this instruction (it builds RUN, ENV, ARG, WORKDIR, USER, COPY, ADD, SHELL, CMD, ENTRYPOINT, LABEL, EXPOSE)")
+		}
+		if len(spec.Steps) > MaxSteps {
+			return spec, bad("more than %d steps", MaxSteps)
 		}
 	}
 	if err := ValidateSpec(spec); err != nil {
@@ -297,13 +341,17 @@ func isArchiveName(s string) bool {
 	return false
 }
 
-// expand substitutes $VAR and ${VAR…} in word as a Dockerfile does.
-func expand(word string, vars map[string]string) (string, error) {
-	env := make([]string, 0, len(vars))
-	for k, v := range vars {
-		env = append(env, k+"="+v)
+// expand substitutes $VAR and ${VAR…} in word as a Dockerfile does (with
+// its escape token), refusing a result past maxExpanded.
+func (d *Dockerfile) expand(word string, vars map[string]string) (string, error) {
+	esc := d.escape
+	if esc == 0 {
+		esc = '\\'
 	}
-	out, _, err := shell.NewLex('\\').ProcessWord(word, shell.EnvsFromSlice(env))
+	out, _, err := shell.NewLex(esc).ProcessWord(word, mapEnv(vars))
+	if err == nil && len(out) > maxExpanded {
+		err = fmt.Errorf("a word expands to more than %d bytes", maxExpanded)
+	}
 	return out, err
 }
 
@@ -313,3 +361,13 @@ func line(r []parser.Range) int {
 	}
 	return r[0].Start.Line
 }
+
+// mapEnv is a map as the lexer's environment (read in place, not copied).
+type mapEnv map[string]string
+
+func (m mapEnv) Get(k string) (string, bool) {
+	v, ok := m[k]
+	return v, ok
+}
+
+func (m mapEnv) Keys() []string { return slices.Collect(maps.Keys(m)) }

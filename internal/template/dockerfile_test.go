@@ -3,6 +3,8 @@ package template
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -125,6 +127,54 @@ func TestDockerfileRefused(t *testing.T) {
 		var se *SpecError
 		if err == nil || !errors.As(err, &se) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%.80q: %.200v, want a SpecError with %q", df, err, want)
+		}
+	}
+}
+
+// TestDockerfileSemantics: ARG defaults that name earlier ARGs, an ARG
+// without a value left unset (not exported empty), Docker's own platform
+// ARGs, the escape directive.
+func TestDockerfileSemantics(t *testing.T) {
+	df := "# escape=`\nARG V=3\nARG IMG=py${V}\nFROM ${IMG}\nARG HOME\nARG TARGETARCH\nENV LIT=`$B ARCH=$TARGETARCH\nRUN true\n"
+	d, err := ParseDockerfile([]byte(df), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.From != "py3" {
+		t.Errorf("FROM %q, want py3", d.From)
+	}
+	spec, err := d.Spec(client.Template{Name: "py3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env := spec.Steps[0].Env; env["LIT"] != "$B" || env["ARCH"] != runtime.GOARCH {
+		t.Errorf("ENV %v", env)
+	}
+	if run := spec.Steps[1].Run; run != "export TARGETARCH="+runtime.GOARCH+"\ntrue" {
+		t.Errorf("RUN %q: HOME must stay unset", run)
+	}
+}
+
+// TestDockerfileBounds: a Dockerfile of a few hundred bytes cannot make
+// the server expand gigabytes, nor thousands of ARGs into every RUN: each
+// is refused as it goes.
+func TestDockerfileBounds(t *testing.T) {
+	doubling := "FROM python\nENV A=xxxxxxxx\n" + strings.Repeat("ENV A=$A$A\n", 40)
+	manyArgs := "FROM python\n"
+	for i := range 300 {
+		manyArgs += fmt.Sprintf("ARG A%d=%s\n", i, strings.Repeat("v", 300))
+	}
+	manyArgs += strings.Repeat("RUN true\n", 50)
+	labels := "FROM python\nARG A=xxxxxxxxxxxxxxxx\n" + strings.Repeat("ARG A=$A$A$A$A\n", 30) + "LABEL x=$A\n"
+	for name, df := range map[string]string{"doubling": doubling, "args": manyArgs, "labels": labels,
+		"steps": "FROM python\n" + strings.Repeat("RUN true\n", MaxSteps+1), "instructions": "FROM python\n" + strings.Repeat("EXPOSE 1\n", maxInstructions+1)} {
+		d, err := ParseDockerfile([]byte(df), nil)
+		if err == nil {
+			_, err = d.Spec(client.Template{Name: "python"})
+		}
+		var se *SpecError
+		if !errors.As(err, &se) {
+			t.Errorf("%s: %v, want a SpecError", name, err)
 		}
 	}
 }

@@ -27,7 +27,10 @@ func ResolveImage(ctx context.Context, ref string, get func(ctx context.Context,
 		if t.Source != "import" {
 			continue
 		}
-		from, _, _ := strings.Cut(t.From, "@")
+		from := t.From
+		if !strings.Contains(ref, "@") {
+			from, _, _ = strings.Cut(from, "@") // a tag names the import, whatever its digest
+		}
 		if NormalizeImage(from) == want {
 			return t, true, nil
 		}

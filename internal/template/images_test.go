@@ -36,7 +36,8 @@ func TestResolveImage(t *testing.T) {
 	}
 	list := func(context.Context) ([]client.Template, error) { return all, nil }
 	for ref, want := range map[string]string{"python": "python", "python:3.12-slim": "py312", "library/python:3.12-slim": "py312",
-		"ubuntu:24.04": "", "python:3.13": "", "py312": "py312"} {
+		"ubuntu:24.04": "", "python:3.13": "", "py312": "py312",
+		"python:3.12-slim@sha256:abc": "py312", "python:3.12-slim@sha256:def": ""} {
 		got, ok, err := ResolveImage(context.Background(), ref, get, list)
 		if err != nil || ok != (want != "") || got.Name != want {
 			t.Errorf("ResolveImage(%q) = %q %v %v, want %q", ref, got.Name, ok, err, want)

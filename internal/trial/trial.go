@@ -92,8 +92,10 @@ type Outcome struct {
 	// Files are the fetched files (Spec.Fetch), by the path asked for.
 	Files map[string][]byte
 	// FetchSkipped are the files of Spec.Fetch that exist but were left
-	// out: too large, or past the trial's total or its FetchBudget.
-	FetchSkipped []string
+	// out: too large, or past the trial's total or its FetchBudget
+	// (FetchOverBudget).
+	FetchSkipped    []string
+	FetchOverBudget bool
 	// FetchErr, if set, is why the files could not be read back after
 	// the run; the run's Result stands (the code is not run again).
 	FetchErr error
@@ -185,6 +187,7 @@ func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, er
 		// out of pass@k.
 		control := spec
 		control.Script, control.Output, control.Metadata = "", nil, maps.Clone(spec.Metadata)
+		control.Fetch, control.FetchBudget = nil, nil
 		if control.Metadata == nil {
 			control.Metadata = map[string]string{}
 		}
@@ -272,7 +275,7 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 		// files back is reported with it, never retried, which would run
 		// the code again.
 		fetched, err := ReadFiles(ctx, r.sb, teamID, sb.ID, spec.Cwd, spec.Fetch, spec.FetchBudget)
-		out.Files, out.FetchSkipped = fetched.Files, fetched.Skipped
+		out.Files, out.FetchSkipped, out.FetchOverBudget = fetched.Files, fetched.Skipped, fetched.OverBudget
 		if err != nil {
 			r.log.Warn("trial: read back files", "sandbox", sb.ID, "err", err)
 			out.FetchErr = err
@@ -304,6 +307,9 @@ func WriteFiles(ctx context.Context, fs FileStore, teamID, id, cwd string, files
 type Fetched struct {
 	Files   map[string][]byte
 	Skipped []string
+	// OverBudget is set when a file was skipped because the budget could
+	// not hold it (not for its size alone).
+	OverBudget bool
 }
 
 // ReadFiles reads the files names (a relative path is under cwd) from the
@@ -336,9 +342,14 @@ func ReadFiles(ctx context.Context, fs FileStore, teamID, id, cwd string, names 
 			rc.Close()
 			continue
 		}
-		if fi.Size > min(int64(MaxFetchBytes), left) || (budget != nil && !budget.TryReserve(fi.Size)) {
+		if fi.Size > min(int64(MaxFetchBytes), left) {
 			rc.Close()
 			out.Skipped = append(out.Skipped, name)
+			continue
+		}
+		if budget != nil && !budget.TryReserve(fi.Size) {
+			rc.Close()
+			out.Skipped, out.OverBudget = append(out.Skipped, name), true
 			continue
 		}
 		// At most the size reserved: a file that grew since is skipped.

@@ -99,6 +99,8 @@ func (h *Handler) runJupyter(w http.ResponseWriter, r *http.Request, p auth.Prin
 		writeJSON(w, http.StatusOK, resp)
 	case r.Context().Err() != nil:
 		// The caller is gone.
+	case errors.Is(err, errBusy):
+		writeBusy(w)
 	case errors.As(err, &ae) && ae.Code == client.CodeBadRequest:
 		writeValidation(w, &fieldError{Loc: []string{"body"}, Msg: ae.Message, Type: "value_error"})
 	default:
@@ -222,6 +224,9 @@ func (h *Handler) jupyter(ctx context.Context, teamID string, in jupyterRun, hel
 	if err != nil {
 		return runJupyterResponse{}, err
 	}
+	if fetched.OverBudget {
+		return runJupyterResponse{}, errBusy
+	}
 	files := map[string]string{}
 	for name, b := range fetched.Files {
 		files[name] = base64.StdEncoding.EncodeToString(b)
@@ -239,6 +244,10 @@ type interpreterLine struct {
 	Value          string         `json:"value"`
 	TracebackLines []string       `json:"traceback_lines"`
 }
+
+// errBusy is a run whose output the server's memory for output cannot
+// hold now: answered 503, to be asked again.
+var errBusy = errors.New("the server's memory for command output is in use by other requests")
 
 // errKernelEnded is a cell whose kernel stream ended before the cell did:
 // the kernel died under it.
@@ -278,7 +287,7 @@ func runCell(ctx context.Context, hc *http.Client, code string, budget *int, hel
 			return cellRunResult{}, fmt.Errorf("the cells' output is larger than %d bytes a cell or %d in all", maxCellOutput, maxRunOutput)
 		}
 		if !held.TryReserve(int64(n)) {
-			return cellRunResult{}, errors.New("the server's memory for command output is in use by other requests; retry later")
+			return cellRunResult{}, errBusy
 		}
 		var l interpreterLine
 		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {

@@ -187,8 +187,8 @@ func (h *Handler) runCode(w http.ResponseWriter, r *http.Request, p auth.Princip
 	spec.Metadata = map[string]string{"via": "sandbox-fusion"}
 	// The run's output and fetched files are held until the answer is
 	// written: all of it is reserved from the server's output budget, as
-	// /v1/execute's output is. Output past it is dropped (and the answer's
-	// message says so), a file past it left out.
+	// /v1/execute's output is. A run whose output or files the budget
+	// could not hold is answered 503, to be asked again.
 	tally := outbuf.NewTally(h.cfg.Output)
 	defer tally.ReleaseAll()
 	stdout, err := outbuf.New(tally, outbuf.Truncate)
@@ -226,13 +226,16 @@ func (h *Handler) runCode(w http.ResponseWriter, r *http.Request, p auth.Princip
 		writeJSON(w, http.StatusOK, runCodeResponse{Status: statusSandboxError, Message: userMessage(err), Files: map[string]string{}})
 		return
 	}
+	if stdout.Dropped() || stderr.Dropped() || out.FetchOverBudget {
+		// An answer cut short for want of memory would score the code by
+		// the server's load: refuse it, to be asked again.
+		writeBusy(w)
+		return
+	}
 	resp := responseOf(out)
 	var notes []string
-	if stdout.Dropped() || stderr.Dropped() {
-		notes = append(notes, fmt.Sprintf("output past %d bytes (stdout) and %d bytes (stderr) was dropped: the server's memory for output was in use by other requests", stdout.Len(), stderr.Len()))
-	}
 	if len(out.FetchSkipped) > 0 {
-		notes = append(notes, fmt.Sprintf("fetch_files left out (larger than %d bytes, %d in all, or past the server's memory for output): %s", trial.MaxFetchBytes, trial.MaxFetchTotalBytes, strings.Join(out.FetchSkipped, ", ")))
+		notes = append(notes, fmt.Sprintf("fetch_files left out (larger than %d bytes, or past %d in all): %s", trial.MaxFetchBytes, trial.MaxFetchTotalBytes, strings.Join(out.FetchSkipped, ", ")))
 	}
 	if out.FetchErr != nil {
 		notes = append(notes, "fetch_files could not be read back")
@@ -437,10 +440,8 @@ func checkPath(name string) error {
 // responseOf is SandboxFusion's answer for a trial's outcome.
 func responseOf(out trial.Outcome) runCodeResponse {
 	res := out.Result
+	// The files are streamed in by writeResponse, never encoded here.
 	resp := runCodeResponse{Files: map[string]string{}}
-	for name, b := range out.Files {
-		resp.Files[name] = base64.StdEncoding.EncodeToString(b)
-	}
 	if res.Status == client.StatusError {
 		// No attempt ran the code to an end: evalbox's failure.
 		resp.Status, resp.Message = statusSandboxError, res.Error

@@ -255,34 +255,45 @@ func TestRunCodeAuth(t *testing.T) {
 
 // TestRunCodeOutputBudget: a run's output and fetched files are reserved
 // from the server's output budget until the answer is written, then given
-// back; output past it is dropped and the message says so; with not even
-// the first chunks free the request is a 503 to retry, and nothing ran.
+// back; a run whose output or files the budget could not hold is a 503 to
+// retry (never an answer cut short by the server's load); so is a request
+// that not even the first chunks fit, and then nothing runs. Files left
+// out for their size alone are named in the message.
 func TestRunCodeOutputBudget(t *testing.T) {
 	big := strings.Repeat("x", 3<<20)
 	budget := outbuf.NewBudget(1 << 20)
-	f := &fakeTrials{out: trial.Outcome{Result: client.ExecResult{Status: client.StatusExited, Stdout: big}, FetchSkipped: []string{"out.bin"}}}
-	rec, m := serveWith(t, Config{Trials: f, Auth: keys{}, Output: budget}, false, "10.0.0.1:1", `{"code": "", "language": "python", "fetch_files": ["out.bin"]}`, bearer)
-	rr, _ := m["run_result"].(map[string]any)
-	stdout, _ := rr["stdout"].(string)
-	if rec.Code != 200 || m["status"] != "Success" || len(stdout) == 0 || len(stdout) > 1<<20 {
-		t.Fatalf("%d %v, %d bytes of stdout", rec.Code, m["status"], len(stdout))
+	run := func(f *fakeTrials, body string) (*httptest.ResponseRecorder, map[string]any) {
+		return serveWith(t, Config{Trials: f, Auth: keys{}, Output: budget}, false, "10.0.0.1:1", body, bearer)
 	}
-	msg, _ := m["message"].(string)
-	if !strings.Contains(msg, "was dropped") || !strings.Contains(msg, "out.bin") {
-		t.Errorf("message %q", msg)
+	for name, out := range map[string]trial.Outcome{
+		"output past the budget": {Result: client.ExecResult{Status: client.StatusExited, Stdout: big}},
+		"a file past the budget": {Result: client.ExecResult{Status: client.StatusExited}, FetchSkipped: []string{"out.bin"}, FetchOverBudget: true},
+	} {
+		f := &fakeTrials{out: out}
+		rec, m := run(f, `{"code": "", "language": "python", "fetch_files": ["out.bin"]}`)
+		if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
+			t.Errorf("%s: %d %v", name, rec.Code, m)
+		}
+		if f.spec.FetchBudget == nil {
+			t.Errorf("%s: the fetched files were not bounded by the budget", name)
+		}
+		if budget.Used() != 0 {
+			t.Errorf("%s: %d bytes still reserved after the answer", name, budget.Used())
+		}
 	}
-	if f.spec.FetchBudget == nil {
-		t.Error("the fetched files were not bounded by the budget")
-	}
-	if budget.Used() != 0 {
-		t.Errorf("%d bytes still reserved after the answer", budget.Used())
+	f := &fakeTrials{out: trial.Outcome{Result: client.ExecResult{Status: client.StatusExited, Stdout: "ok"}, FetchSkipped: []string{"huge.bin"},
+		Files: map[string][]byte{"small.txt": []byte("s")}}}
+	rec, m := run(f, `{"code": "", "language": "python", "fetch_files": ["huge.bin", "small.txt"]}`)
+	files, _ := m["files"].(map[string]any)
+	if msg, _ := m["message"].(string); rec.Code != 200 || !strings.Contains(msg, "huge.bin") || files["small.txt"] != "cw==" {
+		t.Errorf("a file left out for its size: %d %v", rec.Code, m)
 	}
 
 	if !budget.TryReserve(budget.Total()) {
 		t.Fatal("reserve")
 	}
 	f = &fakeTrials{out: trial.Outcome{Result: client.ExecResult{Status: client.StatusExited}}}
-	rec, m = serveWith(t, Config{Trials: f, Auth: keys{}, Output: budget}, false, "10.0.0.1:1", `{"code": "", "language": "python"}`, bearer)
+	rec, m = run(f, `{"code": "", "language": "python"}`)
 	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" || f.team != "" {
 		t.Errorf("with the budget spent: %d %v, ran as %q", rec.Code, m, f.team)
 	}

@@ -373,11 +373,14 @@ func (g *gateway) hostNets() ([]netip.Prefix, bool) {
 // neverOpenRanges are what --allow-private may not open: the host's
 // loopback (all of 127.0.0.0/8 reaches the host, not only 127.0.0.1, and
 // with it every port bound to 0.0.0.0 or to loopback), "this host"
-// (0.0.0.0/8, ::), link-local and the cloud metadata addresses within it.
+// (0.0.0.0/8, ::), link-local and the cloud metadata addresses (those in
+// it, Alibaba's 100.100.100.200 and Azure's WireServer 168.63.129.16).
 var neverOpenRanges = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("127.0.0.0/8"),
 	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("100.100.100.200/32"),
+	netip.MustParsePrefix("168.63.129.16/32"),
 	netip.MustParsePrefix("::/127"),
 	netip.MustParsePrefix("fe80::/10"),
 	netip.MustParsePrefix("fd00:ec2::254/128"),

@@ -117,7 +117,7 @@ func TestAllowPrivateNeverOpensLoopback(t *testing.T) {
 	for p, ok := range map[string]bool{
 		"10.0.0.0/8": true, "192.168.7.0/24": true, "fd12:3456::/32": true,
 		"127.0.0.0/8": false, "127.0.0.2/32": false, "0.0.0.0/0": false, "0.0.0.0/8": false, "169.254.169.254/32": false,
-		"::1/128": false, "::/0": false, "fe80::/64": false, "fd00:ec2::/64": false,
+		"::1/128": false, "::/0": false, "fe80::/64": false, "fd00:ec2::/64": false, "100.64.0.0/10": false, "168.63.129.0/24": false,
 	} {
 		if err := CheckAllowPrivate(netip.MustParsePrefix(p)); (err == nil) != ok {
 			t.Errorf("CheckAllowPrivate(%s) = %v", p, err)
@@ -129,6 +129,7 @@ func TestAllowPrivateNeverOpensLoopback(t *testing.T) {
 	for a, want := range map[string]bool{
 		"127.0.0.2": true, "127.255.255.254": true, "0.0.0.0": true, "169.254.169.254": true, "::1": true, "fe80::1": true,
 		"fd00:ec2::254": true, "::ffff:127.0.0.2": true, "192.0.2.10": true, "10.200.0.5": true,
+		"100.100.100.200": true, "168.63.129.16": true,
 		"10.1.2.3": false, "192.168.1.1": false,
 	} {
 		if got := g.refused(netip.MustParseAddr(a)); got != want {

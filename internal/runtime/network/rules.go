@@ -17,7 +17,8 @@ import (
 
 // specialRanges are the IPv4 ranges an outbound sandbox may not reach by
 // default: "this network", RFC 1918, CGNAT, loopback, link-local (cloud
-// metadata), IETF protocol assignments, benchmarking, multicast, reserved.
+// metadata), IETF protocol assignments, benchmarking, multicast, reserved,
+// and the cloud metadata addresses outside those.
 var specialRanges = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("10.0.0.0/8"),
@@ -30,6 +31,10 @@ var specialRanges = []netip.Prefix{
 	netip.MustParsePrefix("198.18.0.0/15"),
 	netip.MustParsePrefix("224.0.0.0/4"),
 	netip.MustParsePrefix("240.0.0.0/4"),
+	// Cloud metadata outside link-local: Alibaba's (in CGNAT, above) and
+	// Azure's WireServer (a public address).
+	netip.MustParsePrefix("100.100.100.200/32"),
+	netip.MustParsePrefix("168.63.129.16/32"),
 }
 
 // SpecialRanges returns the special-purpose IPv4 ranges that are part of

@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError
 from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
 from harbor.environments.definition import environment_content_hash, require_agent_environment_definition
 from harbor.environments.options import EnvironmentOptions
@@ -41,7 +41,7 @@ from harbor.models.task.config import NetworkMode, NetworkPolicy
 from pydantic import Field
 
 from .._async import AsyncClient, AsyncSandbox
-from ..errors import NotFoundError
+from ..errors import BadRequestError, NotFoundError, TemplateBuildError
 
 __all__ = ["EvalboxEnvironment", "EvalboxOptions"]
 
@@ -143,12 +143,16 @@ class EvalboxEnvironment(BaseEnvironment):
                     return name
             timeout = self.task_env_config.build_timeout_sec
             self.logger.debug(f"evalbox: building {self._dockerfile()} as template {name}")
-            await c.templates.build(
-                name,
-                dockerfile=self._dockerfile().read_text(),
-                context_dir=self.environment_dir,
-                timeout=float(timeout) if timeout else None,
-            )
+            try:
+                await c.templates.build(
+                    name,
+                    dockerfile=self._dockerfile().read_text(),
+                    context_dir=self.environment_dir,
+                    timeout=float(timeout) if timeout else None,
+                )
+            except (TemplateBuildError, BadRequestError) as e:
+                # The environment's fault, not the agent's: Harbor does not grade it.
+                raise SandboxBuildFailedError(f"evalbox could not build {self._dockerfile()}: {e}") from e
         return name
 
     def _network(self, policy: NetworkPolicy) -> dict[str, Any]:

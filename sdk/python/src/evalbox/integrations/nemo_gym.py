@@ -139,12 +139,13 @@ class EvalboxProvider:
                 wait=spec.ready_timeout_s if spec.ready_timeout_s is not None else self.wait,
                 client=self._c(),
             )
-        except EvalboxError as e:
-            raise SandboxCreateError(f"evalbox could not create a sandbox of {template!r}: {e}") from e
-        except BaseException:
-            # Cancelled (a timeout, a shutdown) while the server may have made it.
+        except BaseException as e:
+            # Failed or cancelled (a lost answer, a timeout, a shutdown) while the server may have
+            # made it.
             with contextlib.suppress(Exception):
                 await asyncio.shield(AsyncSandbox.kill_all(tag, client=self._c()))
+            if isinstance(e, EvalboxError):
+                raise SandboxCreateError(f"evalbox could not create a sandbox of {template!r}: {e}") from e
             raise
         try:
             if spec.workdir:

@@ -254,6 +254,11 @@ class SandboxEnvironment:
     when not, ``None`` when the example has none or evalbox could not run them (TRL ignores
     it). Sandboxes still held at interpreter exit are
     deleted; each one's TTL bounds what a crash leaves.
+
+    The reward is best-effort against a model that games it: the tests run in the sandbox the
+    model controlled, after it (an interpreter it replaced, a module it shadowed, the marker it
+    read from the program) could cheat them. Score models trained to cheat with tests they cannot
+    reach: copy what they made into a fresh sandbox.
     """
 
     def __init__(
@@ -362,7 +367,8 @@ class SandboxEnvironment:
         marker = _marker()
         try:
             tests = program("", self._tests, marker)
-            r = self._sandbox.commands.run(["python3", "-"], stdin=tests, timeout=self._timeout)
+            # -E -s: no PYTHON* variables, no user site-packages the model could have planted.
+            r = self._sandbox.commands.run(["python3", "-E", "-s", "-"], stdin=tests, timeout=self._timeout)
         except EvalboxError as e:
             log.warning("evalbox could not run an episode's tests: %s", e)
             return None
