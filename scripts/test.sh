@@ -141,6 +141,30 @@ fi
 "$hn_venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./sdk/python
 (cd test/integrations && EVALBOX_BIN_DIR="$PWD/../../bin" "$hn_venv/bin/pytest" -q -W error -p no:cacheprovider harbor)
 
+# OpenEnv: its venv (Python >= 3.12; openenv itself --no-deps: its
+# gradio, openai and huggingface_hub are imported by neither path), and the
+# same pins' wheels for Python 3.11, the python template's, which the env
+# server's template installs offline; both cached by the constraints' hash.
+echo "== OpenEnv (test/integrations/openenv): openenv's GenericEnvClient and an env server in a sandbox through EvalboxProvider"
+oe_hash=$(sha256sum test/integrations/openenv/constraints.txt | cut -c1-16)
+oe_venv=/var/cache/evalbox/venv-openenv-$oe_hash
+if [ ! -x "$oe_venv/bin/pytest" ]; then
+  rm -rf "$oe_venv"
+  "$harbor_python" -m venv "$oe_venv"
+  "$oe_venv/bin/pip" install -q --disable-pip-version-check -r <(grep -v '^openenv==' test/integrations/openenv/constraints.txt)
+  "$oe_venv/bin/pip" install -q --disable-pip-version-check --no-deps "$(grep '^openenv==' test/integrations/openenv/constraints.txt)"
+fi
+oe_wheels=/var/cache/evalbox/openenv-wheels-$oe_hash
+if [ ! -d "$oe_wheels" ]; then
+  rm -rf "$oe_wheels.tmp"
+  "$oe_venv/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: --implementation cp \
+    --python-version 3.11 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$oe_wheels.tmp" -r <(grep -v -E '^(pytest|hatchling|pluggy|iniconfig|trove-classifiers|pathspec)==' test/integrations/openenv/constraints.txt)
+  mv "$oe_wheels.tmp" "$oe_wheels"
+fi
+"$oe_venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./sdk/python
+(cd test/integrations && EVALBOX_BIN_DIR="$PWD/../../bin" EVALBOX_OPENENV_WHEELS="$oe_wheels" "$oe_venv/bin/pytest" -q -W error -p no:cacheprovider openenv)
+
 # The end-to-end suite runs a race-enabled server next to the real agent
 # and runsc.
 mkdir -p bin/race
