@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from harbor.models.task.config import NetworkMode, NetworkPolicy
+
+from evalbox.integrations.harbor import EvalboxEnvironment
 
 from ..conftest import Server
 
@@ -95,3 +98,22 @@ def test_harbor_native(keyed_server: Server, tmp_path: Path) -> None:
 
     # Every trial's sandbox is gone.
     assert _get(server, key, "/v1/sandboxes")["sandboxes"] == []
+
+
+def test_network_policies() -> None:
+    """Harbor's network policies as evalbox's egress: none; outbound; rules with the allow list
+    (IPs as CIDRs); and for a task whose phases switch modes, a rules sandbox that allows nothing
+    in place of none (a sandbox of network none cannot change mode live)."""
+    env = EvalboxEnvironment.__new__(EvalboxEnvironment)  # the policy mapping needs no task
+    env._network_policy = NetworkPolicy(network_mode=NetworkMode.NO_NETWORK)
+    env._phase_network_policies = []
+    assert env._network(env.network_policy) == {"network": "none"}
+    assert env._network(NetworkPolicy(network_mode=NetworkMode.PUBLIC)) == {"network": "outbound"}
+    hosts = ["pypi.org", "*.example.com", "10.1.2.3", "2001:db8::1"]
+    allowlist = NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=hosts)
+    assert env._network(allowlist) == {
+        "network": "rules",
+        "allow": ["pypi.org", "*.example.com", "10.1.2.3/32", "2001:db8::1/128"],
+    }
+    env._phase_network_policies = [NetworkPolicy(network_mode=NetworkMode.PUBLIC)]
+    assert env._network(env.network_policy) == {"network": "rules", "allow": []}

@@ -155,10 +155,17 @@ class EvalboxEnvironment(BaseEnvironment):
                 raise SandboxBuildFailedError(f"evalbox could not build {self._dockerfile()}: {e}") from e
         return name
 
+    def _switches(self) -> bool:
+        """Whether the task's phases ask for more than one network mode."""
+        policies = [self.network_policy, *getattr(self, "_phase_network_policies", ())]
+        return len({p.network_mode for p in policies}) > 1
+
     def _network(self, policy: NetworkPolicy) -> dict[str, Any]:
         """Create (or update) arguments for a Harbor network policy."""
         if policy.network_mode == NetworkMode.NO_NETWORK:
-            return {"network": "none"}
+            # A sandbox of network none cannot move to another mode live; one whose phases
+            # switch is a rules sandbox that allows nothing while it should have no network.
+            return {"network": "rules", "allow": []} if self._switches() else {"network": "none"}
         if policy.network_mode == NetworkMode.PUBLIC:
             return {"network": "outbound"}
         allow: list[str] = []
