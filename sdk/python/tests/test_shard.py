@@ -88,6 +88,10 @@ def test_split_and_find(tmp_path: Path) -> None:
         shard(ARGV, project=tmp_path / "empty")
     with pytest.raises(ValueError, match="shards=0"):
         shard(ARGV, project=root, shards=0)
+    # Refused before any sandbox is asked for (no server is reachable here).
+    unreachable = evalbox.Client("http://127.0.0.1:9", "evk_" + "x" * 40)
+    with pytest.raises(ValueError, match=r"want \{\} where"):
+        shard(ARGV, project=root, junit_arg="--junitxml", client=unreachable)
 
 
 def test_shard(team: Team, tmp_path: Path) -> None:

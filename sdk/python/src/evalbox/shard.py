@@ -168,10 +168,17 @@ def _finish(
 
 
 def _prepare(
-    project: str | os.PathLike[str], patterns: Sequence[str], shards: int, durations: str | os.PathLike[str]
+    project: str | os.PathLike[str],
+    patterns: Sequence[str],
+    shards: int,
+    durations: str | os.PathLike[str],
+    junit_arg: str,
 ) -> tuple[list[str], list[list[str]], dict[str, float]]:
+    """Check the arguments (before any sandbox is made) and split the project's test files."""
     if not 1 <= shards <= 256:
         raise ValueError(f"shards={shards}: want 1 to 256")
+    if "{}" not in junit_arg:
+        raise ValueError(f"junit_arg {junit_arg!r}: want {{}} where the report's path goes")
     files = find_test_files(project, patterns)
     if not files:
         raise ValueError(f"no test files in {os.fspath(project)} match {', '.join(patterns)}")
@@ -202,8 +209,6 @@ class _Lines:
 
 
 def _argv(argv: Sequence[str], part: Sequence[str], junit_arg: str) -> list[str]:
-    if "{}" not in junit_arg:
-        raise ValueError(f"junit_arg {junit_arg!r}: want {{}} where the report's path goes")
     return [*argv, *part, junit_arg.replace("{}", JUNIT)]
 
 
@@ -241,7 +246,7 @@ def shard(
         client: The evalbox client (default: the process's).
         on_output: Called with each shard's number and every line it prints.
     """
-    files, parts, old = _prepare(project, patterns, shards, durations)
+    files, parts, old = _prepare(project, patterns, shards, durations, junit_arg)
     tar = core.context_tar(project)
     tag = {"evalbox-shard-run": secrets.token_hex(8)}
     results = [_Shard() for _ in parts]
@@ -312,7 +317,7 @@ async def async_shard(
     on_output: OutputCallback | None = None,
 ) -> ShardReport:
     """:func:`shard`, async (same arguments, an :class:`AsyncClient`)."""
-    files, parts, old = _prepare(project, patterns, shards, durations)
+    files, parts, old = _prepare(project, patterns, shards, durations, junit_arg)
     tar = await asyncio.to_thread(core.context_tar, project)
     tag = {"evalbox-shard-run": secrets.token_hex(8)}
     results = [_Shard() for _ in parts]
