@@ -304,9 +304,15 @@ func TestEgressRules(t *testing.T) {
 	if got := raw("POST / HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: a.wild.test\r\nConnection: close\r\n\r\n"); !strings.Contains(got, "http host allowed.test") || !strings.Contains(got, "http host a.wild.test") {
 		t.Errorf("a chunked body and a second request: %q", got)
 	}
+	// An upgrade its server did not take, then a request of a refused name
+	// (a lenient server reads "_GET" as a method): the first request is
+	// allowed and may be answered before the proxy cuts the connection at
+	// the second, which never reaches the server.
+	if got := raw("GET / HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: x\r\n\r\n_GET / HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n"); strings.Contains(got, "other.test") {
+		t.Errorf("a request after an upgrade not taken: %q", got)
+	}
 	// What lenient servers read and a strict parser might not: refused.
 	for _, payload := range []string{
-		"GET / HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: x\r\n\r\n_GET / HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n",
 		"GET /a b HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n",
 		"GET http://allowed.test/ HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: allowed.test\r\nX: y\r\n Content-Length: 0\r\nConnection: close\r\n\r\n",
