@@ -48,6 +48,8 @@ const (
 	reasonTimeout
 	reasonAbort  // the host went away or the agent is shutting down
 	reasonKilled // the host sent SIGKILL: the whole tree goes
+	reasonOutput // past its output cap (KillOnOutputLimit)
+	reasonMemory // past its memory limit (MemoryLimitBytes)
 )
 
 // proc is a process started by the agent (foreground or background).
@@ -142,8 +144,8 @@ func (s *server) spawn(req *agentproto.ExecRequest, withStdin bool) (*proc, *age
 			return nil, errorf(agentproto.CodeBadRequest, "argv contains a NUL byte")
 		}
 	}
-	if req.TimeoutMs < 0 || req.TimeoutMs > maxTimeoutMs || req.MaxOutputBytes < 0 {
-		return nil, errorf(agentproto.CodeBadRequest, "timeout or output cap out of range")
+	if req.TimeoutMs < 0 || req.TimeoutMs > maxTimeoutMs || req.MaxOutputBytes < 0 || req.MemoryLimitBytes < 0 {
+		return nil, errorf(agentproto.CodeBadRequest, "timeout, output cap or memory limit out of range")
 	}
 	id := newID()
 	p := &proc{
@@ -377,8 +379,8 @@ type sink interface {
 
 // pump copies one output pipe to a sink until EOF (or a deadline), keeping
 // at most limit bytes. It counts the bytes it reads in *read and sets
-// *truncated when it drops some.
-func pump(f *os.File, kind byte, limit int64, to sink, read *atomic.Int64, truncated *bool, done chan<- struct{}) {
+// *truncated when it drops some, then calls over (if set) once.
+func pump(f *os.File, kind byte, limit int64, to sink, read *atomic.Int64, truncated *bool, over func(), done chan<- struct{}) {
 	bufp := pumpBufs.Get().(*[]byte)
 	defer func() {
 		pumpBufs.Put(bufp)
@@ -391,8 +393,11 @@ func pump(f *os.File, kind byte, limit int64, to sink, read *atomic.Int64, trunc
 		if n > 0 {
 			read.Add(int64(n))
 			keep := min(int64(n), limit-kept)
-			if keep < int64(n) {
+			if keep < int64(n) && !*truncated {
 				*truncated = true
+				if over != nil {
+					over()
+				}
 			}
 			if keep > 0 {
 				kept += keep
@@ -415,15 +420,29 @@ func (s *server) run(p *proc, req *agentproto.ExecRequest, to sink) agentproto.E
 	var exit agentproto.ExitInfo
 	var read [2]atomic.Int64
 	pumped := make(chan struct{}, 2)
-	go pump(p.stdout, agentproto.KindStdout, limit, to, &read[0], &exit.StdoutTruncated, pumped)
-	go pump(p.stderr, agentproto.KindStderr, limit, to, &read[1], &exit.StderrTruncated, pumped)
+	var over func()
+	if req.KillOnOutputLimit {
+		over = func() { p.killFor(reasonOutput) }
+	}
+	go pump(p.stdout, agentproto.KindStdout, limit, to, &read[0], &exit.StdoutTruncated, over, pumped)
+	go pump(p.stderr, agentproto.KindStderr, limit, to, &read[1], &exit.StderrTruncated, over, pumped)
 
 	var timer *time.Timer
 	if req.TimeoutMs > 0 {
 		timer = time.AfterFunc(time.Duration(req.TimeoutMs)*time.Millisecond, func() { p.kill(reasonTimeout) })
 	}
+	var peak chan int64
+	exited := make(chan struct{})
+	if req.MemoryLimitBytes > 0 {
+		peak = make(chan int64, 1)
+		go func() { peak <- p.watchMemory(req.MemoryLimitBytes, exited) }()
+	}
 	res := <-p.waitCh
+	close(exited)
 	exit.DurationMs = time.Since(p.started).Milliseconds()
+	if peak != nil {
+		exit.PeakMemoryBytes = <-peak
+	}
 	if (timer != nil && !timer.Stop()) || p.reason.Load() != reasonNone {
 		// Killing is under way: let it finish, so that no member holds
 		// the pipes or outlives the answer.
@@ -443,6 +462,12 @@ func (s *server) run(p *proc, req *agentproto.ExecRequest, to sink) agentproto.E
 		if ws.Signaled() {
 			exit.Signal = int(ws.Signal())
 		}
+	case p.reason.Load() == reasonOutput || p.reason.Load() == reasonMemory:
+		// Killed by the agent for a limit, even should it have exited on
+		// its own in the meantime: the limit was passed.
+		exit.Status, exit.ExitCode, exit.Signal = agentproto.StatusKilled, -1, int(syscall.SIGKILL)
+		exit.OutputLimitExceeded = p.reason.Load() == reasonOutput
+		exit.MemoryLimitExceeded = p.reason.Load() == reasonMemory
 	case ws.Exited():
 		exit.Status, exit.ExitCode = agentproto.StatusExited, ws.ExitStatus()
 	default:

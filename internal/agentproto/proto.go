@@ -227,9 +227,26 @@ type ExecRequest struct {
 	// Per-stream output cap in bytes (stdout and stderr each); output past it
 	// is dropped (still drained) and the Truncated flag set. 0 = agent default.
 	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
+	// KillOnOutputLimit kills the process tree as soon as either stream
+	// passes MaxOutputBytes (ExitInfo.OutputLimitExceeded) instead of
+	// draining the rest: a judge's output limit.
+	KillOnOutputLimit bool `json:"kill_on_output_limit,omitempty"`
+	// MemoryLimitBytes (0: none) bounds the resident memory of the
+	// process tree: the agent samples it (every MemoryPollInterval; the
+	// members of the process's cgroup, or the process alone without one)
+	// and kills the tree when it passes the limit
+	// (ExitInfo.MemoryLimitExceeded). A sampled bound: a tree that grows
+	// fast may pass it by what it allocates in one interval, and memory
+	// that is not resident in a process (tmpfs files) is not counted; the
+	// sandbox's own memory limit stays the hard bound.
+	MemoryLimitBytes int64 `json:"memory_limit_bytes,omitempty"`
 	// Tag is an optional caller label shown in OpList.
 	Tag string `json:"tag,omitempty"`
 }
+
+// MemoryPollInterval is how often the agent samples the memory of a
+// process tree with ExecRequest.MemoryLimitBytes.
+const MemoryPollInterval = 5 * time.Millisecond
 
 // SignalRequest is the payload of a KindSignal frame during OpExec.
 type SignalRequest struct {
@@ -247,6 +264,14 @@ type ExitInfo struct {
 	DurationMs      int64 `json:"duration_ms"`
 	StdoutTruncated bool  `json:"stdout_truncated,omitempty"`
 	StderrTruncated bool  `json:"stderr_truncated,omitempty"`
+	// OutputLimitExceeded: the tree was killed for passing the output
+	// cap (ExecRequest.KillOnOutputLimit); MemoryLimitExceeded: for
+	// passing ExecRequest.MemoryLimitBytes. Status is then StatusKilled.
+	OutputLimitExceeded bool `json:"output_limit_exceeded,omitempty"`
+	MemoryLimitExceeded bool `json:"memory_limit_exceeded,omitempty"`
+	// PeakMemoryBytes is the largest resident memory the samples saw
+	// (only with ExecRequest.MemoryLimitBytes).
+	PeakMemoryBytes int64 `json:"peak_memory_bytes,omitempty"`
 	// Error explains StatusError (e.g. "exec: \"nope\": executable file not found").
 	Error string `json:"error,omitempty"`
 }

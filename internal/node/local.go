@@ -61,7 +61,8 @@ func callErr(sb *Sandbox, err error) error {
 
 func exitInfo(x agentproto.ExitInfo, oomKills int64) nodeapi.ExitInfo {
 	return nodeapi.ExitInfo{Status: x.Status, ExitCode: x.ExitCode, Signal: x.Signal, DurationMs: x.DurationMs,
-		StdoutTruncated: x.StdoutTruncated, StderrTruncated: x.StderrTruncated, Error: x.Error, OOMKills: oomKills}
+		StdoutTruncated: x.StdoutTruncated, StderrTruncated: x.StderrTruncated, Error: x.Error, OOMKills: oomKills,
+		OutputLimitExceeded: x.OutputLimitExceeded, MemoryLimitExceeded: x.MemoryLimitExceeded, PeakMemoryBytes: x.PeakMemoryBytes}
 }
 
 func procInfo(p agentproto.ProcInfo) nodeapi.ProcInfo {

@@ -326,6 +326,13 @@ type ExecRequest struct {
 	TimeoutMs int64
 	// MaxOutputBytes caps stdout and stderr, each (0: the agent's default).
 	MaxOutputBytes int64
+	// KillOnOutputLimit kills the tree when a stream passes
+	// MaxOutputBytes (ExitInfo.OutputLimitExceeded).
+	KillOnOutputLimit bool
+	// MemoryLimitBytes (0: none) kills the tree when its sampled resident
+	// memory passes it (ExitInfo.MemoryLimitExceeded; see
+	// agentproto.ExecRequest).
+	MemoryLimitBytes int64
 	// Tag is a caller label shown by ListProcesses.
 	Tag string
 }
@@ -340,6 +347,12 @@ type ExitInfo struct {
 	DurationMs      int64
 	StdoutTruncated bool
 	StderrTruncated bool
+	// OutputLimitExceeded, MemoryLimitExceeded: killed for a limit of
+	// the request; PeakMemoryBytes: the largest sample (with
+	// MemoryLimitBytes).
+	OutputLimitExceeded bool
+	MemoryLimitExceeded bool
+	PeakMemoryBytes     int64
 	// Error explains StatusError.
 	Error string
 	// OOMKills is the sandbox's count of OOM kills when the call ended (0

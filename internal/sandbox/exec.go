@@ -46,6 +46,9 @@ func (s *Service) execRequest(ctx context.Context, e *entry, req client.ExecRequ
 	if req.MaxOutputBytes < 0 || req.MaxOutputBytes > s.cfg.MaxOutputLimit {
 		return out, errorf(client.CodeBadRequest, "max_output_bytes must be between 0 and %d", s.cfg.MaxOutputLimit)
 	}
+	if req.MemoryLimitMB < 0 || req.MemoryLimitMB > maxMemoryLimitMB {
+		return out, errorf(client.CodeBadRequest, "memory_limit_mb must be between 0 and %d", maxMemoryLimitMB)
+	}
 	// The sandbox's own env is the node's, under this one.
 	env := req.Env
 	timeout := time.Duration(req.Timeout * float64(time.Second))
@@ -63,8 +66,12 @@ func (s *Service) execRequest(ctx context.Context, e *entry, req client.ExecRequ
 	return nodeapi.ExecRequest{
 		Argv: req.Argv, Shell: req.Cmd, Cwd: req.Cwd, Env: env, User: req.User,
 		Stdin: req.Stdin != nil, TimeoutMs: max(timeout.Milliseconds(), 1), MaxOutputBytes: maxOut, Tag: req.Tag,
+		KillOnOutputLimit: req.KillOnOutputLimit, MemoryLimitBytes: int64(req.MemoryLimitMB) << 20,
 	}, nil
 }
+
+// maxMemoryLimitMB bounds an exec's memory_limit_mb (1 TiB).
+const maxMemoryLimitMB = 1 << 20
 
 // execSlot admits one exec against the team's concurrent-exec limit.
 func (s *Service) execSlot(ctx context.Context, teamID string) (func(), error) {
@@ -196,6 +203,7 @@ func execResult(x nodeapi.ExitInfo) client.ExecResult {
 	return client.ExecResult{
 		ExitCode: x.ExitCode, Status: x.Status, Signal: x.Signal, DurationMs: x.DurationMs,
 		StdoutTruncated: x.StdoutTruncated, StderrTruncated: x.StderrTruncated, Error: x.Error,
+		OutputLimitExceeded: x.OutputLimitExceeded, MemoryLimitExceeded: x.MemoryLimitExceeded, PeakMemoryBytes: x.PeakMemoryBytes,
 	}
 }
 

@@ -355,6 +355,12 @@ type ExecRequest struct {
 	Timeout float64 `json:"timeout,omitempty"`
 	// MaxOutputBytes caps stdout and stderr each (0 = server default).
 	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
+	// KillOnOutputLimit kills the tree as soon as a stream passes
+	// MaxOutputBytes (ExecResult.OutputLimitExceeded).
+	KillOnOutputLimit bool `json:"kill_on_output_limit,omitempty"`
+	// MemoryLimitMB (0: none) kills the tree when its sampled resident
+	// memory passes it (ExecResult.MemoryLimitExceeded).
+	MemoryLimitMB int `json:"memory_limit_mb,omitempty"`
 	// Tag is a label shown when listing background processes.
 	Tag string `json:"tag,omitempty"`
 	// KeepStdin (background processes only) keeps the process's stdin
@@ -372,6 +378,13 @@ type ExecResult struct {
 	DurationMs      int64  `json:"duration_ms"`
 	StdoutTruncated bool   `json:"stdout_truncated"`
 	StderrTruncated bool   `json:"stderr_truncated"`
+	// OutputLimitExceeded, MemoryLimitExceeded: killed for passing
+	// the request's output cap (KillOnOutputLimit) or memory limit.
+	OutputLimitExceeded bool `json:"output_limit_exceeded,omitempty"`
+	MemoryLimitExceeded bool `json:"memory_limit_exceeded,omitempty"`
+	// PeakMemoryBytes is the largest sampled resident memory (with
+	// MemoryLimitMB).
+	PeakMemoryBytes int64  `json:"peak_memory_bytes,omitempty"`
 	Error           string `json:"error,omitempty"`
 }
 

@@ -94,6 +94,8 @@ func TestBadInput(t *testing.T) {
 		{"exec no cmd", "POST", base + "/exec", `{}`, 400, client.CodeBadRequest},
 		{"exec cmd and argv", "POST", base + "/exec", `{"cmd":"true","argv":["true"]}`, 400, client.CodeBadRequest},
 		{"exec negative timeout", "POST", base + "/exec", `{"cmd":"true","timeout":-1}`, 400, client.CodeBadRequest},
+		{"exec negative memory limit", "POST", base + "/exec", `{"cmd":"true","memory_limit_mb":-1}`, 400, client.CodeBadRequest},
+		{"exec huge memory limit", "POST", base + "/exec", `{"cmd":"true","memory_limit_mb":2000000000}`, 400, client.CodeBadRequest},
 		{"exec relative cwd", "POST", base + "/exec", `{"cmd":"true","cwd":"tmp"}`, 400, client.CodeBadRequest},
 		{"exec unknown user", "POST", base + "/exec", `{"cmd":"true","user":"nosuchuser"}`, 200, ""},
 		{"file no path", "GET", base + "/files", "", 400, client.CodeBadRequest},

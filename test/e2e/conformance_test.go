@@ -79,6 +79,36 @@ func TestConformance(t *testing.T) {
 					t.Fatalf("got status=%s exit=%d len(stdout)=%d truncated=%v/%v stderr=%q", r.Status, r.ExitCode, len(r.Stdout), r.StdoutTruncated, r.StderrTruncated, r.Stderr)
 				}
 			})
+			t.Run("output_limit_kills", func(t *testing.T) {
+				// A flood stops at the cap, killed with its whole tree, long
+				// before its timeout.
+				r := mustExec(t, c, id, client.ExecRequest{Cmd: "(yes b >&2 &); yes a", MaxOutputBytes: 64 << 10, KillOnOutputLimit: true, Timeout: 60})
+				if r.Status != client.StatusKilled || !r.OutputLimitExceeded || !r.StdoutTruncated && !r.StderrTruncated || len(r.Stdout) > 64<<10 || r.MemoryLimitExceeded {
+					t.Fatalf("got status=%s signal=%d exceeded=%v len(stdout)=%d truncated=%v/%v", r.Status, r.Signal, r.OutputLimitExceeded, len(r.Stdout), r.StdoutTruncated, r.StderrTruncated)
+				}
+				left := mustExec(t, c, id, client.ExecRequest{Cmd: "grep -lx yes /proc/[0-9]*/comm 2>/dev/null | wc -l"})
+				if strings.TrimSpace(left.Stdout) != "0" {
+					t.Fatalf("%s yes processes survived the output limit", strings.TrimSpace(left.Stdout))
+				}
+				// Under the cap: an ordinary exit.
+				r = mustExec(t, c, id, client.ExecRequest{Cmd: "echo fine", MaxOutputBytes: 64 << 10, KillOnOutputLimit: true})
+				if r.Status != client.StatusExited || r.OutputLimitExceeded || r.Stdout != "fine\n" {
+					t.Fatalf("under the cap: %+v", r)
+				}
+			})
+			t.Run("memory_limit_kills", func(t *testing.T) {
+				// A shell string that doubles until the limit stops it, in a
+				// child of the command (the tree is measured, not one process).
+				r := mustExec(t, c, id, client.ExecRequest{Cmd: `bash -c 'x=a; while :; do x=$x$x; done'; echo after`, MemoryLimitMB: 64, Timeout: 60})
+				if r.Status != client.StatusKilled || !r.MemoryLimitExceeded || r.OutputLimitExceeded || r.PeakMemoryBytes <= 64<<20 || strings.Contains(r.Stdout, "after") {
+					t.Fatalf("got %+v", r)
+				}
+				// Within the limit: an ordinary exit, its peak reported.
+				r = mustExec(t, c, id, client.ExecRequest{Cmd: `x=$(head -c 4000000 /dev/zero | tr '\0' a); sleep 0.1; echo ${#x}`, MemoryLimitMB: 64})
+				if r.Status != client.StatusExited || r.MemoryLimitExceeded || r.Stdout != "4000000\n" || r.PeakMemoryBytes <= 0 || r.PeakMemoryBytes > 64<<20 {
+					t.Fatalf("within the limit: %+v", r)
+				}
+			})
 			t.Run("streaming", func(t *testing.T) {
 				var out, errb bytes.Buffer
 				r, err := c.ExecStream(ctxT(t, time.Minute), id, client.ExecRequest{Cmd: "for i in 1 2 3; do echo $i; echo e$i >&2; done; exit 4"}, &out, &errb)

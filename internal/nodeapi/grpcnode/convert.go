@@ -81,22 +81,26 @@ func sandboxInfo(s *pb.SandboxInfo) nodeapi.SandboxInfo {
 
 func pbExecRequest(r nodeapi.ExecRequest) *pb.ExecRequest {
 	return &pb.ExecRequest{Argv: r.Argv, Shell: r.Shell, Cwd: r.Cwd, Env: r.Env, User: r.User, Stdin: r.Stdin,
-		TimeoutMs: r.TimeoutMs, MaxOutputBytes: r.MaxOutputBytes, Tag: r.Tag}
+		TimeoutMs: r.TimeoutMs, MaxOutputBytes: r.MaxOutputBytes, Tag: r.Tag,
+		KillOnOutputLimit: r.KillOnOutputLimit, MemoryLimitBytes: r.MemoryLimitBytes}
 }
 
 func execRequest(r *pb.ExecRequest) nodeapi.ExecRequest {
 	return nodeapi.ExecRequest{Argv: r.GetArgv(), Shell: r.GetShell(), Cwd: r.GetCwd(), Env: r.GetEnv(), User: r.GetUser(),
-		Stdin: r.GetStdin(), TimeoutMs: r.GetTimeoutMs(), MaxOutputBytes: r.GetMaxOutputBytes(), Tag: r.GetTag()}
+		Stdin: r.GetStdin(), TimeoutMs: r.GetTimeoutMs(), MaxOutputBytes: r.GetMaxOutputBytes(), Tag: r.GetTag(),
+		KillOnOutputLimit: r.GetKillOnOutputLimit(), MemoryLimitBytes: r.GetMemoryLimitBytes()}
 }
 
 func pbExit(x nodeapi.ExitInfo) *pb.ExitInfo {
 	return &pb.ExitInfo{Status: x.Status, ExitCode: int64(x.ExitCode), Signal: int64(x.Signal), DurationMs: x.DurationMs,
-		StdoutTruncated: x.StdoutTruncated, StderrTruncated: x.StderrTruncated, Error: x.Error, OomKills: x.OOMKills}
+		StdoutTruncated: x.StdoutTruncated, StderrTruncated: x.StderrTruncated, Error: x.Error, OomKills: x.OOMKills,
+		OutputLimitExceeded: x.OutputLimitExceeded, MemoryLimitExceeded: x.MemoryLimitExceeded, PeakMemoryBytes: x.PeakMemoryBytes}
 }
 
 func exit(x *pb.ExitInfo) nodeapi.ExitInfo {
 	return nodeapi.ExitInfo{Status: x.GetStatus(), ExitCode: int(x.GetExitCode()), Signal: int(x.GetSignal()), DurationMs: x.GetDurationMs(),
-		StdoutTruncated: x.GetStdoutTruncated(), StderrTruncated: x.GetStderrTruncated(), Error: x.GetError(), OOMKills: x.GetOomKills()}
+		StdoutTruncated: x.GetStdoutTruncated(), StderrTruncated: x.GetStderrTruncated(), Error: x.GetError(), OOMKills: x.GetOomKills(),
+		OutputLimitExceeded: x.GetOutputLimitExceeded(), MemoryLimitExceeded: x.GetMemoryLimitExceeded(), PeakMemoryBytes: x.GetPeakMemoryBytes()}
 }
 
 func pbProc(p nodeapi.ProcInfo) *pb.ProcInfo {

@@ -1727,12 +1727,14 @@ type ExecRequest struct {
 	Env   map[string]string      `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	User  string                 `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
 	// Set when stdin messages follow (Exec only).
-	Stdin          bool   `protobuf:"varint,6,opt,name=stdin,proto3" json:"stdin,omitempty"`
-	TimeoutMs      int64  `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
-	MaxOutputBytes int64  `protobuf:"varint,8,opt,name=max_output_bytes,json=maxOutputBytes,proto3" json:"max_output_bytes,omitempty"`
-	Tag            string `protobuf:"bytes,9,opt,name=tag,proto3" json:"tag,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	Stdin             bool   `protobuf:"varint,6,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	TimeoutMs         int64  `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	MaxOutputBytes    int64  `protobuf:"varint,8,opt,name=max_output_bytes,json=maxOutputBytes,proto3" json:"max_output_bytes,omitempty"`
+	Tag               string `protobuf:"bytes,9,opt,name=tag,proto3" json:"tag,omitempty"`
+	KillOnOutputLimit bool   `protobuf:"varint,10,opt,name=kill_on_output_limit,json=killOnOutputLimit,proto3" json:"kill_on_output_limit,omitempty"`
+	MemoryLimitBytes  int64  `protobuf:"varint,11,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ExecRequest) Reset() {
@@ -1826,6 +1828,20 @@ func (x *ExecRequest) GetTag() string {
 		return x.Tag
 	}
 	return ""
+}
+
+func (x *ExecRequest) GetKillOnOutputLimit() bool {
+	if x != nil {
+		return x.KillOnOutputLimit
+	}
+	return false
+}
+
+func (x *ExecRequest) GetMemoryLimitBytes() int64 {
+	if x != nil {
+		return x.MemoryLimitBytes
+	}
+	return 0
 }
 
 type ExecStart struct {
@@ -2061,17 +2077,20 @@ func (*OutputMessage_Stderr) isOutputMessage_Message() {}
 func (*OutputMessage_Exit) isOutputMessage_Message() {}
 
 type ExitInfo struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	Status          string                 `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
-	ExitCode        int64                  `protobuf:"varint,2,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
-	Signal          int64                  `protobuf:"varint,3,opt,name=signal,proto3" json:"signal,omitempty"`
-	DurationMs      int64                  `protobuf:"varint,4,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
-	StdoutTruncated bool                   `protobuf:"varint,5,opt,name=stdout_truncated,json=stdoutTruncated,proto3" json:"stdout_truncated,omitempty"`
-	StderrTruncated bool                   `protobuf:"varint,6,opt,name=stderr_truncated,json=stderrTruncated,proto3" json:"stderr_truncated,omitempty"`
-	Error           string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
-	OomKills        int64                  `protobuf:"varint,8,opt,name=oom_kills,json=oomKills,proto3" json:"oom_kills,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	Status              string                 `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	ExitCode            int64                  `protobuf:"varint,2,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Signal              int64                  `protobuf:"varint,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	DurationMs          int64                  `protobuf:"varint,4,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	StdoutTruncated     bool                   `protobuf:"varint,5,opt,name=stdout_truncated,json=stdoutTruncated,proto3" json:"stdout_truncated,omitempty"`
+	StderrTruncated     bool                   `protobuf:"varint,6,opt,name=stderr_truncated,json=stderrTruncated,proto3" json:"stderr_truncated,omitempty"`
+	Error               string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	OomKills            int64                  `protobuf:"varint,8,opt,name=oom_kills,json=oomKills,proto3" json:"oom_kills,omitempty"`
+	OutputLimitExceeded bool                   `protobuf:"varint,9,opt,name=output_limit_exceeded,json=outputLimitExceeded,proto3" json:"output_limit_exceeded,omitempty"`
+	MemoryLimitExceeded bool                   `protobuf:"varint,10,opt,name=memory_limit_exceeded,json=memoryLimitExceeded,proto3" json:"memory_limit_exceeded,omitempty"`
+	PeakMemoryBytes     int64                  `protobuf:"varint,11,opt,name=peak_memory_bytes,json=peakMemoryBytes,proto3" json:"peak_memory_bytes,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *ExitInfo) Reset() {
@@ -2156,6 +2175,27 @@ func (x *ExitInfo) GetError() string {
 func (x *ExitInfo) GetOomKills() int64 {
 	if x != nil {
 		return x.OomKills
+	}
+	return 0
+}
+
+func (x *ExitInfo) GetOutputLimitExceeded() bool {
+	if x != nil {
+		return x.OutputLimitExceeded
+	}
+	return false
+}
+
+func (x *ExitInfo) GetMemoryLimitExceeded() bool {
+	if x != nil {
+		return x.MemoryLimitExceeded
+	}
+	return false
+}
+
+func (x *ExitInfo) GetPeakMemoryBytes() int64 {
+	if x != nil {
+		return x.PeakMemoryBytes
 	}
 	return 0
 }
@@ -4255,7 +4295,7 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"SandboxEnd\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x1b\n" +
-	"\toom_kills\x18\x02 \x01(\x03R\boomKills\"\xbf\x02\n" +
+	"\toom_kills\x18\x02 \x01(\x03R\boomKills\"\x9e\x03\n" +
 	"\vExecRequest\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x14\n" +
 	"\x05shell\x18\x02 \x01(\tR\x05shell\x12\x10\n" +
@@ -4266,7 +4306,10 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\a \x01(\x03R\ttimeoutMs\x12(\n" +
 	"\x10max_output_bytes\x18\b \x01(\x03R\x0emaxOutputBytes\x12\x10\n" +
-	"\x03tag\x18\t \x01(\tR\x03tag\x1a6\n" +
+	"\x03tag\x18\t \x01(\tR\x03tag\x12/\n" +
+	"\x14kill_on_output_limit\x18\n" +
+	" \x01(\bR\x11killOnOutputLimit\x12,\n" +
+	"\x12memory_limit_bytes\x18\v \x01(\x03R\x10memoryLimitBytes\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"b\n" +
@@ -4282,7 +4325,7 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x06stdout\x18\x01 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x02 \x01(\fH\x00R\x06stderr\x12/\n" +
 	"\x04exit\x18\x03 \x01(\v2\x19.evalbox.node.v1.ExitInfoH\x00R\x04exitB\t\n" +
-	"\amessage\"\x81\x02\n" +
+	"\amessage\"\x95\x03\n" +
 	"\bExitInfo\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\tR\x06status\x12\x1b\n" +
 	"\texit_code\x18\x02 \x01(\x03R\bexitCode\x12\x16\n" +
@@ -4292,7 +4335,11 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x10stdout_truncated\x18\x05 \x01(\bR\x0fstdoutTruncated\x12)\n" +
 	"\x10stderr_truncated\x18\x06 \x01(\bR\x0fstderrTruncated\x12\x14\n" +
 	"\x05error\x18\a \x01(\tR\x05error\x12\x1b\n" +
-	"\toom_kills\x18\b \x01(\x03R\boomKills\"\xcc\x01\n" +
+	"\toom_kills\x18\b \x01(\x03R\boomKills\x122\n" +
+	"\x15output_limit_exceeded\x18\t \x01(\bR\x13outputLimitExceeded\x122\n" +
+	"\x15memory_limit_exceeded\x18\n" +
+	" \x01(\bR\x13memoryLimitExceeded\x12*\n" +
+	"\x11peak_memory_bytes\x18\v \x01(\x03R\x0fpeakMemoryBytes\"\xcc\x01\n" +
 	"\bProcInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x03R\x03pid\x12\x12\n" +
