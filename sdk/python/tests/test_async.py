@@ -75,6 +75,10 @@ async def test_gvisor(team: Team) -> None:
         out: list[str] = []
         r = await sb.commands.run("echo a; sleep 0.1; echo b", on_stdout=out.append)
         assert (out, r.stdout) == (["a\n", "b\n"], "a\nb\n")
+        r = await sb.commands.run(
+            "yes", max_output_bytes=4096, kill_on_output_limit=True, memory_limit_mb=512, timeout=60
+        )
+        assert (r.status, r.output_limit_exceeded, len(r.stdout)) == ("killed", True, 4096)
 
 
 async def test_context_manager_deletes_on_exception_and_cancellation(team: Team) -> None:

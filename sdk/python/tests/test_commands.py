@@ -35,6 +35,19 @@ def test_run_options(sb: Sandbox) -> None:
     assert r.error
 
 
+def test_memory_and_output_limits_kill_the_tree(sb: Sandbox) -> None:
+    r = sb.commands.run("python3 -c 'x = bytearray(1 << 30)'; echo after", memory_limit_mb=64, timeout=60)
+    assert (r.status, r.memory_limit_exceeded, r.output_limit_exceeded) == ("killed", True, False)
+    assert r.peak_memory_bytes > 64 << 20
+    assert "after" not in r.stdout
+    r = sb.commands.run("yes", max_output_bytes=10_000, kill_on_output_limit=True, timeout=60)
+    assert (r.status, r.output_limit_exceeded, r.stdout_truncated, len(r.stdout)) == ("killed", True, True, 10_000)
+    r = sb.commands.run("echo ok", memory_limit_mb=64, max_output_bytes=10_000, kill_on_output_limit=True)
+    assert (r.status, r.stdout, r.memory_limit_exceeded, r.output_limit_exceeded) == ("exited", "ok\n", False, False)
+    with pytest.raises(ValueError, match="memory_limit_mb"):
+        sb.commands.run("true", memory_limit_mb=-1)
+
+
 def test_timeout_kills_the_tree_and_keeps_partial_output(sb: Sandbox) -> None:
     start = time.monotonic()
     r = sb.commands.run("echo started; (sleep 30 &) ; sleep 30", timeout=0.5)

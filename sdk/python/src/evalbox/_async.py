@@ -936,6 +936,8 @@ class AsyncCommands:
         on_stderr: AsyncOutputCallback | None = ...,
         background: Literal[False] = ...,
         max_output_bytes: int | None = ...,
+        kill_on_output_limit: bool = ...,
+        memory_limit_mb: int | None = ...,
         tag: str | None = ...,
         keep_stdin: Literal[False] = ...,
     ) -> CommandResult: ...
@@ -954,6 +956,8 @@ class AsyncCommands:
         on_stderr: None = ...,
         background: Literal[True],
         max_output_bytes: int | None = ...,
+        kill_on_output_limit: bool = ...,
+        memory_limit_mb: int | None = ...,
         tag: str | None = ...,
         keep_stdin: bool = ...,
     ) -> AsyncCommandHandle: ...
@@ -971,6 +975,8 @@ class AsyncCommands:
         on_stderr: AsyncOutputCallback | None = None,
         background: bool = False,
         max_output_bytes: int | None = None,
+        kill_on_output_limit: bool = False,
+        memory_limit_mb: int | None = None,
         tag: str | None = None,
         keep_stdin: bool = False,
     ) -> CommandResult | AsyncCommandHandle:
@@ -986,6 +992,8 @@ class AsyncCommands:
             stdin=stdin,
             timeout=timeout,
             max_output_bytes=max_output_bytes,
+            kill_on_output_limit=kill_on_output_limit,
+            memory_limit_mb=memory_limit_mb,
             tag=tag,
             keep_stdin=keep_stdin,
         )

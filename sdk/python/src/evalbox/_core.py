@@ -415,6 +415,8 @@ def exec_body(
     max_output_bytes: int | None,
     tag: str | None,
     keep_stdin: bool = False,
+    kill_on_output_limit: bool = False,
+    memory_limit_mb: int | None = None,
 ) -> dict[str, Any]:
     """The ``ExecRequest`` JSON: a string runs as ``/bin/sh -c cmd``, a list as argv."""
     body: dict[str, Any] = {}
@@ -441,6 +443,13 @@ def exec_body(
         body["timeout"] = timeout
     if max_output_bytes:
         body["max_output_bytes"] = max_output_bytes
+    if kill_on_output_limit:
+        body["kill_on_output_limit"] = True
+    if memory_limit_mb is not None:
+        if memory_limit_mb < 0:
+            raise ValueError("memory_limit_mb must be >= 0")
+        if memory_limit_mb:
+            body["memory_limit_mb"] = memory_limit_mb
     if tag:
         body["tag"] = tag
     if keep_stdin:

@@ -1003,6 +1003,8 @@ class Commands:
         on_stderr: OutputCallback | None = ...,
         background: Literal[False] = ...,
         max_output_bytes: int | None = ...,
+        kill_on_output_limit: bool = ...,
+        memory_limit_mb: int | None = ...,
         tag: str | None = ...,
         keep_stdin: Literal[False] = ...,
     ) -> CommandResult: ...
@@ -1021,6 +1023,8 @@ class Commands:
         on_stderr: None = ...,
         background: Literal[True],
         max_output_bytes: int | None = ...,
+        kill_on_output_limit: bool = ...,
+        memory_limit_mb: int | None = ...,
         tag: str | None = ...,
         keep_stdin: bool = ...,
     ) -> CommandHandle: ...
@@ -1038,6 +1042,8 @@ class Commands:
         on_stderr: OutputCallback | None = None,
         background: bool = False,
         max_output_bytes: int | None = None,
+        kill_on_output_limit: bool = False,
+        memory_limit_mb: int | None = None,
         tag: str | None = None,
         keep_stdin: bool = False,
     ) -> CommandResult | CommandHandle:
@@ -1057,6 +1063,12 @@ class Commands:
             on_stderr: Same for stderr.
             background: Start the command and return a :class:`CommandHandle` at once.
             max_output_bytes: Cap on stdout and on stderr, each; default the server's.
+            kill_on_output_limit: Kill the command's tree as soon as a stream passes
+                the cap (:attr:`CommandResult.output_limit_exceeded`) instead of
+                dropping the rest while it runs on.
+            memory_limit_mb: Kill the command's tree when its resident memory
+                passes this many MiB (:attr:`CommandResult.memory_limit_exceeded`);
+                sampled every 5 ms, the sandbox's ``memory_mb`` stays the hard bound.
             tag: A label shown when listing background commands.
             keep_stdin: With ``background=True``, keep the command's stdin open for
                 :meth:`CommandHandle.send_stdin` (and ``close_stdin``); without it,
@@ -1073,6 +1085,8 @@ class Commands:
             stdin=stdin,
             timeout=timeout,
             max_output_bytes=max_output_bytes,
+            kill_on_output_limit=kill_on_output_limit,
+            memory_limit_mb=memory_limit_mb,
             tag=tag,
             keep_stdin=keep_stdin,
         )

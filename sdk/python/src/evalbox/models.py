@@ -181,6 +181,12 @@ class CommandResult:
     stderr_truncated: bool = False
     signal: int | None = None
     error: str = ""
+    output_limit_exceeded: bool = False
+    """Killed for passing the output cap with ``kill_on_output_limit``."""
+    memory_limit_exceeded: bool = False
+    """Killed for passing ``memory_limit_mb``."""
+    peak_memory_bytes: int = 0
+    """The largest resident memory sampled (with ``memory_limit_mb``)."""
 
     @property
     def truncated(self) -> bool:
@@ -206,6 +212,9 @@ class CommandResult:
             stderr_truncated=bool(d.get("stderr_truncated", False)),
             signal=int(sig) if sig else None,
             error=d.get("error", ""),
+            output_limit_exceeded=bool(d.get("output_limit_exceeded", False)),
+            memory_limit_exceeded=bool(d.get("memory_limit_exceeded", False)),
+            peak_memory_bytes=int(d.get("peak_memory_bytes", 0)),
         )
 
 
