@@ -10,6 +10,9 @@ command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v iptables >/dev/null || need+=(iptables)
 [ -e /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
 command -v go >/dev/null || need+=(golang-go)
+# The polyglot template's npm packages (TypeScript's compiler) are installed
+# with the host's npm (internal/template: BuiltinSpec.Npm).
+command -v npm >/dev/null || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
   echo "build: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

@@ -13,7 +13,9 @@ LISTEN=${EVALBOX_LISTEN:-127.0.0.1:8700}
 
 bash scripts/build.sh
 mkdir -p "$DATA_DIR"
-bin/evalbox template init --templates-dir "$DATA_DIR/templates" --quiet
+# Only the templates the demo uses (the others, polyglot's 1.6 GiB of
+# toolchains among them, are built on first use or by `template init`).
+bin/evalbox template init --templates-dir "$DATA_DIR/templates" --quiet base python
 
 bin/evalbox serve --data-dir "$DATA_DIR" --listen "$LISTEN" \
   --pool base:gvisor=2,base:namespaces=2 >"$DATA_DIR/serve.log" 2>&1 &

@@ -47,6 +47,10 @@ echo "== generated protobuf code matches proto/"
 bash scripts/proto.sh --check
 
 export EVALBOX_TEMPLATES_DIR=${EVALBOX_TEMPLATES_DIR:-/var/cache/evalbox/templates}
+# Every built-in, polyglot among them (every toolchain of internal/lang:
+# test/e2e's TestLanguages, the SandboxFusion suite's compiled languages),
+# so that no test skips for want of one; a template whose spec is unchanged
+# is kept (cached by its digest).
 echo "== built-in templates in $EVALBOX_TEMPLATES_DIR"
 bin/evalbox template init --templates-dir "$EVALBOX_TEMPLATES_DIR" --quiet
 export EVALBOX_TEST_ROOTFS="$EVALBOX_TEMPLATES_DIR/base/rootfs"

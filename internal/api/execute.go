@@ -2,11 +2,15 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
+	"path"
+	"strings"
 	"sync"
 
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/lang"
 	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/trial"
 	"github.com/evalbox/evalbox/pkg/client"
@@ -19,14 +23,48 @@ const (
 	defExecuteTimeout = 10.0
 )
 
-// languages maps an execute language to its default template, the path the
-// script is written to and the command that runs it.
-var languages = map[string]struct {
-	template, path string
-	argv           []string
-}{
-	client.LanguagePython: {"python", "/tmp/main.py", []string{"python3", "/tmp/main.py"}},
-	client.LanguageBash:   {"base", "/tmp/main.sh", []string{"bash", "/tmp/main.sh"}},
+// executeDir is where a script is written (internal/lang names the file).
+// An interpreted language's script runs from the template's working
+// directory, as /tmp/FILE; a compiled one's is compiled and run with
+// executeDir as its working directory, its product beside it.
+const executeDir = "/tmp"
+
+// executeCompileTimeout bounds a compiled language's compile, apart from
+// the request's timeout, which is the run's.
+const executeCompileTimeout = 30.0
+
+// executeSpec is the trial of script in language l: written, compiled (a
+// trial.Spec's Prepare, in the same sandbox) and run as the language
+// table says.
+func executeSpec(l lang.Language, script string) trial.Spec {
+	file, class := l.SourceFile(script)
+	sp := trial.Spec{Template: l.Template, Script: script, Env: l.Env}
+	if !l.Compiled() {
+		sp.Path = path.Join(executeDir, file)
+		sp.Argv = l.RunArgv(sp.Path, class)
+		return sp
+	}
+	sp.Cwd, sp.Path = executeDir, file
+	sp.Prepare, sp.PrepareTimeout = l.CompileArgv(file, nil), executeCompileTimeout
+	sp.Argv = l.RunArgv(file, class)
+	return sp
+}
+
+// compileFailure says on a compile's result why the program did not run.
+func compileFailure(res *client.ExecResult, argv []string, timeout float64) {
+	why := ""
+	switch res.Status {
+	case client.StatusTimedOut:
+		why = fmt.Sprintf("the compile timed out after %gs", timeout)
+	case client.StatusKilled:
+		why = fmt.Sprintf("the compile was killed (signal %d)", res.Signal)
+		if res.Error != "" {
+			why += ": " + res.Error
+		}
+	default:
+		why = fmt.Sprintf("compile error: %s exited %d", argv[0], res.ExitCode)
+	}
+	res.Error = why + "; the program did not run"
 }
 
 // execute runs every script in its own fresh sandbox, up to the team's
@@ -37,10 +75,10 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, p auth.Principa
 		writeError(w, err)
 		return
 	}
-	lang, ok := languages[req.Language]
+	l, ok := lang.LookupExact(req.Language)
 	switch {
 	case !ok:
-		writeError(w, errorf(client.CodeBadRequest, "language must be python or bash, got %q", req.Language))
+		writeError(w, errorf(client.CodeBadRequest, "language must be one of %s (docs/languages.md), got %q", strings.Join(lang.AllNames(), ", "), req.Language))
 		return
 	case len(req.Scripts) == 0:
 		writeError(w, errorf(client.CodeBadRequest, "scripts is empty"))
@@ -52,12 +90,17 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, p auth.Principa
 		writeError(w, errorf(client.CodeBadRequest, "timeout must be in [0, %g] seconds (0: %g), got %g", maxExecuteTimeout, defExecuteTimeout, req.Timeout))
 		return
 	}
-	spec := trial.Spec{Template: req.Template, Runtime: req.Runtime, Path: lang.path, Argv: lang.argv, Timeout: req.Timeout}
-	if spec.Template == "" {
-		spec.Template = lang.template
+	timeout := req.Timeout
+	if timeout == 0 {
+		timeout = defExecuteTimeout
 	}
-	if spec.Timeout == 0 {
-		spec.Timeout = defExecuteTimeout
+	specOf := func(script string) trial.Spec {
+		sp := executeSpec(l, script)
+		sp.Runtime, sp.Timeout = req.Runtime, timeout
+		if req.Template != "" {
+			sp.Template = req.Template
+		}
+		return sp
 	}
 	team, err := s.svc.Team(r.Context(), p.TeamID)
 	if err != nil {
@@ -88,7 +131,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request, p auth.Principa
 		}
 		outs[i] = [2]*outbuf.Buffer{stdout, stderr}
 	}
-	results, err := s.runScripts(r.Context(), p.TeamID, spec, req.Scripts, outs, workers)
+	results, err := s.runScripts(r.Context(), p.TeamID, specOf, req.Scripts, outs, workers)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -117,10 +160,12 @@ func writeResults(w io.Writer, results []client.ExecResult, outs [][2]*outbuf.Bu
 	return err
 }
 
-// runScripts runs the scripts with at most workers at a time. The first
-// error that stops a script from running at all (bad template, the caller
-// gone) stops the rest and is returned.
-func (s *Server) runScripts(ctx context.Context, teamID string, spec trial.Spec, scripts []string, outs [][2]*outbuf.Buffer, workers int) ([]client.ExecResult, error) {
+// runScripts runs the scripts, each as specOf makes its trial, with at
+// most workers at a time. The first error that stops a script from running
+// at all (bad template, the caller gone) stops the rest and is returned.
+// A compiled script that did not compile has its compile's result (its
+// exit code and output) with Error saying so.
+func (s *Server) runScripts(ctx context.Context, teamID string, specOf func(script string) trial.Spec, scripts []string, outs [][2]*outbuf.Buffer, workers int) ([]client.ExecResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	results := make([]client.ExecResult, len(scripts))
@@ -133,14 +178,18 @@ func (s *Server) runScripts(ctx context.Context, teamID string, spec trial.Spec,
 	for range workers {
 		wg.Go(func() {
 			for i := range next {
-				sp := spec
-				sp.Script = scripts[i]
+				sp := specOf(scripts[i])
 				stdout, stderr := outs[i][0], outs[i][1]
 				sp.Output = func() (io.Writer, io.Writer) {
-					// A fresh pair for each attempt.
+					// A fresh pair for each attempt, and for the run
+					// after a compile: the compile's output is the
+					// result's only when the program did not run.
 					stdout.Reset()
 					stderr.Reset()
 					return stdout, stderr
+				}
+				if sp.Prepare != nil {
+					sp.PrepareOutput = sp.Output
 				}
 				out, err := s.trials.Run(ctx, teamID, sp)
 				if err != nil {
@@ -151,6 +200,9 @@ func (s *Server) runScripts(ctx context.Context, teamID string, spec trial.Spec,
 					// Every attempt failed (infra): no output of theirs is the result's.
 					stdout.Reset()
 					stderr.Reset()
+				}
+				if out.PrepareFailed {
+					compileFailure(&out.Result, sp.Prepare, sp.PrepareTimeout)
 				}
 				markDropped(&out.Result, stdout, stderr)
 				results[i] = out.Result

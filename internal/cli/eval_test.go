@@ -368,6 +368,12 @@ func TestEvalRun(t *testing.T) {
 	if r := f.run(t, "eval", "show", "ev_4").ok(t); !strings.Contains(r.stdout, ", mode batch (slice 2), ") {
 		t.Errorf("show batch run:\n%s", r.stdout)
 	}
+	f.run(t, "eval", "run", "--problems", p, "--samples", s, "--detach", "--language", "c++", "--compile-timeout", "1m",
+		"--compile-memory-mb", "2048", "--compile-flags", "-O0,-std=c++20", "--memory-mb", "256", "--output-limit", "1024", "--stop-on-first-failure").ok(t)
+	if q := f.lastReq; q.Language != "c++" || q.CompileTimeout != 60 || q.CompileMemoryMB != 2048 || strings.Join(q.CompileFlags, " ") != "-O0 -std=c++20" ||
+		q.MemoryMB != 256 || q.OutputLimitBytes != 1024 || !q.StopOnFirstFailure {
+		t.Errorf("judging flags sent %+v", q)
+	}
 
 	// Tasks with different numbers of samples: the total is shown.
 	p2, s2 := evalFiles(t, 2, "pass", "pass", "fail:AssertionError")

@@ -145,7 +145,7 @@ func newTemplateBuildCmd(a *app) *cobra.Command {
 		Short: "Build a template from a build spec; streams the build log",
 		Long: `Build a template from a build spec (YAML or JSON):
 
-  from: python                  # a built-in (base, python, node) or one of your templates
+  from: python                  # a built-in (base, python, node, polyglot, …) or one of your templates
   steps:
     - run: pip install numpy    # /bin/sh -c, in a build sandbox; one cached layer per step
     - env: {MODE: eval}

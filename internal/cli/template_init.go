@@ -18,7 +18,7 @@ func newTemplateInitCmd() *cobra.Command {
 	var quiet bool
 	cmd := &cobra.Command{
 		Use:   "init [NAME...]",
-		Short: "Build the built-in templates (base, python, node) into a template directory",
+		Short: "Build the built-in templates (base, python, node, code-interpreter, polyglot) into a template directory",
 		Long: `Build the built-in templates from the host's Debian mirror with mmdebstrap
 (run as root). A template whose build spec is unchanged is kept: re-running is
 cheap. Without names, every built-in is built.`,

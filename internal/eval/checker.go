@@ -2,6 +2,7 @@ package eval
 
 import (
 	"fmt"
+	"github.com/evalbox/evalbox/internal/lang"
 	"math"
 	"strconv"
 	"strings"
@@ -38,6 +39,10 @@ type Checker struct {
 	// negative one is not used).
 	AbsTol float64 `json:"abs_tol,omitempty"`
 	RelTol float64 `json:"rel_tol,omitempty"`
+	// Language and Source are CheckProgram's checker: a program in
+	// Language ("": python), run by the judge in a sandbox of its own.
+	Language string `json:"language,omitempty"`
+	Source   string `json:"source,omitempty"`
 }
 
 // CheckKinds lists the kinds a Checker compares itself (CheckProgram is
@@ -53,6 +58,16 @@ func (c Checker) Validate() error {
 	}
 	if math.IsNaN(c.AbsTol) || math.IsNaN(c.RelTol) || math.IsInf(c.AbsTol, 0) || math.IsInf(c.RelTol, 0) {
 		return fmt.Errorf("checker tolerances must be finite numbers")
+	}
+	switch {
+	case c.Kind == CheckProgram && strings.TrimSpace(c.Source) == "":
+		return fmt.Errorf("checker %q needs source, the checker program", CheckProgram)
+	case c.Kind != CheckProgram && (c.Source != "" || c.Language != ""):
+		return fmt.Errorf("checker source and language are only for type %q", CheckProgram)
+	case c.Language != "":
+		if _, err := lang.Resolve(c.Language); err != nil {
+			return fmt.Errorf("checker: %w", err)
+		}
 	}
 	return nil
 }

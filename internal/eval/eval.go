@@ -66,10 +66,29 @@ type Problem struct {
 	EntryPoint        string `json:"entry_point"`
 	CanonicalSolution string `json:"canonical_solution"`
 	Test              string `json:"test"`
-	// IO holds I/O mode's cases; a problem has either a Test (assert
-	// mode) or IO cases, never both.
+	// IO holds I/O mode's cases; a problem has exactly one of a Test
+	// (assert mode), IO cases and stdin/stdout Tests.
 	IO []IOCase `json:"io,omitempty"`
+	// Tests are stdin/stdout cases: the sample is a whole program (in
+	// Language), run on each test's input; its output is compared with
+	// the expected one outside the sandbox by Checker (nil: tokens).
+	Tests   []Test   `json:"tests,omitempty"`
+	Checker *Checker `json:"checker,omitempty"`
+	// Language is the problem's language ("": the run's). In assert mode
+	// a problem in another language than Python is one program (prompt,
+	// completion, test) that passes when it exits 0, as MultiPL-E judges.
+	Language string `json:"language,omitempty"`
 }
+
+// Test is one stdin/stdout case: the program's input and the output it
+// must print.
+type Test struct {
+	Input  string `json:"input"`
+	Output string `json:"output"`
+}
+
+// MaxTests bounds a problem's stdin/stdout tests.
+const MaxTests = 10_000
 
 // Sample is one model output for a task: either a Completion, which the
 // task's prompt is prepended to, or a full Solution program.
@@ -77,12 +96,28 @@ type Sample struct {
 	TaskID     string  `json:"task_id"`
 	Completion *string `json:"completion,omitempty"`
 	Solution   *string `json:"solution,omitempty"`
+	// Language is the sample's language ("": its problem's).
+	Language string `json:"language,omitempty"`
 }
 
 // Problems is a problem set: the problems by task id, and the ids in file order.
 type Problems struct {
 	ByID  map[string]Problem
 	Order []string
+}
+
+// add adds a problem read from a file: one checked for its mode, whose
+// task id is new.
+func (ps *Problems) add(p Problem) error {
+	if err := p.CheckMode(); err != nil {
+		return fmt.Errorf("problem %q: %w", p.TaskID, err)
+	}
+	if _, dup := ps.ByID[p.TaskID]; dup {
+		return fmt.Errorf("task_id %q appears twice", p.TaskID)
+	}
+	ps.ByID[p.TaskID] = p
+	ps.Order = append(ps.Order, p.TaskID)
+	return nil
 }
 
 // maxLine bounds one JSON line of a problem or sample file.
@@ -129,21 +164,10 @@ func ReadProblems(r io.Reader) (Problems, error) {
 		if err := json.Unmarshal(line, &p); err != nil {
 			return err
 		}
-		switch {
-		case p.TaskID == "":
+		if p.TaskID == "" {
 			return errors.New("problem without task_id")
-		case p.EntryPoint == "":
-			return fmt.Errorf("problem %q without entry_point", p.TaskID)
 		}
-		if err := p.CheckMode(); err != nil {
-			return fmt.Errorf("problem %q: %w", p.TaskID, err)
-		}
-		if _, dup := ps.ByID[p.TaskID]; dup {
-			return fmt.Errorf("task_id %q appears twice", p.TaskID)
-		}
-		ps.ByID[p.TaskID] = p
-		ps.Order = append(ps.Order, p.TaskID)
-		return nil
+		return ps.add(p)
 	})
 	if err != nil {
 		return Problems{}, fmt.Errorf("problems: %w", err)
@@ -247,9 +271,12 @@ func Program(p Problem, s Sample, passCode int) string {
 	b.WriteString(body)
 	b.WriteByte('\n')
 	b.WriteString(p.Test)
-	b.WriteString("\ncheck(")
-	b.WriteString(p.EntryPoint)
-	b.WriteString(")\n")
+	if p.EntryPoint != "" {
+		b.WriteString("\ncheck(")
+		b.WriteString(p.EntryPoint)
+		b.WriteString(")")
+	}
+	b.WriteString("\n")
 	b.WriteString(exitWith(passCode))
 	return b.String()
 }

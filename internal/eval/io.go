@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/evalbox/evalbox/internal/lang"
 	"math"
 	"math/big"
 	"strings"
@@ -33,11 +34,33 @@ var ioDriver string
 // CheckMode reports whether p is checked by exactly one of a test program
 // (assert mode) and I/O cases, and whether its cases are well formed.
 func (p Problem) CheckMode() error {
+	modes := 0
+	for _, set := range []bool{p.Test != "", p.IO != nil, p.Tests != nil} {
+		if set {
+			modes++
+		}
+	}
 	switch {
-	case p.Test != "" && p.IO != nil:
-		return errors.New("give either test (assert mode) or io (I/O mode), not both")
-	case p.Test == "" && p.IO == nil:
-		return errors.New("give test (assert mode) or io (I/O mode)")
+	case modes > 1:
+		return errors.New("give exactly one of test (assert mode), io (I/O mode) and tests (stdin/stdout), not several")
+	case modes == 0:
+		return errors.New("give test (assert mode), io (I/O mode) or tests (stdin/stdout)")
+	case p.IO != nil && p.EntryPoint == "":
+		return errors.New("io (I/O mode) needs entry_point, the function its cases call")
+	case p.Checker != nil && p.Tests == nil:
+		return errors.New("checker is only for tests (stdin/stdout)")
+	case p.Tests != nil && (len(p.Tests) == 0 || len(p.Tests) > MaxTests):
+		return fmt.Errorf("tests must have 1 to %d cases, got %d", MaxTests, len(p.Tests))
+	}
+	if p.Language != "" {
+		if _, err := lang.Resolve(p.Language); err != nil {
+			return err
+		}
+	}
+	if p.Checker != nil {
+		if err := p.Checker.Validate(); err != nil {
+			return err
+		}
 	}
 	return CheckIOCases(p.IO)
 }

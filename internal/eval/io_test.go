@@ -54,8 +54,25 @@ func TestReadProblemsModes(t *testing.T) {
 	if err != nil || len(ps.ByID["a"].IO) != 1 || string(ps.ByID["a"].IO[0].Output) != "null" || string(ps.ByID["a"].IO[0].Input[1]) != `"x"` {
 		t.Fatalf("io problem: %+v, %v", ps, err)
 	}
+	ps, err = ReadProblems(strings.NewReader(`{"task_id":"b","prompt":"","tests":[{"input":"1 2\n","output":"3\n"}],"checker":{"type":"float","abs_tol":0.5},"language":"c++"}` + "\n" +
+		`{"task_id":"c","prompt":"","test":"assert f(1) == 2\n"}`))
+	if err != nil || len(ps.ByID["b"].Tests) != 1 || ps.ByID["b"].Checker.AbsTol != 0.5 || ps.ByID["b"].Language != "c++" || ps.ByID["c"].EntryPoint != "" {
+		t.Fatalf("stdin and MBPP-style problems: %+v, %v", ps, err)
+	}
+	if prog := Program(ps.ByID["c"], Sample{TaskID: "c", Solution: new("def f(x): return 2*x\n")}, 7); strings.Contains(prog, "check(") || !strings.Contains(prog, "assert f(1) == 2\n") {
+		t.Errorf("an assert problem without entry_point runs its asserts as they are, got:\n%s", prog)
+	}
 	for _, tc := range []struct{ in, want string }{
-		{`{"task_id":"a","entry_point":"f","test":"x","io":[{"input":[],"output":1}]}`, "not both"},
+		{`{"task_id":"a","entry_point":"f","test":"x","io":[{"input":[],"output":1}]}`, "not several"},
+		{`{"task_id":"a","test":"x","tests":[{"input":"","output":"1"}]}`, "not several"},
+		{`{"task_id":"a","io":[{"input":[],"output":1}]}`, "io (I/O mode) needs entry_point"},
+		{`{"task_id":"a","tests":[]}`, "tests must have 1 to 10000"},
+		{`{"task_id":"a","test":"x","checker":{"type":"exact"}}`, "checker is only for tests"},
+		{`{"task_id":"a","tests":[{"input":"","output":""}],"checker":{"type":"fuzzy"}}`, `checker "fuzzy"`},
+		{`{"task_id":"a","tests":[{"input":"","output":""}],"checker":{"type":"program"}}`, "needs source"},
+		{`{"task_id":"a","tests":[{"input":"","output":""}],"checker":{"type":"exact","source":"x"}}`, "only for type"},
+		{`{"task_id":"a","tests":[{"input":"","output":""}],"checker":{"type":"program","source":"x","language":"cobol"}}`, `unknown language "cobol"`},
+		{`{"task_id":"a","tests":[{"input":"","output":""}],"language":"cobol"}`, `unknown language "cobol"`},
 		{`{"task_id":"a","entry_point":"f"}`, "give test"},
 		{`{"task_id":"a","entry_point":"f","io":[]}`, "1 to 10000 cases"},
 		{`{"task_id":"a","entry_point":"f","io":[{"output":1}]}`, "io[0]: input must be an array"},

@@ -99,6 +99,9 @@ func TestFailureKind(t *testing.T) {
 		{"failed", strings.Repeat("é", 40), strings.Repeat("é", 30) + "…"},
 		{"timed_out", "", "timed out"},
 		{"infra_error", "agent lost", "infra_error"},
+		{"wrong_answer", "test 2 of 5: wrong answer: token 1 differs", "wrong_answer"},
+		{"compile_error", "compile error: main.cpp:1: error", "compile_error"},
+		{"memory_limit", "test 1 of 1: memory limit", "memory_limit"},
 	} {
 		if got := FailureKind(client.EvalResult{Status: tc.status, Detail: tc.detail}); got != tc.want {
 			t.Errorf("FailureKind(%s, %q) = %q, want %q", tc.status, tc.detail, got, tc.want)
@@ -222,5 +225,29 @@ func TestWriteHTML(t *testing.T) {
 	page = render(t, run, nil)
 	if !strings.Contains(page, "No finished trials.") {
 		t.Error("empty run page lacks 'No finished trials.'")
+	}
+}
+
+// TestWholeProgramStatuses: a whole program's verdicts count under the
+// report's status groups and keep their own failure kinds.
+func TestWholeProgramStatuses(t *testing.T) {
+	var s Stats
+	for _, st := range []string{"passed", "wrong_answer", "time_limit", "compile_error", "memory_limit", "runtime_error", "output_limit"} {
+		s.Add(client.EvalResult{TaskID: "a", Status: st, Detail: "test 1 of 2: " + st})
+	}
+	if c := s.Counts(); c["passed"] != 1 || c["failed"] != 5 || c["timed_out"] != 1 || len(c) != 4 {
+		t.Errorf("counts %v", c)
+	}
+	if ts := s.Tasks(); len(ts) != 1 || ts[0].Failed != 5 || ts[0].TimedOut != 1 || ts[0].Passed != 1 {
+		t.Errorf("tasks %+v", ts)
+	}
+	kinds := map[string]int{}
+	for _, k := range s.Kinds() {
+		kinds[k.Kind] = k.Count
+	}
+	for _, k := range []string{"wrong_answer", "time_limit", "compile_error", "memory_limit", "runtime_error", "output_limit"} {
+		if kinds[k] != 1 {
+			t.Errorf("kind %s: %d (%v)", k, kinds[k], kinds)
+		}
 	}
 }

@@ -17,6 +17,20 @@ import (
 // Result statuses, in the order reports show them.
 var Statuses = []string{"passed", "failed", "timed_out", "infra_error"}
 
+// Group is the status of Statuses a result's status is shown under: a
+// whole program's time_limit is timed_out, its other verdicts
+// (compile_error, wrong_answer, runtime_error, memory_limit, output_limit)
+// failed; the failure kinds keep them apart.
+func Group(status string) string {
+	switch status {
+	case "passed", "failed", "timed_out", "infra_error":
+		return status
+	case client.TestTimeLimit:
+		return "timed_out"
+	}
+	return "failed"
+}
+
 // Kinds of non-passing results that are not exceptions.
 const (
 	KindTimedOut   = "timed out"
@@ -81,8 +95,9 @@ func (s *Stats) Add(r client.EvalResult) {
 		s.kinds = map[string]*Kind{}
 	}
 	s.n++
-	s.counts[r.Status]++
-	s.points = append(s.points, point{ms: max(r.DurationMs, 0), status: slices.Index(Statuses, r.Status)})
+	group := Group(r.Status)
+	s.counts[group]++
+	s.points = append(s.points, point{ms: max(r.DurationMs, 0), status: slices.Index(Statuses, group)})
 	t := s.tasks[r.TaskID]
 	if t == nil {
 		t = &TaskStat{TaskID: r.TaskID}
@@ -90,7 +105,7 @@ func (s *Stats) Add(r client.EvalResult) {
 		s.order = append(s.order, r.TaskID)
 	}
 	t.N++
-	switch r.Status {
+	switch group {
 	case "passed":
 		t.Passed++
 	case "failed":
@@ -199,6 +214,11 @@ func FailureKind(r client.EvalResult) string {
 		return KindTimedOut
 	case "infra_error":
 		return KindInfraError
+	case "failed":
+	default:
+		// A whole program's verdict (compile_error, wrong_answer,
+		// time_limit, …) is its kind.
+		return r.Status
 	}
 	d := strings.TrimSpace(r.Detail)
 	name, _, _ := strings.Cut(d, ":")

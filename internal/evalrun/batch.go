@@ -81,7 +81,16 @@ func checkProblem(i int, p client.EvalProblem) error {
 
 // evalProblem is a wire problem as internal/eval takes it.
 func evalProblem(p client.EvalProblem) eval.Problem {
-	ep := eval.Problem{TaskID: p.TaskID, Prompt: p.Prompt, EntryPoint: p.EntryPoint, Test: p.Test}
+	ep := eval.Problem{TaskID: p.TaskID, Prompt: p.Prompt, EntryPoint: p.EntryPoint, Test: p.Test, Language: p.Language}
+	if p.Tests != nil {
+		ep.Tests = make([]eval.Test, len(p.Tests))
+		for i, t := range p.Tests {
+			ep.Tests[i] = eval.Test(t)
+		}
+	}
+	if c := p.Checker; c != nil {
+		ep.Checker = &eval.Checker{Kind: c.Type, AbsTol: c.AbsTol, RelTol: c.RelTol, Language: c.Language, Source: c.Source}
+	}
 	if p.IO != nil {
 		ep.IO = make([]eval.IOCase, len(p.IO))
 		for i, c := range p.IO {
@@ -98,6 +107,7 @@ type work struct {
 	samples  []client.EvalSample
 	problems map[string]eval.Problem
 	live     *liveRun
+	opts     options
 }
 
 // program returns sample i's problem and trial program, which ends by
@@ -111,6 +121,9 @@ func (w *work) program(i, passCode int) (eval.Problem, string) {
 // trialOne judges sample i in its own fresh sandbox (trial mode) and
 // records the verdict. It returns the attempts after the first (retries).
 func (s *Service) trialOne(ctx context.Context, w *work, i int) (retries int, err error) {
+	if l, whole := w.wholeProgram(i); whole {
+		return s.judgeOne(ctx, w, i, l)
+	}
 	run := w.run
 	code := eval.NewPassCode()
 	p, prog := w.program(i, code)

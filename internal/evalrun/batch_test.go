@@ -69,12 +69,12 @@ func TestValidateModes(t *testing.T) {
 		}
 	}
 	r := base()
-	if err := validate(&r); err != nil || r.Mode != client.EvalModeTrial || r.Slice != 0 {
+	if _, err := validate(&r); err != nil || r.Mode != client.EvalModeTrial || r.Slice != 0 {
 		t.Fatalf("defaults: %+v, %v", r, err)
 	}
 	r = base()
 	r.Mode = client.EvalModeBatch
-	if err := validate(&r); err != nil || r.Slice != DefaultSlice {
+	if _, err := validate(&r); err != nil || r.Slice != DefaultSlice {
 		t.Fatalf("batch defaults: %+v, %v", r, err)
 	}
 	// The slice's time counts the samples it can hold: 58 samples of 60 s
@@ -84,18 +84,18 @@ func TestValidateModes(t *testing.T) {
 	for range 57 {
 		r.Samples = append(r.Samples, r.Samples[0])
 	}
-	if err := validate(&r); err != nil {
+	if _, err := validate(&r); err != nil {
 		t.Fatalf("58 samples of 60 s: %v", err)
 	}
 	r.Samples = append(r.Samples, r.Samples[0])
 	r.Slice = 0
-	if err := validate(&r); err == nil || !strings.Contains(err.Error(), "a slice of 59 samples × (timeout 60 s + 1 s) + 30 s is 3629 s") {
+	if _, err := validate(&r); err == nil || !strings.Contains(err.Error(), "a slice of 59 samples × (timeout 60 s + 1 s) + 30 s is 3629 s") {
 		t.Fatalf("59 samples of 60 s: %v", err)
 	}
 	r = base()
 	r.Problems[0].Test = ""
 	r.Problems[0].IO = []client.EvalIOCase{{Input: nil, Output: []byte("1")}}
-	if err := validate(&r); err == nil || !strings.Contains(err.Error(), "problems[0] (t): io[0]: input must be an array") {
+	if _, err := validate(&r); err == nil || !strings.Contains(err.Error(), "problems[0] (t): io[0]: input must be an array") {
 		t.Fatalf("io without input: %v", err)
 	}
 }

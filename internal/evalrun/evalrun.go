@@ -40,6 +40,7 @@ import (
 
 	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/eval"
+	"github.com/evalbox/evalbox/internal/judge"
 	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/internal/store"
@@ -52,7 +53,6 @@ const (
 	MaxSamples     = 200_000
 	MaxTimeout     = 600.0
 	DefaultTimeout = 3.0
-	defaultTmpl    = "python"
 	// programPath is where a trial's program is written and run from, in
 	// both modes: a directory only root may write to, so that the
 	// program's own directory (the first entry of its sys.path) holds no
@@ -134,6 +134,7 @@ type Service struct {
 	sb      Sandboxes
 	storage Storage // nil: no limit
 	trials  *trial.Runner
+	judges  *judge.Judge
 	log     *slog.Logger
 	// output is the server's budget for held command output: each trial
 	// and slice leases what it may hold before it starts.
@@ -177,7 +178,7 @@ func New(st Store, sb Sandboxes, output *outbuf.Budget, storage Storage, leases 
 		leases.TTL = DefaultLeaseTTL
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Service{leases: leases, st: st, sb: sb, storage: storage, trials: trial.New(sb, log), log: log, output: output, ctx: ctx, stop: stop,
+	return &Service{leases: leases, st: st, sb: sb, storage: storage, trials: trial.New(sb, log), judges: judge.New(sb, log), log: log, output: output, ctx: ctx, stop: stop,
 		draining: make(chan struct{}), progressEvery: progressEvery, running: map[string]*liveRun{}}
 }
 
@@ -185,14 +186,24 @@ func New(st Store, sb Sandboxes, output *outbuf.Budget, storage Storage, leases 
 type input struct {
 	Problems []client.EvalProblem `json:"problems"`
 	Samples  []client.EvalSample  `json:"samples"`
+	Options  options              `json:"options"`
 }
 
 func badRequest(format string, args ...any) error {
 	return &apierr.Error{Code: client.CodeBadRequest, Message: fmt.Sprintf(format, args...)}
 }
 
-// validate checks a request's input and fills in its defaults.
-func validate(req *client.CreateEvalRequest) error {
+// validate checks a request's input, fills in its defaults and returns
+// its judging options.
+func validate(req *client.CreateEvalRequest) (options, error) {
+	if err := validateRequest(req); err != nil {
+		return options{}, err
+	}
+	return validateJudging(req)
+}
+
+// validateRequest checks a request's problems, samples and settings.
+func validateRequest(req *client.CreateEvalRequest) error {
 	switch {
 	case len(req.Problems) == 0:
 		return badRequest("problems is empty")
@@ -210,8 +221,6 @@ func validate(req *client.CreateEvalRequest) error {
 		switch {
 		case p.TaskID == "":
 			return badRequest("problems[%d]: no task_id", i)
-		case p.EntryPoint == "":
-			return badRequest("problems[%d] (%s): no entry_point", i, p.TaskID)
 		case tasks[p.TaskID]:
 			return badRequest("problems[%d]: task_id %q appears twice", i, p.TaskID)
 		}
@@ -241,15 +250,13 @@ func validate(req *client.CreateEvalRequest) error {
 	if req.Timeout == 0 {
 		req.Timeout = DefaultTimeout
 	}
-	if req.Template == "" {
-		req.Template = defaultTmpl
-	}
 	return validateMode(req)
 }
 
 // Create records a run and starts it.
 func (s *Service) Create(ctx context.Context, teamID string, req client.CreateEvalRequest) (client.EvalRun, error) {
-	if err := validate(&req); err != nil {
+	opts, err := validate(&req)
+	if err != nil {
 		return client.EvalRun{}, err
 	}
 	team, err := s.sb.Team(ctx, teamID)
@@ -260,11 +267,22 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateEv
 	if limit <= 0 {
 		return client.EvalRun{}, &apierr.Error{Code: client.CodeTooManySandboxes, Message: fmt.Sprintf("team %s may not run sandboxes (its limits are 0)", team.Name)}
 	}
+	if sandboxesPerTrial(req.Problems) == 2 {
+		// A sample judged by a checker program holds its own sandbox
+		// while the checker's is made: a trial at a time for every two
+		// sandboxes the team may have, else the trials would wait on one
+		// another's.
+		if limit < 2 {
+			return client.EvalRun{}, &apierr.Error{Code: client.CodeTooManySandboxes,
+				Message: fmt.Sprintf("a checker program runs in a sandbox of its own, beside the sample's: the team %s needs a limit of at least 2 sandboxes and execs, it has %d", team.Name, limit)}
+		}
+		limit /= 2
+	}
 	if req.Concurrency == 0 {
 		req.Concurrency = min(limit, 4*runtime.NumCPU())
 	}
 	req.Concurrency = min(req.Concurrency, limit, len(req.Samples))
-	in, err := json.Marshal(input{Problems: req.Problems, Samples: req.Samples})
+	in, err := json.Marshal(input{Problems: req.Problems, Samples: req.Samples, Options: opts})
 	if err != nil {
 		return client.EvalRun{}, err
 	}
@@ -278,7 +296,7 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateEv
 		run, err = s.st.InsertEval(ctx, store.EvalRow{Input: in, Owner: s.leases.Owner, LeaseUntil: time.Now().Add(s.leases.TTL), Run: client.EvalRun{
 			TeamID: teamID, State: client.EvalStateRunning, K: req.K, Timeout: req.Timeout, Template: req.Template,
 			Runtime: req.Runtime, Concurrency: req.Concurrency, Seed: req.Seed, Tasks: len(tasks), Samples: len(req.Samples),
-			Mode: req.Mode, Slice: req.Slice,
+			Mode: req.Mode, Slice: req.Slice, Language: req.Language,
 		}})
 		return err
 	}
@@ -662,7 +680,7 @@ func (s *Service) judge(ctx context.Context, run client.EvalRun, live *liveRun) 
 	}
 	rng := rand.New(rand.NewPCG(uint64(run.Seed), 0x65766c))
 	rng.Shuffle(len(todo), func(i, j int) { todo[i], todo[j] = todo[j], todo[i] })
-	w := &work{run: run, samples: in.Samples, problems: problems, live: live}
+	w := &work{run: run, samples: in.Samples, problems: problems, live: live, opts: in.Options}
 	if run.Mode == client.EvalModeBatch {
 		return s.judgeBatch(ctx, w, todo)
 	}

@@ -1,9 +1,13 @@
 package lang
 
 import (
+	"flag"
+	"os"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/evalbox/evalbox/internal/template"
 )
 
 func TestLookup(t *testing.T) {
@@ -15,6 +19,17 @@ func TestLookup(t *testing.T) {
 		l, ok := Lookup(name)
 		if !ok || l.Name != want {
 			t.Errorf("Lookup(%q) = %q, %v; want %q", name, l.Name, ok, want)
+		}
+	}
+	// The exact spellings only, as an enum lists them.
+	for _, n := range AllNames() {
+		if l, ok := LookupExact(n); !ok || (l.Name != n && !slices.Contains(l.Aliases, n)) {
+			t.Errorf("LookupExact(%q) = %q, %v", n, l.Name, ok)
+		}
+	}
+	for _, n := range []string{"PY", "C++ ", ""} {
+		if _, ok := LookupExact(n); ok {
+			t.Errorf("LookupExact(%q) found it", n)
 		}
 	}
 	if _, err := Resolve("cobol"); err == nil || !strings.Contains(err.Error(), "cpp") {
@@ -57,6 +72,15 @@ func TestCommands(t *testing.T) {
 	}
 }
 
+// TestTemplatesAreBuiltins: every language's toolchain is in a built-in.
+func TestTemplatesAreBuiltins(t *testing.T) {
+	for _, l := range All() {
+		if !template.IsBuiltin(l.Template) {
+			t.Errorf("%s: template %q is not a built-in", l.Name, l.Template)
+		}
+	}
+}
+
 func TestCheckFlags(t *testing.T) {
 	if err := CheckFlags([]string{"-O3", "-std=c++20", "-DLOCAL", "-fno-exceptions"}); err != nil {
 		t.Error(err)
@@ -75,4 +99,39 @@ func TestMarkdownHasEveryLanguage(t *testing.T) {
 			t.Errorf("%s not in the table", l.Name)
 		}
 	}
+}
+
+// update rewrites docs/languages.md's table from the code (go test
+// ./internal/lang -run TestDocs -update).
+var update = flag.Bool("update", false, "rewrite docs/languages.md's table from Markdown()")
+
+// Markers around the generated table in docs/languages.md.
+const (
+	docsPath  = "../../docs/languages.md"
+	docsBegin = "<!-- BEGIN lang.Markdown(): generated, go test ./internal/lang -run TestDocs -update -->\n"
+	docsEnd   = "<!-- END lang.Markdown() -->\n"
+)
+
+// TestDocs: docs/languages.md's table is Markdown()'s, between its markers.
+func TestDocs(t *testing.T) {
+	b, err := os.ReadFile(docsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	before, rest, ok := strings.Cut(doc, docsBegin)
+	table, after, ok2 := strings.Cut(rest, docsEnd)
+	if !ok || !ok2 {
+		t.Fatalf("%s: no %q … %q markers", docsPath, docsBegin, docsEnd)
+	}
+	if table == Markdown() {
+		return
+	}
+	if *update {
+		if err := os.WriteFile(docsPath, []byte(before+docsBegin+Markdown()+docsEnd+after), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Errorf("%s's table is not lang.Markdown()'s: run go test ./internal/lang -run TestDocs -update\n--- docs\n%s--- Markdown()\n%s", docsPath, table, Markdown())
 }

@@ -30,6 +30,17 @@ type evalSettings struct {
 	Runtime     string  `json:"runtime"`
 	Concurrency int     `json:"concurrency"`
 	Seed        int64   `json:"seed"`
+	Language    string  `json:"language,omitempty"`
+}
+
+// trialDetail is what eval_trials.tests holds of a whole program's
+// verdict (JSON; ” for the Python trial programs).
+type trialDetail struct {
+	Language    string                  `json:"language,omitempty"`
+	Compile     *client.EvalCompile     `json:"compile,omitempty"`
+	TestsPassed int                     `json:"tests_passed,omitempty"`
+	TestsTotal  int                     `json:"tests_total,omitempty"`
+	Tests       []client.EvalTestResult `json:"tests,omitempty"`
 }
 
 // InsertEval records a new eval run with its input; the run gets its id
@@ -39,7 +50,7 @@ func (s *Store) InsertEval(ctx context.Context, r EvalRow) (client.EvalRun, erro
 	run.ID = NewID("ev")
 	run.CreatedAt = now()
 	set, err := json.Marshal(evalSettings{K: run.K, Timeout: run.Timeout, Template: run.Template,
-		Runtime: run.Runtime, Concurrency: run.Concurrency, Seed: run.Seed})
+		Runtime: run.Runtime, Concurrency: run.Concurrency, Seed: run.Seed, Language: run.Language})
 	if err != nil {
 		return client.EvalRun{}, err
 	}
@@ -79,6 +90,7 @@ func scanEval(sc scanner) (client.EvalRun, error) {
 		return r, fmt.Errorf("eval %s settings: %w", r.ID, err)
 	}
 	r.K, r.Timeout, r.Template, r.Runtime, r.Concurrency, r.Seed = set.K, set.Timeout, set.Template, set.Runtime, set.Concurrency, set.Seed
+	r.Language = set.Language
 	if summary != "" {
 		r.Summary = &client.EvalSummary{}
 		if err := json.Unmarshal([]byte(summary), r.Summary); err != nil {
@@ -204,18 +216,25 @@ var ErrLeaseLost = errors.New("eval run lease lost")
 // another replica owns is ErrLeaseLost, and nothing is written.
 func (s *Store) PutEvalTrial(ctx context.Context, teamID, runID, owner string, r client.EvalResult, env TrialEnv) (bool, error) {
 	tt := env.Times
+	var detail []byte
+	if d := (trialDetail{Language: r.Language, Compile: r.Compile, TestsPassed: r.TestsPassed, TestsTotal: r.TestsTotal, Tests: r.Tests}); d.Language != "" || d.Compile != nil || d.Tests != nil {
+		var err error
+		if detail, err = json.Marshal(d); err != nil {
+			return false, fmt.Errorf("store: record trial %d of %s: %w", r.CompletionID, runID, err)
+		}
+	}
 	// One statement: the owner check and the insert see one version of
 	// the run's row. (Its primary key keeps the first verdict should a
 	// takeover commit between a check and an insert.)
 	res, err := s.exec(ctx, `INSERT INTO eval_trials (run_id, team_id, completion_id, task_id, status, detail, result,
 		duration_ms, sandbox_id, template_digest, runtime, runtime_version,
-		create_us, write_us, run_us, delete_us, trial_us, attempts)
-		SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
+		create_us, write_us, run_us, delete_us, trial_us, attempts, tests)
+		SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
 		WHERE EXISTS (SELECT 1 FROM eval_runs WHERE id = ? AND team_id = ? AND owner = ?)
 		ON CONFLICT (run_id, completion_id) DO NOTHING`,
 		runID, teamID, r.CompletionID, r.TaskID, r.Status, r.Detail, r.Result, r.DurationMs,
 		env.SandboxID, env.TemplateDigest, env.Runtime, env.RuntimeVersion,
-		tt.Create.Microseconds(), tt.Write.Microseconds(), tt.Run.Microseconds(), tt.Delete.Microseconds(), tt.Trial.Microseconds(), tt.Attempts,
+		tt.Create.Microseconds(), tt.Write.Microseconds(), tt.Run.Microseconds(), tt.Delete.Microseconds(), tt.Trial.Microseconds(), tt.Attempts, string(detail),
 		runID, teamID, owner)
 	if err != nil {
 		return false, fmt.Errorf("store: record trial %d of %s: %w", r.CompletionID, runID, s.mapConstraint(err, "eval run"))
@@ -362,7 +381,7 @@ func (s *Store) EvalEnv(ctx context.Context, teamID, runID string) (TrialEnv, er
 // EvalTrials calls fn for each finished trial of a team's run, in
 // completion id order.
 func (s *Store) EvalTrials(ctx context.Context, teamID, runID string, fn func(client.EvalResult) error) error {
-	rows, err := s.query(ctx, `SELECT completion_id, task_id, status, detail, result, duration_ms FROM eval_trials
+	rows, err := s.query(ctx, `SELECT completion_id, task_id, status, detail, result, duration_ms, tests FROM eval_trials
 		WHERE run_id = ? AND team_id = ? ORDER BY completion_id`, runID, teamID)
 	if err != nil {
 		return err
@@ -370,10 +389,18 @@ func (s *Store) EvalTrials(ctx context.Context, teamID, runID string, fn func(cl
 	defer rows.Close()
 	for rows.Next() {
 		var r client.EvalResult
-		if err := rows.Scan(&r.CompletionID, &r.TaskID, &r.Status, &r.Detail, &r.Result, &r.DurationMs); err != nil {
+		var detail string
+		if err := rows.Scan(&r.CompletionID, &r.TaskID, &r.Status, &r.Detail, &r.Result, &r.DurationMs, &detail); err != nil {
 			return err
 		}
 		r.Passed = r.Status == "passed"
+		if detail != "" {
+			var d trialDetail
+			if err := json.Unmarshal([]byte(detail), &d); err != nil {
+				return fmt.Errorf("eval %s trial %d: %w", runID, r.CompletionID, err)
+			}
+			r.Language, r.Compile, r.TestsPassed, r.TestsTotal, r.Tests = d.Language, d.Compile, d.TestsPassed, d.TestsTotal, d.Tests
+		}
 		if err := fn(r); err != nil {
 			return err
 		}

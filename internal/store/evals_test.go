@@ -36,6 +36,8 @@ func TestEvals(t *testing.T) {
 		for _, r := range []client.EvalResult{
 			{TaskID: "t/1", CompletionID: 2, Status: "failed", Detail: "AssertionError", Result: "failed: "},
 			{TaskID: "t/0", CompletionID: 0, Status: "passed", Result: "passed", DurationMs: 5},
+			{TaskID: "t/1", CompletionID: 3, Status: "wrong_answer", Language: "cpp", Compile: &client.EvalCompile{OK: true, DurationMs: 300},
+				TestsPassed: 1, TestsTotal: 2, Tests: []client.EvalTestResult{{Status: "passed", DurationMs: 4, PeakMemoryBytes: 1 << 20}, {Status: "wrong_answer", Detail: "token 1 differs"}}},
 		} {
 			if _, err := s.PutEvalTrial(ctx, a.ID, run.ID, "", r, env); err != nil {
 				t.Fatal(err)
@@ -54,14 +56,21 @@ func TestEvals(t *testing.T) {
 			if r.Passed != (r.Status == "passed") {
 				t.Errorf("result %+v", r)
 			}
+			if r.CompletionID == 3 && (r.Language != "cpp" || r.Compile == nil || r.Compile.DurationMs != 300 || r.TestsPassed != 1 || r.TestsTotal != 2 ||
+				len(r.Tests) != 2 || r.Tests[0].PeakMemoryBytes != 1<<20 || r.Tests[1].Detail != "token 1 differs") {
+				t.Errorf("a whole program's result came back as %+v", r)
+			}
+			if r.CompletionID != 3 && (r.Tests != nil || r.Compile != nil || r.Language != "") {
+				t.Errorf("result %+v", r)
+			}
 			return nil
-		}); err != nil || len(ids) != 2 || ids[0] != 0 || ids[1] != 2 {
+		}); err != nil || len(ids) != 3 || ids[0] != 0 || ids[1] != 2 || ids[2] != 3 {
 			t.Fatalf("EvalTrials order %v, %v", ids, err)
 		}
 		if err := s.EvalTrials(ctx, b.ID, run.ID, func(client.EvalResult) error { t.Error("another team saw a trial"); return nil }); err != nil {
 			t.Fatal(err)
 		}
-		if counts, err := s.EvalCounts(ctx, a.ID, run.ID); err != nil || counts["passed"] != 1 || counts["failed"] != 1 {
+		if counts, err := s.EvalCounts(ctx, a.ID, run.ID); err != nil || counts["passed"] != 1 || counts["failed"] != 1 || counts["wrong_answer"] != 1 {
 			t.Fatalf("EvalCounts = %v, %v", counts, err)
 		}
 		if e, err := s.EvalEnv(ctx, a.ID, run.ID); err != nil || e != env {

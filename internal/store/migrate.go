@@ -204,6 +204,9 @@ var migrations = []string{
 	CREATE INDEX snapshots_digest ON snapshots(template_digest);
 	ALTER TABLE sandboxes ADD COLUMN paused_at INTEGER;
 	ALTER TABLE sandboxes ADD COLUMN snapshot TEXT NOT NULL DEFAULT '';`,
+	// 14: the per-test verdicts, compile phase and language of a whole
+	// program's trial (JSON; '' for a Python trial program).
+	`ALTER TABLE eval_trials ADD COLUMN tests TEXT NOT NULL DEFAULT '';`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

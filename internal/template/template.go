@@ -119,8 +119,19 @@ type BuiltinSpec struct {
 	// Files are written into the root filesystem after the packages
 	// (absolute path → content, mode 0644, parents 0755): evalbox's own
 	// programs that the template runs.
-	Files    map[string]string `json:"files,omitempty"`
-	Defaults Defaults          `json:"defaults"`
+	Files map[string]string `json:"files,omitempty"`
+	// Npm are npm packages (name@version, pinned) installed after the
+	// Files by the host's npm, globally under the rootfs's /usr/local
+	// (their commands in /usr/local/bin), their install scripts not run:
+	// tools Debian does not package, such as TypeScript's compiler.
+	Npm []string `json:"npm,omitempty"`
+	// EssentialHooks are shell commands mmdebstrap runs once the
+	// Essential packages are in, before the others ($1 is the rootfs):
+	// what a package's maintainer script needs that the build's
+	// path-excludes leave out (openjdk's postinst needs
+	// /usr/share/man/man1).
+	EssentialHooks []string `json:"essential_hooks,omitempty"`
+	Defaults       Defaults `json:"defaults"`
 }
 
 var baseDefaults = Defaults{
@@ -144,7 +155,28 @@ var Builtins = map[string]BuiltinSpec{
 			"python3-ipykernel", "python3-jupyter-client", "python3-matplotlib", "python3-numpy", "python3-pandas"},
 		Files:    map[string]string{interpreter.Path: interpreter.Server},
 		Defaults: interpreterDefaults},
+	// Every toolchain of internal/lang (docs/languages.md): C and C++
+	// (GCC), Java (OpenJDK 17), Node.js with TypeScript's compiler (npm),
+	// Go, Rust, Python and bash.
+	"polyglot": {Name: "polyglot", Suite: "bookworm", Variant: "minbase",
+		Packages: []string{"bash", "coreutils", "ca-certificates", "python3", "gcc", "g++", "libc6-dev",
+			"openjdk-17-jdk-headless", "nodejs", "golang-go", "rustc"},
+		Npm:            []string{"typescript@5.6.3", "@types/node@18.19.130"},
+		EssentialHooks: []string{manDirsHook},
+		Defaults:       polyglotDefaults},
 }
+
+// manDirsHook makes the manual's directories that update-alternatives
+// links into (openjdk's postinst fails without them), which the build's
+// path-exclude of /usr/share/man/* leaves out.
+const manDirsHook = `mkdir -p "$1/usr/share/man/man1"`
+
+// polyglotDefaults: the base's, with room for a JVM or rustc.
+var polyglotDefaults = func() Defaults {
+	d := baseDefaults
+	d.MemoryMB = 1024
+	return d
+}()
 
 // interpreterDefaults: the base's, with room for a kernel and its
 // libraries, the server started and awaited.
@@ -440,6 +472,11 @@ func (r *Registry) EnsureBuiltin(ctx context.Context, name, mirror string, logw 
 	if t, err := r.load(name); err == nil && t.Digest == digest {
 		return t, nil
 	}
+	if len(spec.Npm) > 0 {
+		if _, err := npmFor(spec.Npm); err != nil {
+			return nil, fmt.Errorf("template %s: %w", name, err)
+		}
+	}
 	r.log.Info("building template", "template", name, "mirror", mirror)
 	start := time.Now()
 	tmp, err := os.MkdirTemp(r.dir, "."+name+".build-")
@@ -448,11 +485,7 @@ func (r *Registry) EnsureBuiltin(ctx context.Context, name, mirror string, logw 
 	}
 	defer os.RemoveAll(tmp)
 	rootfs := filepath.Join(tmp, "rootfs")
-	args := []string{"--variant=" + spec.Variant, "--include=" + strings.Join(spec.Packages, ","),
-		"--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/doc/*",
-		"--dpkgopt=path-exclude=/usr/share/locale/*", "--dpkgopt=path-include=/usr/share/locale/locale.alias",
-		spec.Suite, rootfs, mirror}
-	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
+	cmd := exec.CommandContext(ctx, "mmdebstrap", spec.mmdebstrapArgs(rootfs, mirror)...)
 	if logw == nil {
 		logw = io.Discard
 	}
@@ -477,6 +510,9 @@ func (r *Registry) EnsureBuiltin(ctx context.Context, name, mirror string, logw 
 		if err := os.WriteFile(dst, []byte(content), 0o644); err != nil {
 			return nil, fmt.Errorf("template %s: %w", name, err)
 		}
+	}
+	if err := installNpm(ctx, rootfs, tmp, spec.Npm, logw); err != nil {
+		return nil, fmt.Errorf("template %s: %w", name, err)
 	}
 	size, err := DirSize(rootfs)
 	if err != nil {
@@ -505,6 +541,18 @@ func (r *Registry) EnsureBuiltin(ctx context.Context, name, mirror string, logw 
 	r.usage.Store(-1)
 	r.log.Info("built template", "template", name, "digest", digest, "size_bytes", size, "duration", time.Since(start).Round(time.Millisecond))
 	return r.Get(name)
+}
+
+// mmdebstrapArgs are the arguments of the spec's mmdebstrap into rootfs:
+// no manuals, docs or locales, and the spec's essential hooks.
+func (s BuiltinSpec) mmdebstrapArgs(rootfs, mirror string) []string {
+	args := []string{"--variant=" + s.Variant, "--include=" + strings.Join(s.Packages, ","),
+		"--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/doc/*",
+		"--dpkgopt=path-exclude=/usr/share/locale/*", "--dpkgopt=path-include=/usr/share/locale/locale.alias"}
+	for _, h := range s.EssentialHooks {
+		args = append(args, "--essential-hook="+h)
+	}
+	return append(args, s.Suite, rootfs, mirror)
 }
 
 // lockFile takes an exclusive flock on path, waiting until ctx ends.

@@ -54,9 +54,9 @@ type Spec struct {
 	// path is under Cwd), and Stdin, if set, is the run's standard input.
 	Files map[string][]byte
 	Stdin *string
-	// Fetch lists files read back after the run into Outcome.Files (a
-	// relative path is under Cwd): those that exist and are regular
-	// files of at most MaxFetchBytes.
+	// Fetch lists files read back after the run (or a failed Prepare)
+	// into Outcome.Files (a relative path is under Cwd): those that exist
+	// and are regular files of at most MaxFetchBytes.
 	Fetch []string
 	// FetchBudget, if set, is reserved from for each fetched file's size
 	// before it is read (a file it cannot hold is left out, and
@@ -76,6 +76,30 @@ type Spec struct {
 	// the Outcome's Result then has no output. Nil: the output is
 	// buffered into the Result (bounded by MaxOutputBytes alone).
 	Output func() (stdout, stderr io.Writer)
+	// Env is set for Prepare and Argv (over the template's).
+	Env map[string]string
+	// Prepare, if set, runs after the script is written and before Argv,
+	// in the same sandbox, with Cwd, User and Env and no stdin: a
+	// compile. Argv runs only when it exits 0; otherwise its result is
+	// the trial's (Outcome.PrepareFailed). PrepareTimeout bounds it in
+	// seconds (0: Timeout). PrepareOutput is to it what Output is to Argv
+	// (nil: its output is buffered into Outcome.Prepare, bounded by
+	// MaxOutputBytes); it may be Output itself, which is called again
+	// before Argv runs.
+	Prepare        []string
+	PrepareTimeout float64
+	PrepareOutput  func() (stdout, stderr io.Writer)
+}
+
+// prepareTimeout is the seconds Prepare may take.
+func (s Spec) prepareTimeout() float64 {
+	if s.Prepare == nil {
+		return 0
+	}
+	if s.PrepareTimeout > 0 {
+		return s.PrepareTimeout
+	}
+	return s.Timeout
 }
 
 // Outcome is a trial's result: the run's result with its output, the
@@ -99,6 +123,12 @@ type Outcome struct {
 	// FetchErr, if set, is why the files could not be read back after
 	// the run; the run's Result stands (the code is not run again).
 	FetchErr error
+	// Prepare is Spec.Prepare's result (nil without one; without its
+	// output when PrepareOutput is set). PrepareFailed: it did not exit
+	// 0 (or timed out, or was killed), Argv did not run, and Result is
+	// Prepare's result.
+	Prepare       *client.ExecResult
+	PrepareFailed bool
 }
 
 // MaxFetchBytes bounds one fetched file (Spec.Fetch), MaxFetchTotalBytes
@@ -110,10 +140,11 @@ const (
 
 // Phases are the durations of one attempt's steps: the sandbox's create
 // (a warm-pool claim or a cold start, queueing at the team's limit
-// included), the script's write, its run (the exec round trip) and the
-// sandbox's delete.
+// included), the script's write, Spec.Prepare's exec (0 without one), its
+// run (the exec round trip; 0 when Prepare failed) and the sandbox's
+// delete.
 type Phases struct {
-	Create, Write, Run, Delete time.Duration
+	Create, Write, Prepare, Run, Delete time.Duration
 }
 
 // Runner runs trials.
@@ -188,6 +219,7 @@ func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, er
 		control := spec
 		control.Script, control.Output, control.Metadata = "", nil, maps.Clone(spec.Metadata)
 		control.Fetch, control.FetchBudget = nil, nil
+		control.Prepare, control.PrepareOutput = nil, nil
 		if control.Metadata == nil {
 			control.Metadata = map[string]string{}
 		}
@@ -216,7 +248,7 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 	t := r.clock()
 	sb, err := r.sb.Create(ctx, teamID, client.CreateSandboxRequest{
 		Template: spec.Template, Runtime: spec.Runtime, Metadata: spec.Metadata, MemoryMB: spec.MemoryMB,
-		Timeout:     r.SandboxTTL(spec.Timeout),
+		Timeout:     r.SandboxTTL(spec.Timeout + spec.prepareTimeout()),
 		WaitSeconds: int(r.CreateWait / time.Second),
 	})
 	if err != nil {
@@ -241,39 +273,35 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 		return out, fmt.Errorf("write %s: %w", spec.Path, err)
 	}
 	out.Phases.Write, t = r.lap(t)
-	var bufOut, bufErr strings.Builder
-	var stdout, stderr io.Writer = &bufOut, &bufErr
-	if spec.Output != nil {
-		stdout, stderr = spec.Output()
-	}
-	res, err := r.sb.Exec(ctx, teamID, sb.ID, client.ExecRequest{
-		Argv: spec.Argv, Timeout: spec.Timeout, MaxOutputBytes: spec.MaxOutputBytes, User: spec.User,
-		Cwd: spec.Cwd, Stdin: spec.Stdin,
-	}, stdout, stderr)
-	if errors.Is(err, apierr.ErrOutOfMemory) {
-		// The script took the sandbox past its memory limit (gVisor: the
-		// OOM killer stops the whole sandbox): its result, not an infra
-		// failure, as when the OOM killer takes one process.
-		msg := err.Error()
-		if se := (*apierr.Error)(nil); errors.As(err, &se) {
-			msg = se.Message
+	if spec.Prepare != nil {
+		res, err := r.exec(ctx, teamID, sb.ID, spec.PrepareOutput, client.ExecRequest{
+			Argv: spec.Prepare, Timeout: spec.prepareTimeout(), MaxOutputBytes: spec.MaxOutputBytes, User: spec.User,
+			Cwd: spec.Cwd, Env: spec.Env,
+		})
+		if err != nil {
+			return out, fmt.Errorf("prepare: %w", err)
 		}
-		res = client.ExecResult{Status: client.StatusKilled, ExitCode: -1, Signal: int(syscall.SIGKILL), Error: "out-of-memory killer: " + msg}
-		err = nil
+		out.Phases.Prepare, t = r.lap(t)
+		out.Prepare = &res
+		if res.Status != client.StatusExited || res.ExitCode != 0 {
+			out.PrepareFailed, out.Result = true, res
+		}
 	}
-	if errors.Is(err, apierr.ErrStoppedDuringCall) {
-		return out, fmt.Errorf("exec: %w: %w", errStoppedRunning, err)
+	if !out.PrepareFailed {
+		res, err := r.exec(ctx, teamID, sb.ID, spec.Output, client.ExecRequest{
+			Argv: spec.Argv, Timeout: spec.Timeout, MaxOutputBytes: spec.MaxOutputBytes, User: spec.User,
+			Cwd: spec.Cwd, Stdin: spec.Stdin, Env: spec.Env,
+		})
+		if err != nil {
+			return out, fmt.Errorf("exec: %w", err)
+		}
+		out.Phases.Run, _ = r.lap(t)
+		out.Result = res
 	}
-	if err != nil {
-		return out, fmt.Errorf("exec: %w", err)
-	}
-	out.Phases.Run, _ = r.lap(t)
-	res.Stdout, res.Stderr = bufOut.String(), bufErr.String()
-	out.Result = res
 	if len(spec.Fetch) > 0 {
-		// The run is over and its result stands: a failure to read the
-		// files back is reported with it, never retried, which would run
-		// the code again.
+		// The run (or the failed Prepare) is over and its result stands:
+		// a failure to read the files back is reported with it, never
+		// retried, which would run the code again.
 		fetched, err := ReadFiles(ctx, r.sb, teamID, sb.ID, spec.Cwd, spec.Fetch, spec.FetchBudget)
 		out.Files, out.FetchSkipped, out.FetchOverBudget = fetched.Files, fetched.Skipped, fetched.OverBudget
 		if err != nil {
@@ -282,6 +310,37 @@ func (r *Runner) once(ctx context.Context, teamID string, spec Spec) (out Outcom
 		}
 	}
 	return out, nil
+}
+
+// exec runs req in the sandbox id, its output to output's writers (nil:
+// buffered into the result). A sandbox the command took past its memory
+// limit is the command's result (killed), not an error; a sandbox that
+// stopped under it is errStoppedRunning.
+func (r *Runner) exec(ctx context.Context, teamID, id string, output func() (io.Writer, io.Writer), req client.ExecRequest) (client.ExecResult, error) {
+	var bufOut, bufErr strings.Builder
+	var stdout, stderr io.Writer = &bufOut, &bufErr
+	if output != nil {
+		stdout, stderr = output()
+	}
+	res, err := r.sb.Exec(ctx, teamID, id, req, stdout, stderr)
+	if errors.Is(err, apierr.ErrOutOfMemory) {
+		// The script took the sandbox past its memory limit (gVisor: the
+		// OOM killer stops the whole sandbox): its result, not an infra
+		// failure, as when the OOM killer takes one process.
+		msg := err.Error()
+		if se := (*apierr.Error)(nil); errors.As(err, &se) {
+			msg = se.Message
+		}
+		res, err = client.ExecResult{Status: client.StatusKilled, ExitCode: -1, Signal: int(syscall.SIGKILL), Error: "out-of-memory killer: " + msg}, nil
+	}
+	if errors.Is(err, apierr.ErrStoppedDuringCall) {
+		return client.ExecResult{}, fmt.Errorf("%w: %w", errStoppedRunning, err)
+	}
+	if err != nil {
+		return client.ExecResult{}, err
+	}
+	res.Stdout, res.Stderr = bufOut.String(), bufErr.String()
+	return res, nil
 }
 
 // FileStore is what WriteFiles and ReadFiles need of the sandbox service.

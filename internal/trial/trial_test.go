@@ -27,6 +27,9 @@ type flaky struct {
 	wrote            string
 	files            map[string]string // every write, by path
 	lastExec         client.ExecRequest
+	execs            []client.ExecRequest // every exec, in order
+	lastCreate       client.CreateSandboxRequest
+	exits            map[string]int           // exit code by argv[0] (default 0)
 	pause            map[string]time.Duration // per step: create, write, exec, delete
 	// clock, when set, is advanced by the pauses instead of sleeping.
 	clock *fakeClock
@@ -74,6 +77,7 @@ func (f *flaky) Create(ctx context.Context, teamID string, req client.CreateSand
 	if err := pop(&f.createErrs); err != nil {
 		return client.Sandbox{}, err
 	}
+	f.lastCreate = req
 	id := "sb-" + string(rune('a'+len(f.created)))
 	f.created = append(f.created, id)
 	return client.Sandbox{ID: id}, nil
@@ -112,13 +116,18 @@ func (f *flaky) Exec(ctx context.Context, teamID, id string, req client.ExecRequ
 	f.sleep("exec")
 	f.mu.Lock()
 	f.lastExec = req
+	f.execs = append(f.execs, req)
 	err := pop(&f.execErrs)
+	code := f.exits[req.Argv[0]]
 	f.mu.Unlock()
 	if err != nil {
 		return client.ExecResult{}, err
 	}
 	io.WriteString(stdout, strings.Join(req.Argv, " "))
-	return client.ExecResult{Status: client.StatusExited, ExitCode: 0}, ctx.Err()
+	if code != 0 {
+		io.WriteString(stderr, "error: "+req.Argv[0])
+	}
+	return client.ExecResult{Status: client.StatusExited, ExitCode: code}, ctx.Err()
 }
 
 func (f *flaky) Delete(ctx context.Context, teamID, id string) error {
@@ -421,5 +430,78 @@ func TestFetchErrorAfterTheRun(t *testing.T) {
 	}
 	if out.Result.Status != client.StatusExited || string(out.Files["out.txt"]) != "done" {
 		t.Errorf("result %+v, files %q", out.Result, out.Files)
+	}
+}
+
+// compiled is a trial of a compiled program: Prepare compiles, Argv runs.
+var compiled = Spec{Template: "polyglot", Script: "int main(){}", Path: "main.cpp", Cwd: "/w",
+	Prepare: []string{"g++", "-o", "main", "main.cpp"}, PrepareTimeout: 30, Argv: []string{"./main"}, Timeout: 2,
+	Env: map[string]string{"K": "v"}}
+
+// TestPrepare: Prepare runs in the same sandbox before Argv, with Cwd and
+// Env but no stdin and its own timeout; its output is its own (buffered
+// into Outcome.Prepare, or through PrepareOutput, which may be Output
+// itself: it is called again before the run); the sandbox lives for both.
+func TestPrepare(t *testing.T) {
+	f := &flaky{}
+	in := "input"
+	sp := compiled
+	sp.Stdin = &in
+	out, err := newRunner(f).Run(t.Context(), "t1", sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.execs) != 2 || len(f.created) != 1 {
+		t.Fatalf("execs %+v in %v, want the compile then the run in one sandbox", f.execs, f.created)
+	}
+	c, r := f.execs[0], f.execs[1]
+	if strings.Join(c.Argv, " ") != "g++ -o main main.cpp" || c.Timeout != 30 || c.Stdin != nil || c.Cwd != "/w" || c.Env["K"] != "v" {
+		t.Errorf("compile %+v", c)
+	}
+	if strings.Join(r.Argv, " ") != "./main" || r.Timeout != 2 || r.Stdin == nil || r.Cwd != "/w" || r.Env["K"] != "v" {
+		t.Errorf("run %+v", r)
+	}
+	if out.PrepareFailed || out.Prepare == nil || out.Prepare.Stdout != "g++ -o main main.cpp" || out.Result.Stdout != "./main" {
+		t.Errorf("outcome %+v, prepare %+v", out, out.Prepare)
+	}
+	if f.lastCreate.Timeout != 30+2+60 {
+		t.Errorf("sandbox TTL %d, want the compile's and the run's timeouts and a minute", f.lastCreate.Timeout)
+	}
+
+	// One pair of writers for both: reset before each command.
+	var calls int
+	var buf strings.Builder
+	sp.Output = func() (io.Writer, io.Writer) { calls++; buf.Reset(); return &buf, io.Discard }
+	sp.PrepareOutput = sp.Output
+	f = &flaky{}
+	if out, err = newRunner(f).Run(t.Context(), "t1", sp); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 2 || buf.String() != "./main" || out.Prepare.Stdout != "" {
+		t.Errorf("%d calls, output %q, prepare %+v", calls, buf.String(), out.Prepare)
+	}
+}
+
+// TestPrepareFails: a compile that exits non-zero is the trial's result,
+// not retried, and the program never runs; a compile whose sandbox dies is
+// an infra failure, retried in a fresh sandbox with both steps.
+func TestPrepareFails(t *testing.T) {
+	f := &flaky{exits: map[string]int{"g++": 1}}
+	out, err := newRunner(f).Run(t.Context(), "t1", compiled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.execs) != 1 || out.Attempts != 1 || !out.PrepareFailed || out.Result.ExitCode != 1 || out.Result.Stderr != "error: g++" ||
+		out.Prepare == nil || out.Phases.Run != 0 || len(f.deleted) != 1 {
+		t.Fatalf("outcome %+v, execs %+v, deleted %v", out, f.execs, f.deleted)
+	}
+
+	died := &apierr.Error{Code: client.CodeSandboxNotRunning, Message: "died"}
+	f = &flaky{execErrs: []error{died}}
+	if out, err = newRunner(f).Run(t.Context(), "t1", compiled); err != nil {
+		t.Fatal(err)
+	}
+	if out.Attempts != 2 || len(f.execs) != 3 || out.PrepareFailed || out.Result.Stdout != "./main" || len(f.deleted) != 2 {
+		t.Fatalf("outcome %+v, execs %+v", out, f.execs)
 	}
 }

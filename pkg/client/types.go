@@ -820,10 +820,31 @@ type PoolList struct {
 	Pools []Pool `json:"pools"`
 }
 
-// Execute languages.
+// Execute languages: the names and aliases of docs/languages.md, spelt as
+// there (internal/lang's table; a test there holds them equal).
 const (
-	LanguagePython = "python"
-	LanguageBash   = "bash"
+	LanguagePython     = "python"
+	LanguagePython3    = "python3"
+	LanguagePy         = "py"
+	LanguageC          = "c"
+	LanguageCpp        = "cpp"
+	LanguageCPlusPlus  = "c++"
+	LanguageCxx        = "cxx"
+	LanguageCc         = "cc"
+	LanguageJava       = "java"
+	LanguageNodejs     = "nodejs"
+	LanguageJavaScript = "javascript"
+	LanguageJs         = "js"
+	LanguageNode       = "node"
+	LanguageTypeScript = "typescript"
+	LanguageTs         = "ts"
+	LanguageGo         = "go"
+	LanguageGolang     = "golang"
+	LanguageRust       = "rust"
+	LanguageRs         = "rs"
+	LanguageBash       = "bash"
+	LanguageSh         = "sh"
+	LanguageShell      = "shell"
 )
 
 // ExecuteRequest is the body of POST /v1/execute: run each script in its
@@ -833,7 +854,8 @@ type ExecuteRequest struct {
 	Language string   `json:"language"`
 	// Timeout of each script's run in seconds (0 = 10).
 	Timeout float64 `json:"timeout,omitempty"`
-	// Template defaults to python for python scripts, base for bash.
+	// Template defaults to the language's (internal/lang): python, base for
+	// bash, node for nodejs, polyglot for the compiled languages.
 	Template string `json:"template,omitempty"`
 	Runtime  string `json:"runtime,omitempty"`
 }
@@ -863,19 +885,64 @@ const (
 	EvalModeBatch = "batch"
 )
 
-// EvalProblem is one task in HumanEval's schema, checked either by its Test
-// program (assert mode, as HumanEval) or by its IO cases (I/O mode: the
-// expected outputs never enter the sandbox). Exactly one of Test and IO is
-// given.
+// EvalProblem is one task, checked by exactly one of:
+//   - its Test program (assert mode): in Python as HumanEval (with
+//     EntryPoint, check(entry_point) is called; without, as MBPP, the test's
+//     asserts run as they are), in another language as MultiPL-E (the
+//     program passes when it exits 0);
+//   - its IO cases (I/O mode, Python: the expected values never enter the
+//     sandbox);
+//   - its stdin/stdout Tests (the sample is a whole program in any
+//     language, compiled once and run on each test's input; its output is
+//     compared with the expected one outside the sandbox by Checker).
 type EvalProblem struct {
-	TaskID            string `json:"task_id"`
-	Prompt            string `json:"prompt"`
-	EntryPoint        string `json:"entry_point"`
+	TaskID string `json:"task_id"`
+	Prompt string `json:"prompt"`
+	// EntryPoint is the function a HumanEval test checks (Python assert
+	// mode; required in I/O mode).
+	EntryPoint        string `json:"entry_point,omitempty"`
 	CanonicalSolution string `json:"canonical_solution,omitempty"`
 	Test              string `json:"test,omitempty"`
 	// IO lists input/output cases: the sandbox calls entry_point(*input)
 	// for each and evalbox compares the result with output outside it.
 	IO []EvalIOCase `json:"io,omitempty"`
+	// Tests are stdin/stdout cases.
+	Tests []EvalTest `json:"tests,omitempty"`
+	// Checker compares a test's output with the expected one (default:
+	// tokens); only with Tests.
+	Checker *EvalChecker `json:"checker,omitempty"`
+	// Language is the problem's language (default: the run's).
+	Language string `json:"language,omitempty"`
+}
+
+// EvalTest is one stdin/stdout test case: what the program reads and what
+// it must print (never written into the sample's sandbox).
+type EvalTest struct {
+	Input  string `json:"input"`
+	Output string `json:"output"`
+}
+
+// Checker types of EvalChecker.
+const (
+	CheckerTokens          = "tokens"
+	CheckerExact           = "exact"
+	CheckerFloat           = "float"
+	CheckerCaseInsensitive = "case_insensitive"
+	CheckerProgram         = "program"
+)
+
+// EvalChecker says how a test's output is judged: tokens (the default:
+// whitespace and line ends do not count), exact, float (tokens, numbers
+// within AbsTol or RelTol, default 1e-6 each), case_insensitive, or
+// program: Source, a checker in Language (testlib's convention: run as
+// "checker input output answer" in a sandbox of its own; exit 0 accepts,
+// 1 or 2 rejects with its message on stderr).
+type EvalChecker struct {
+	Type     string  `json:"type,omitempty"`
+	AbsTol   float64 `json:"abs_tol,omitempty"`
+	RelTol   float64 `json:"rel_tol,omitempty"`
+	Language string  `json:"language,omitempty"`
+	Source   string  `json:"source,omitempty"`
 }
 
 // EvalIOCase is one I/O test case: the entry point's arguments and the
@@ -893,6 +960,9 @@ type EvalSample struct {
 	TaskID     string  `json:"task_id"`
 	Completion *string `json:"completion,omitempty"`
 	Solution   *string `json:"solution,omitempty"`
+	// Language is the sample's language (default: its problem's, else the
+	// run's).
+	Language string `json:"language,omitempty"`
 }
 
 // CreateEvalRequest is the body of POST /v1/evals.
@@ -915,6 +985,24 @@ type CreateEvalRequest struct {
 	// Slice is how many samples one batch-mode sandbox runs (default 100,
 	// at most 1000); only with mode batch.
 	Slice int `json:"slice,omitempty"`
+	// Language is the samples' language where neither they nor their
+	// problem give one (default python).
+	Language string `json:"language,omitempty"`
+	// CompileTimeout (seconds, default 30) and CompileMemoryMB (default
+	// 1024) bound a compiled language's compile phase.
+	CompileTimeout  float64 `json:"compile_timeout,omitempty"`
+	CompileMemoryMB int     `json:"compile_memory_mb,omitempty"`
+	// CompileFlags replace the language's default compiler flags.
+	CompileFlags []string `json:"compile_flags,omitempty"`
+	// MemoryMB bounds each stdin/stdout test's (and each non-Python
+	// program's) memory (default 512); Timeout is its time limit.
+	MemoryMB int `json:"memory_mb,omitempty"`
+	// OutputLimitBytes bounds what one test may print on each stream
+	// (default 16 MiB): past it the program is killed (output_limit).
+	OutputLimitBytes int64 `json:"output_limit_bytes,omitempty"`
+	// StopOnFirstFailure stops a sample's tests at its first failure (the
+	// rest are not_run); by default every test runs.
+	StopOnFirstFailure bool `json:"stop_on_first_failure,omitempty"`
 }
 
 // EvalRun is an eval run: its settings, progress and, once finished, summary.
@@ -932,6 +1020,8 @@ type EvalRun struct {
 	Concurrency int        `json:"concurrency"`
 	Seed        int64      `json:"seed"`
 	Mode        string     `json:"mode"`
+	// Language is the run's default language ("": python).
+	Language string `json:"language,omitempty"`
 	// Slice is the batch-mode slice size (0 in trial mode).
 	Slice   int `json:"slice,omitempty"`
 	Tasks   int `json:"tasks"`
@@ -992,6 +1082,49 @@ type EvalResult struct {
 	DurationMs   int64  `json:"duration_ms"`
 	Passed       bool   `json:"passed"`
 	Result       string `json:"result"`
+	// Language is the sample's language when it was not Python.
+	Language string `json:"language,omitempty"`
+	// Compile is the compile phase of a compiled language.
+	Compile *EvalCompile `json:"compile,omitempty"`
+	// TestsPassed of TestsTotal stdin/stdout tests passed (the fraction
+	// is a partial reward); Tests has each test's verdict, in order.
+	TestsPassed int              `json:"tests_passed,omitempty"`
+	TestsTotal  int              `json:"tests_total,omitempty"`
+	Tests       []EvalTestResult `json:"tests,omitempty"`
+}
+
+// EvalCompile is a sample's compile phase: whether it succeeded, what the
+// compiler printed (bounded) and how long it took.
+type EvalCompile struct {
+	OK         bool   `json:"ok"`
+	Output     string `json:"output,omitempty"`
+	DurationMs int64  `json:"duration_ms"`
+}
+
+// Test verdicts of EvalTestResult.Status (a sample's status is its first
+// failing test's; compile_error when it did not compile).
+const (
+	TestPassed       = "passed"
+	TestWrongAnswer  = "wrong_answer"
+	TestTimeLimit    = "time_limit"
+	TestMemoryLimit  = "memory_limit"
+	TestRuntimeError = "runtime_error"
+	TestOutputLimit  = "output_limit"
+	TestNotRun       = "not_run"
+	TestInfraError   = "infra_error"
+	CompileError     = "compile_error"
+)
+
+// EvalTestResult is one stdin/stdout test's verdict: the exit code or
+// signal of a runtime_error, the checker's reason of a wrong_answer, the
+// run's duration and peak resident memory.
+type EvalTestResult struct {
+	Status          string `json:"status"`
+	Detail          string `json:"detail,omitempty"`
+	DurationMs      int64  `json:"duration_ms"`
+	ExitCode        int    `json:"exit_code"`
+	Signal          int    `json:"signal,omitempty"`
+	PeakMemoryBytes int64  `json:"peak_memory_bytes,omitempty"`
 }
 
 // EvalEvent is one line of GET /v1/evals/{id}/events (NDJSON): first a

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -344,7 +345,7 @@ func testEvalResumesAfterKills(t *testing.T, mode, rt string) {
 				t.Errorf("kill %d: sample %d has two results", j, r.CompletionID)
 			}
 			seen[r.CompletionID] = true
-			if b, ok := before[r.CompletionID]; ok && b != r {
+			if b, ok := before[r.CompletionID]; ok && !reflect.DeepEqual(b, r) {
 				t.Errorf("kill %d: sample %d changed across the restart: %+v then %+v", j, r.CompletionID, b, r)
 			}
 			before[r.CompletionID] = r
@@ -375,7 +376,7 @@ func testEvalResumesAfterKills(t *testing.T, mode, rt string) {
 		if r.CompletionID != i || r.Status != want[i] {
 			t.Errorf("result %d: %+v, want %s", i, r, want[i])
 		}
-		if b, ok := before[r.CompletionID]; ok && b != r {
+		if b, ok := before[r.CompletionID]; ok && !reflect.DeepEqual(b, r) {
 			t.Errorf("sample %d changed across a restart: %+v then %+v", r.CompletionID, b, r)
 		}
 	}

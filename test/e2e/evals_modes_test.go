@@ -374,8 +374,8 @@ func TestEvalModesBadInput(t *testing.T) {
 		{"test and io", func(r *client.CreateEvalRequest) {
 			io(`[{"input": [], "output": 1}]`)(r)
 			r.Problems[0].Test = prob.Test
-		}, "not both"},
-		{"neither test nor io", func(r *client.CreateEvalRequest) { r.Problems[0].Test = "" }, "give test (assert mode) or io"},
+		}, "not several"},
+		{"neither test nor io", func(r *client.CreateEvalRequest) { r.Problems[0].Test = "" }, "give test (assert mode), io (I/O mode) or tests"},
 		{"io without input", io(`[{"output": 1}]`), "io[0]: input must be an array"},
 	} {
 		req := ok

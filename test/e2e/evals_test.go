@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -226,8 +227,43 @@ func TestEvalBadInput(t *testing.T) {
 		{"k 0", func(r *client.CreateEvalRequest) { r.K = []int{0} }, client.CodeBadRequest},
 		{"timeout", func(r *client.CreateEvalRequest) { r.Timeout = 601 }, client.CodeBadRequest},
 		{"dup task", func(r *client.CreateEvalRequest) { r.Problems = append(r.Problems, prob) }, client.CodeBadRequest},
+		{"unknown language", func(r *client.CreateEvalRequest) { r.Language = "cobol" }, client.CodeBadRequest},
+		{"unknown sample language", func(r *client.CreateEvalRequest) {
+			r.Samples = []client.EvalSample{{TaskID: "t/0", Completion: &one, Language: "klingon"}}
+		}, client.CodeBadRequest},
+		{"two modes", func(r *client.CreateEvalRequest) {
+			r.Problems = []client.EvalProblem{{TaskID: "t/0", Test: "x", Tests: []client.EvalTest{{Input: "", Output: ""}}}}
+		}, client.CodeBadRequest},
+		{"no tests", func(r *client.CreateEvalRequest) {
+			r.Problems = []client.EvalProblem{{TaskID: "t/0", Tests: []client.EvalTest{}}}
+		}, client.CodeBadRequest},
+		{"bad checker", func(r *client.CreateEvalRequest) {
+			r.Problems = []client.EvalProblem{{TaskID: "t/0", Tests: []client.EvalTest{{}}, Checker: &client.EvalChecker{Type: "regex"}}}
+		}, client.CodeBadRequest},
+		{"checker program without source", func(r *client.CreateEvalRequest) {
+			r.Problems = []client.EvalProblem{{TaskID: "t/0", Tests: []client.EvalTest{{}}, Checker: &client.EvalChecker{Type: client.CheckerProgram}}}
+		}, client.CodeBadRequest},
+		{"cpp sample of a Python test", func(r *client.CreateEvalRequest) {
+			r.Problems[0].Language = "python"
+			r.Samples = []client.EvalSample{{TaskID: "t/0", Completion: &one, Language: "cpp"}}
+		}, client.CodeBadRequest},
+		{"I/O mode in C++", func(r *client.CreateEvalRequest) {
+			r.Problems = []client.EvalProblem{{TaskID: "t/0", EntryPoint: "f", IO: []client.EvalIOCase{{Input: []json.RawMessage{}, Output: json.RawMessage("1")}}}}
+			r.Language = "cpp"
+		}, client.CodeBadRequest},
+		{"batch of stdin problems", func(r *client.CreateEvalRequest) {
+			r.Problems = []client.EvalProblem{{TaskID: "t/0", Tests: []client.EvalTest{{}}}}
+			r.Mode = client.EvalModeBatch
+		}, client.CodeBadRequest},
+		{"memory", func(r *client.CreateEvalRequest) { r.MemoryMB = -1 }, client.CodeBadRequest},
+		{"huge memory", func(r *client.CreateEvalRequest) { r.MemoryMB = 1 << 20 }, client.CodeBadRequest},
+		{"output limit", func(r *client.CreateEvalRequest) { r.OutputLimitBytes = 1 << 40 }, client.CodeBadRequest},
+		{"compile timeout", func(r *client.CreateEvalRequest) { r.CompileTimeout = 601 }, client.CodeBadRequest},
+		{"compile memory", func(r *client.CreateEvalRequest) { r.CompileMemoryMB = -5 }, client.CodeBadRequest},
+		{"compile flags", func(r *client.CreateEvalRequest) { r.CompileFlags = []string{"-o/tmp/x"} }, client.CodeBadRequest},
 	} {
 		req := ok
+		req.Problems = slices.Clone(ok.Problems)
 		tc.edit(&req)
 		if _, err := c.CreateEval(ctxT(t, time.Minute), req); client.ErrorCode(err) != tc.code {
 			t.Errorf("%s: %v, want %s", tc.name, err, tc.code)
@@ -245,6 +281,10 @@ func TestEvalBadInput(t *testing.T) {
 	}
 	if _, err := c.GetEval(ctxT(t, time.Minute), "ev_nope"); !client.IsNotFound(err) {
 		t.Errorf("GetEval(unknown) = %v", err)
+	}
+	// The refused requests left no run behind.
+	if runs, err := c.ListEvals(ctxT(t, time.Minute)); err != nil || len(runs) != 1 {
+		t.Errorf("runs after the refused requests: %d, %v", len(runs), err)
 	}
 }
 

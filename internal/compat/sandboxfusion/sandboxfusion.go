@@ -32,11 +32,13 @@ import (
 	"net/http"
 	"net/netip"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/auth"
+	"github.com/evalbox/evalbox/internal/lang"
 	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/trial"
 	"github.com/evalbox/evalbox/pkg/client"
@@ -99,25 +101,29 @@ const (
 	maxBody        = 32 << 20
 	maxTimeout     = 600.0
 	defaultTimeout = 10.0
-	maxOutputBytes = 8 << 20
-	maxFiles       = 256
+	// defaultCompileTimeout is the service's compile_timeout default.
+	defaultCompileTimeout = 10.0
+	maxOutputBytes        = 8 << 20
+	maxFiles              = 256
 	// workdir is where the code and the request's relative files go, and
 	// the run's working directory.
 	workdir = "/workspace"
 )
 
-// language is how evalbox runs one of SandboxFusion's languages.
-type language struct {
-	template, file string
-	argv           []string
-}
+// languages are the SandboxFusion languages this server runs, in the
+// order its messages name them: each is the internal/lang language of that
+// name (its template, source file, compile and run commands), SandboxFusion's
+// names being the table's. c is evalbox's own (SandboxFusion has none).
+// SandboxFusion knows more (knownLanguages); they are refused with a
+// message naming these.
+var languages = []string{"python", "cpp", "c", "java", "go", "rust", "nodejs", "typescript", "bash"}
 
-// languages are those this server runs. SandboxFusion knows more
-// (knownLanguages); they are refused with a message naming these.
-var languages = map[string]language{
-	"python": {"python", "code.py", []string{"python3", "code.py"}},
-	"bash":   {"base", "code.sh", []string{"bash", "code.sh"}},
-	"nodejs": {"node", "code.js", []string{"node", "code.js"}},
+// languageOf is the language a request names, if this server runs it.
+func languageOf(name string) (lang.Language, bool) {
+	if !slices.Contains(languages, name) {
+		return lang.Language{}, false
+	}
+	return lang.LookupExact(name)
 }
 
 // knownLanguages are the languages of SandboxFusion's API (its client's
@@ -203,11 +209,18 @@ func (h *Handler) runCode(w http.ResponseWriter, r *http.Request, p auth.Princip
 		return
 	}
 	defer stderr.Release()
-	spec.Output = func() (io.Writer, io.Writer) {
-		// A fresh pair for each attempt.
-		stdout.Reset()
-		stderr.Reset()
-		return stdout, stderr
+	spec.Output = pair(stdout, stderr)
+	// A compiled language's compile output is compile_result's, apart.
+	var compile [2]*outbuf.Buffer
+	if spec.Prepare != nil {
+		for i := range compile {
+			if compile[i], err = outbuf.New(tally, outbuf.Truncate); err != nil {
+				writeBusy(w)
+				return
+			}
+			defer compile[i].Release()
+		}
+		spec.PrepareOutput = pair(compile[0], compile[1])
 	}
 	spec.FetchBudget = tally
 	out, err := h.cfg.Trials.Run(r.Context(), p.TeamID, spec)
@@ -226,7 +239,7 @@ func (h *Handler) runCode(w http.ResponseWriter, r *http.Request, p auth.Princip
 		writeJSON(w, http.StatusOK, runCodeResponse{Status: statusSandboxError, Message: userMessage(err), Files: map[string]string{}})
 		return
 	}
-	if stdout.Dropped() || stderr.Dropped() || out.FetchOverBudget {
+	if stdout.Dropped() || stderr.Dropped() || out.FetchOverBudget || (compile[0] != nil && (compile[0].Dropped() || compile[1].Dropped())) {
 		// An answer cut short for want of memory would score the code by
 		// the server's load: refuse it, to be asked again.
 		writeBusy(w)
@@ -246,8 +259,17 @@ func (h *Handler) runCode(w http.ResponseWriter, r *http.Request, p auth.Princip
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	if err := writeResponse(w, resp, out, stdout, stderr); err != nil && r.Context().Err() == nil {
+	if err := writeResponse(w, resp, out, [2]*outbuf.Buffer{stdout, stderr}, compile); err != nil && r.Context().Err() == nil {
 		h.log.Warn("sandbox-fusion: write answer", "err", err)
+	}
+}
+
+// pair is a trial's Output of stdout and stderr: reset for each attempt.
+func pair(stdout, stderr *outbuf.Buffer) func() (io.Writer, io.Writer) {
+	return func() (io.Writer, io.Writer) {
+		stdout.Reset()
+		stderr.Reset()
+		return stdout, stderr
 	}
 }
 
@@ -258,13 +280,14 @@ func writeBusy(w http.ResponseWriter) {
 	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"detail": "the server's memory for command output is in use by other requests; retry later"})
 }
 
-// writeResponse writes resp, whose output is in stdout and stderr and whose
-// files are out.Files, without building it in memory: resp is marshalled
-// with placeholders that the buffers (escaped as encoding/json escapes)
-// and the files (in base64) are streamed in place of. A placeholder holds
-// a NUL byte and a random nonce, so nothing else the document says (all of
-// it evalbox's, or paths without NUL) can look like one.
-func writeResponse(w io.Writer, resp runCodeResponse, out trial.Outcome, stdout, stderr *outbuf.Buffer) error {
+// writeResponse writes resp, whose run's output is in run (stdout,
+// stderr), its compile's in compile, and whose files are out.Files,
+// without building it in memory: resp is marshalled with placeholders that
+// the buffers (escaped as encoding/json escapes) and the files (in base64)
+// are streamed in place of. A placeholder holds a NUL byte and a random
+// nonce, so nothing else the document says (all of it evalbox's, or paths
+// without NUL) can look like one.
+func writeResponse(w io.Writer, resp runCodeResponse, out trial.Outcome, run, compile [2]*outbuf.Buffer) error {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	nonce := hex.EncodeToString(b[:])
@@ -273,9 +296,14 @@ func writeResponse(w io.Writer, resp runCodeResponse, out trial.Outcome, stdout,
 		parts = append(parts, part)
 		return "\x00" + nonce + strconv.Itoa(len(parts)-1)
 	}
-	if rr := resp.RunResult; rr != nil {
-		so, se := placeholder(stdout.WriteJSONString), placeholder(stderr.WriteJSONString)
-		rr.Stdout, rr.Stderr = &so, &se
+	for _, c := range []struct {
+		res *commandRunResult
+		buf [2]*outbuf.Buffer
+	}{{resp.CompileResult, compile}, {resp.RunResult, run}} {
+		if c.res != nil && c.buf[0] != nil {
+			so, se := placeholder(c.buf[0].WriteJSONString), placeholder(c.buf[1].WriteJSONString)
+			c.res.Stdout, c.res.Stderr = &so, &se
+		}
 	}
 	for name, b := range out.Files {
 		resp.Files[name] = placeholder(func(w io.Writer) error { return writeBase64(w, b) })
@@ -346,9 +374,9 @@ func (h *Handler) specOf(req runCodeRequest) (trial.Spec, *fieldError) {
 	if req.Language == "" {
 		return trial.Spec{}, invalid("language", "field required")
 	}
-	lang, ok := languages[req.Language]
+	l, ok := languageOf(req.Language)
 	if !ok {
-		supported := "python, bash and nodejs"
+		supported := strings.Join(languages[:len(languages)-1], ", ") + " and " + languages[len(languages)-1]
 		if knownLanguages[req.Language] {
 			return trial.Spec{}, invalid("language", "language %q is not run by this evalbox server (it runs %s)", req.Language, supported)
 		}
@@ -361,11 +389,23 @@ func (h *Handler) specOf(req runCodeRequest) (trial.Spec, *fieldError) {
 	if math.IsNaN(timeout) || timeout <= 0 || timeout > maxTimeout {
 		return trial.Spec{}, invalid("run_timeout", "must be in (0, %g] seconds", maxTimeout)
 	}
-	if c := req.CompileTimeout; c != nil && (math.IsNaN(*c) || *c < 0 || *c > maxTimeout) {
-		return trial.Spec{}, invalid("compile_timeout", "must be in [0, %g] seconds", maxTimeout)
+	compileTimeout := defaultCompileTimeout
+	if c := req.CompileTimeout; c != nil {
+		if math.IsNaN(*c) || *c < 0 || *c > maxTimeout {
+			return trial.Spec{}, invalid("compile_timeout", "must be in [0, %g] seconds", maxTimeout)
+		}
+		if *c > 0 {
+			compileTimeout = *c
+		}
 	}
-	spec := trial.Spec{Template: lang.template, Runtime: h.cfg.Runtime, Script: *req.Code, Path: lang.file, Argv: lang.argv,
-		Cwd: workdir, Stdin: req.Stdin, Timeout: timeout, MaxOutputBytes: maxOutputBytes}
+	file, class := l.SourceFile(*req.Code)
+	spec := trial.Spec{Template: l.Template, Runtime: h.cfg.Runtime, Script: *req.Code, Path: file, Argv: l.RunArgv(file, class),
+		Env: l.Env, Cwd: workdir, Stdin: req.Stdin, Timeout: timeout, MaxOutputBytes: maxOutputBytes}
+	if l.Compiled() {
+		// Compiled, then run, in the same sandbox: compile_result, then
+		// run_result (none when the compile failed), as the service does.
+		spec.Prepare, spec.PrepareTimeout = l.CompileArgv(file, nil), compileTimeout
+	}
 	if m := req.MemoryLimitMB; m != nil && *m > 0 {
 		// -1 (its default) or 0: the template's.
 		if *m > math.MaxInt32 {
@@ -437,7 +477,9 @@ func checkPath(name string) error {
 	return nil
 }
 
-// responseOf is SandboxFusion's answer for a trial's outcome.
+// responseOf is SandboxFusion's answer for a trial's outcome: Success when
+// every command it ran (the compile, the run) finished with 0; a failed
+// compile has no run_result.
 func responseOf(out trial.Outcome) runCodeResponse {
 	res := out.Result
 	// The files are streamed in by writeResponse, never encoded here.
@@ -447,6 +489,23 @@ func responseOf(out trial.Outcome) runCodeResponse {
 		resp.Status, resp.Message = statusSandboxError, res.Error
 		return resp
 	}
+	if out.Prepare != nil {
+		resp.CompileResult = commandOf(*out.Prepare)
+	}
+	if !out.PrepareFailed {
+		resp.RunResult = commandOf(res)
+	}
+	resp.Status = statusSuccess
+	for _, c := range []*commandRunResult{resp.CompileResult, resp.RunResult} {
+		if c != nil && (c.Status != cmdFinished || c.ReturnCode == nil || *c.ReturnCode != 0) {
+			resp.Status = statusFailed
+		}
+	}
+	return resp
+}
+
+// commandOf is SandboxFusion's CommandRunResult of one command's result.
+func commandOf(res client.ExecResult) *commandRunResult {
 	secs := float64(res.DurationMs) / 1000
 	stdout, stderr := res.Stdout, res.Stderr
 	rr := &commandRunResult{Status: cmdFinished, ExecutionTime: &secs, Stdout: &stdout, Stderr: &stderr}
@@ -465,12 +524,7 @@ func responseOf(out trial.Outcome) runCodeResponse {
 	default:
 		rr.ReturnCode = &code
 	}
-	resp.RunResult = rr
-	resp.Status = statusFailed
-	if rr.Status == cmdFinished && code == 0 {
-		resp.Status = statusSuccess
-	}
-	return resp
+	return rr
 }
 
 // userMessage is an error's message for the caller.

@@ -29,6 +29,18 @@ type fakeTrials struct {
 func (f *fakeTrials) Run(_ context.Context, teamID string, spec trial.Spec) (trial.Outcome, error) {
 	f.spec, f.team = spec, teamID
 	out := f.out
+	if spec.PrepareOutput != nil && out.Prepare != nil && f.err == nil {
+		p := *out.Prepare
+		stdout, stderr := spec.PrepareOutput()
+		_, _ = io.WriteString(stdout, p.Stdout)
+		_, _ = io.WriteString(stderr, p.Stderr)
+		p.Stdout, p.Stderr = "", ""
+		out.Prepare = &p
+		if out.PrepareFailed {
+			out.Result = p
+			return out, nil
+		}
+	}
 	if spec.Output != nil && f.err == nil {
 		// As trial.Runner: the output goes to the writers, not the Result.
 		stdout, stderr := spec.Output()
@@ -100,15 +112,78 @@ func TestRunCodeRequest(t *testing.T) {
 	}
 	s := f.spec
 	_, empty := s.Files["/empty"]
-	if f.team != "team-a" || s.Template != "python" || s.Path != "code.py" || strings.Join(s.Argv, " ") != "python3 code.py" ||
+	if f.team != "team-a" || s.Template != "python" || s.Path != "main.py" || strings.Join(s.Argv, " ") != "python3 main.py" || s.Prepare != nil ||
 		s.Cwd != workdir || s.Script != "print(input())" || *s.Stdin != "hi" || s.Timeout != 2.5 || s.MemoryMB != 300 ||
 		string(s.Files["data/in.txt"]) != "x" || !empty || len(s.Files) != 2 || strings.Join(s.Fetch, ",") != "out.txt" {
 		t.Errorf("spec %+v (team %s)", s, f.team)
 	}
 	for lang, tpl := range map[string]string{"bash": "base", "nodejs": "node"} {
 		serve(t, f, false, "10.0.0.1:1234", `{"code": "x", "language": "`+lang+`"}`, bearer)
-		if f.spec.Template != tpl || f.spec.Timeout != defaultTimeout || f.spec.MemoryMB != 0 {
+		if f.spec.Template != tpl || f.spec.Timeout != defaultTimeout || f.spec.MemoryMB != 0 || f.spec.Prepare != nil {
 			t.Errorf("%s: %+v", lang, f.spec)
+		}
+	}
+	// A compiled language is compiled then run, by internal/lang's
+	// commands, within compile_timeout (0 or absent: the service's 10 s).
+	for _, c := range []struct {
+		body, template, path, prepare, argv string
+		compile                             float64
+	}{
+		{`{"code": "int main(){}", "language": "cpp"}`, "polyglot", "main.cpp", "g++ -O2 -std=c++17 -o main main.cpp", "./main", defaultCompileTimeout},
+		{`{"code": "int main(){}", "language": "c", "compile_timeout": 0}`, "polyglot", "main.c", "gcc -O2 -std=gnu17 -o main main.c -lm", "./main", defaultCompileTimeout},
+		{`{"code": "public class Hi {}", "language": "java", "compile_timeout": 30}`, "polyglot", "Hi.java", "javac -encoding UTF-8 -d . Hi.java",
+			"java -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xss64m -cp . Hi", 30},
+		{`{"code": "fn main(){}", "language": "rust"}`, "polyglot", "main.rs", "rustc -O --edition 2021 -o main main.rs", "./main", defaultCompileTimeout},
+		{`{"code": "package main", "language": "go"}`, "polyglot", "main.go", "go build -o main main.go", "./main", defaultCompileTimeout},
+		{`{"code": "let x = 1", "language": "typescript"}`, "polyglot", "main.ts", "tsc --target es2020 --module commonjs --typeRoots /usr/local/lib/node_modules/@types --types node --skipLibCheck --noEmitOnError main.ts",
+			"node main.js", defaultCompileTimeout},
+	} {
+		serve(t, f, false, "10.0.0.1:1234", c.body, bearer)
+		s := f.spec
+		if s.Template != c.template || s.Path != c.path || strings.Join(s.Prepare, " ") != c.prepare || strings.Join(s.Argv, " ") != c.argv ||
+			s.PrepareTimeout != c.compile || s.Cwd != workdir {
+			t.Errorf("%s: %+v", c.body, s)
+		}
+	}
+	if f.spec.Env != nil {
+		t.Errorf("typescript: env %v", f.spec.Env)
+	}
+	serve(t, f, false, "10.0.0.1:1234", `{"code": "package main", "language": "go"}`, bearer)
+	if f.spec.Env["GOCACHE"] == "" {
+		t.Errorf("go: env %v", f.spec.Env)
+	}
+}
+
+// TestRunCodeCompiled: a compiled language's answer has compile_result
+// (its own output) and run_result; a compile that failed has no
+// run_result and fails the request.
+func TestRunCodeCompiled(t *testing.T) {
+	ok := client.ExecResult{Status: client.StatusExited, Stderr: "warning: x", DurationMs: 300}
+	for name, c := range map[string]struct {
+		out             trial.Outcome
+		status, compile string
+		compileCode     any
+		run             bool
+	}{
+		"compiled and ran": {trial.Outcome{Prepare: &ok, Result: client.ExecResult{Status: client.StatusExited, Stdout: "123\n", DurationMs: 20}},
+			"Success", "Finished", 0.0, true},
+		"ran and failed": {trial.Outcome{Prepare: &ok, Result: client.ExecResult{Status: client.StatusExited, ExitCode: 2}}, "Failed", "Finished", 0.0, true},
+		"compile error": {trial.Outcome{Prepare: &client.ExecResult{Status: client.StatusExited, ExitCode: 1, Stderr: "main.cpp:1: error: expected ';'"},
+			PrepareFailed: true}, "Failed", "Finished", 1.0, false},
+		"compile timeout": {trial.Outcome{Prepare: &client.ExecResult{Status: client.StatusTimedOut, ExitCode: -1}, PrepareFailed: true},
+			"Failed", "TimeLimitExceeded", nil, false},
+	} {
+		f := &fakeTrials{out: c.out}
+		rec, m := serve(t, f, false, "10.0.0.1:1", `{"code": "x", "language": "cpp"}`, bearer)
+		cr, _ := m["compile_result"].(map[string]any)
+		rr, _ := m["run_result"].(map[string]any)
+		if rec.Code != http.StatusOK || m["status"] != c.status || cr == nil || cr["status"] != c.compile || cr["return_code"] != c.compileCode ||
+			cr["stderr"] != c.out.Prepare.Stderr || cr["stdout"] != "" || (rr != nil) != c.run {
+			t.Errorf("%s: %d %v", name, rec.Code, m)
+			continue
+		}
+		if c.run && (rr["stdout"] != c.out.Result.Stdout || rr["return_code"] != float64(c.out.Result.ExitCode)) {
+			t.Errorf("%s: run_result %v", name, rr)
 		}
 	}
 }
@@ -174,7 +249,8 @@ func TestRunCodeBadInput(t *testing.T) {
 		`{"language": "python"}`:                                          "code",
 		`{"code": "x"}`:                                                   "language",
 		`{"code": "x", "language": "cobol"}`:                              "language",
-		`{"code": "x", "language": "cpp"}`:                                "language",
+		`{"code": "x", "language": "php"}`:                                "language",
+		`{"code": "x", "language": "js"}`:                                 "language",
 		`{"code": "x", "language": "python", "run_timeout": 0}`:           "run_timeout",
 		`{"code": "x", "language": "python", "run_timeout": 1e9}`:         "run_timeout",
 		`{"code": "x", "language": "python", "compile_timeout": -1}`:      "compile_timeout",

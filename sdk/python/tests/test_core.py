@@ -385,7 +385,23 @@ def test_execute_keeps_order_across_requests() -> None:
 def test_eval_body(tmp_path: Any) -> None:
     problem = {"task_id": "t/0", "prompt": "p", "entry_point": "f", "test": "t", "canonical_solution": None, "x": 1}
     sample = {"task_id": "t/0", "completion": "c", "solution": None, "result": "passed", "passed": True}
-    none = dict(k=None, timeout=None, template=None, runtime=None, concurrency=None, seed=None, mode=None, slice=None)
+    none: dict[str, Any] = dict(
+        k=None,
+        timeout=None,
+        template=None,
+        runtime=None,
+        concurrency=None,
+        seed=None,
+        mode=None,
+        slice=None,
+        language=None,
+        compile_timeout=None,
+        compile_memory_mb=None,
+        compile_flags=None,
+        memory_mb=None,
+        output_limit_bytes=None,
+        stop_on_first_failure=False,
+    )
     body = core.eval_body([problem], [sample], **none)
     assert body == {
         "problems": [{"task_id": "t/0", "prompt": "p", "entry_point": "f", "test": "t"}],
@@ -403,6 +419,13 @@ def test_eval_body(tmp_path: Any) -> None:
         seed=0,
         mode="batch",
         slice=50,
+        language="cpp",
+        compile_timeout=20.5,
+        compile_memory_mb=2048,
+        compile_flags=("-O0", "-std=c++20"),
+        memory_mb=256,
+        output_limit_bytes=1 << 20,
+        stop_on_first_failure=True,
     )
     assert body["problems"] == [io_problem]
     assert {k: v for k, v in body.items() if k not in ("problems", "samples")} == {
@@ -414,7 +437,30 @@ def test_eval_body(tmp_path: Any) -> None:
         "seed": 0,
         "mode": "batch",
         "slice": 50,
+        "language": "cpp",
+        "compile_timeout": 20.5,
+        "compile_memory_mb": 2048,
+        "compile_flags": ["-O0", "-std=c++20"],
+        "memory_mb": 256,
+        "output_limit_bytes": 1 << 20,
+        "stop_on_first_failure": True,
     }
+    # Stdin/stdout problems keep their tests, checker and language; samples their language.
+    judged = {
+        "task_id": "t/2",
+        "prompt": "",
+        "tests": [{"input": "1\n", "output": "2\n"}],
+        "checker": {"type": "float", "abs_tol": 1e-3},
+        "language": "cpp",
+        "result": "dropped",
+    }
+    cpp = {"task_id": "t/2", "solution": "int main() {}", "language": "c++", "passed": False}
+    body = core.eval_body([judged], [cpp], **none)
+    assert body["problems"] == [{k: v for k, v in judged.items() if k != "result"}]
+    assert body["samples"] == [{"task_id": "t/2", "solution": "int main() {}", "language": "c++"}]
+    assert core.eval_body([judged], [cpp], **{**none, "compile_flags": []})["compile_flags"] == []
+    with pytest.raises(TypeError, match="compile_flags"):
+        core.eval_body([judged], [cpp], **{**none, "compile_flags": "-O2"})
     # Files: .jsonl and .jsonl.gz (by content, not name), blank lines skipped.
     plain = tmp_path / "samples.jsonl"
     plain.write_text(json.dumps(sample) + "\n\n" + json.dumps({"task_id": "t/0", "solution": "s"}) + "\n")
@@ -482,6 +528,60 @@ def test_eval_run_parsing_before_and_after_modes() -> None:
     assert (new.summary.duration, new.summary.retries) == (1.5, 1)
     assert new.summary.phases["run"] == evalbox.PhaseStats(p50=0.01, p99=0.02, mean=0.012)
     assert evalbox.EvalRun.from_json({**RUN, "mode": "trial"}).slice is None
+    assert (old.language, evalbox.EvalRun.from_json({**RUN, "language": "cpp"}).language) == ("", "cpp")
+
+
+#: An ``EvalResult`` as servers before stdin/stdout judging send it.
+RESULT = {
+    "task_id": "t/0",
+    "completion_id": 3,
+    "status": "failed",
+    "detail": "AssertionError",
+    "duration_ms": 250,
+    "passed": False,
+    "result": "failed: AssertionError",
+}
+
+
+def test_eval_result_parsing_before_and_after_judging() -> None:
+    old = evalbox.EvalResult.from_json(RESULT)
+    assert (old.status, old.duration, old.language, old.compile) == ("failed", 0.25, "", None)
+    assert (old.tests_passed, old.tests_total, old.tests) == (0, 0, ())
+    new = evalbox.EvalResult.from_json(
+        {
+            **RESULT,
+            "status": "wrong_answer",
+            "language": "cpp",
+            "compile": {"ok": True, "output": "warning: x", "duration_ms": 1200},
+            "tests_passed": 1,
+            "tests_total": 3,
+            "tests": [
+                {"status": "passed", "duration_ms": 5, "exit_code": 0, "peak_memory_bytes": 1 << 20},
+                {
+                    "status": "runtime_error",
+                    "detail": "killed by signal 11",
+                    "duration_ms": 7,
+                    "exit_code": -1,
+                    "signal": 11,
+                },
+                {"status": "not_run", "duration_ms": 0, "exit_code": 0, "a_field_of_a_newer_server": 1},
+            ],
+        }
+    )
+    assert (new.status, new.language, new.tests_passed, new.tests_total) == ("wrong_answer", "cpp", 1, 3)
+    assert new.compile == evalbox.EvalCompile(ok=True, duration=1.2, output="warning: x")
+    assert new.tests == (
+        evalbox.EvalTestResult(status="passed", duration=0.005, exit_code=0, peak_memory_bytes=1 << 20),
+        evalbox.EvalTestResult(
+            status="runtime_error", duration=0.007, exit_code=-1, detail="killed by signal 11", signal=11
+        ),
+        evalbox.EvalTestResult(status="not_run", duration=0.0, exit_code=0),
+    )
+    assert [t.passed for t in new.tests] == [True, False, False]
+    failed = evalbox.EvalResult.from_json(
+        {**RESULT, "status": "compile_error", "compile": {"ok": False, "duration_ms": 9}}
+    )
+    assert failed.compile == evalbox.EvalCompile(ok=False, duration=0.009)
 
 
 def test_wait_eval_reports_each_change_once() -> None:

@@ -227,6 +227,102 @@ def test_io_problems_pass_through(team: Team) -> None:
     assert [r.status for r in evalbox.evals.results(run)] == ["passed", "failed"]
 
 
+#: "Print twice n" judged on stdin/stdout: the expected outputs are compared outside the samples' sandboxes.
+TWICE = {
+    "task_id": "twice",
+    "prompt": "",
+    "tests": [{"input": f"{n}\n", "output": f"{2 * n}\n"} for n in (1, 21, -7)],
+}
+#: Python samples of TWICE: the sample's status, its tests passed, each test's status.
+PY_JUDGED = [
+    ("print(2 * int(input()))\n", "passed", 3, ["passed"] * 3),
+    ("n = int(input())\nprint(2 * n if n > 0 else n)\n", "wrong_answer", 2, ["passed", "passed", "wrong_answer"]),
+    ("n = int(input())\nraise ValueError(f'no {n}')\n", "runtime_error", 0, ["runtime_error"] * 3),
+]
+CPP_RIGHT = "#include <iostream>\nint main() { long long n; std::cin >> n; std::cout << 2 * n << '\\n'; }\n"
+CPP_BROKEN = "#include <iostream>\nint main() { std::cout << undeclared << '\\n'; }\n"
+
+
+def _judged(problems: list[dict[str, Any]], samples: list[dict[str, Any]], **kw: Any) -> EvalRun:
+    try:
+        return evalbox.evals.run(problems, samples, runtime=NS, poll_interval=0.1, **kw)
+    except evalbox.BadRequestError as e:
+        _skip_unless_supported(e, "tests")
+        raise
+
+
+def _check_python_judged(results: list[evalbox.EvalResult], stopped: bool = False) -> None:
+    """The verdicts of PY_JUDGED's samples (with stop_on_first_failure: the tests after a failure are not run)."""
+    assert len(results) == len(PY_JUDGED)
+    for r, (_, status, passed, tests) in zip(results, PY_JUDGED, strict=True):
+        if stopped and status == "runtime_error":
+            tests = ["runtime_error", "not_run", "not_run"]
+        assert (r.status, r.passed, r.tests_passed, r.tests_total) == (status, status == "passed", passed, 3), r
+        assert [t.status for t in r.tests] == tests, r
+        assert (r.language, r.compile) == ("", None)  # Python: no language named, nothing compiled
+        assert all(isinstance(t, evalbox.EvalTestResult) and t.duration >= 0 for t in r.tests)
+    right, wrong, crash = results
+    assert right.result == "passed"
+    assert all(t.exit_code == 0 and t.signal is None and t.peak_memory_bytes > 0 for t in right.tests)
+    assert wrong.result.startswith("failed: ")
+    assert "test 3 of 3" in wrong.detail
+    assert wrong.tests[2].detail  # the checker's reason
+    assert "ValueError: no 1" in crash.detail
+    assert (crash.tests[0].exit_code, "ValueError" in crash.tests[0].detail) == (1, True)
+
+
+def test_judge_stdin_stdout_python(team: Team) -> None:
+    """A stdin/stdout problem: Python samples right, wrong on one test, and crashing, with their test verdicts."""
+    samples = [{"task_id": "twice", "solution": src} for src, *_ in PY_JUDGED]
+    run = _judged([TWICE], samples, timeout=10, memory_mb=256, output_limit_bytes=1 << 20)
+    assert (run.state, run.done, run.language) == ("succeeded", 3, "")
+    assert run.pass_at_k == pytest.approx({"pass@1": 1 / 3})
+    _check_python_judged(list(evalbox.evals.results(run)))
+
+
+def test_judge_stdin_stdout_cpp(team: Team) -> None:
+    """C++ (the run's language) in the polyglot template: one right, one that does not compile; a Python one beside."""
+    if "polyglot" not in {t.name for t in evalbox.templates.list()}:
+        pytest.skip("the server has no polyglot template (C++)")
+    samples = [
+        {"task_id": "twice", "solution": CPP_RIGHT},
+        {"task_id": "twice", "solution": CPP_BROKEN},
+        {"task_id": "twice", "solution": PY_JUDGED[0][0], "language": "python"},
+    ]
+    run = _judged([TWICE], samples, language="cpp", timeout=10, compile_timeout=120, compile_memory_mb=1024)
+    assert (run.state, run.done, run.language) == ("succeeded", 3, "cpp")
+    assert run.pass_at_k == pytest.approx({"pass@1": 2 / 3})
+    right, broken, py = evalbox.evals.results(run)
+    assert (right.status, right.passed, right.language) == ("passed", True, "cpp")
+    assert (right.tests_passed, right.tests_total) == (3, 3)
+    assert right.compile is not None
+    assert (right.compile.ok, right.compile.duration > 0) == (True, True)
+    assert [t.status for t in right.tests] == ["passed"] * 3
+    assert (broken.status, broken.passed, broken.language, broken.tests_passed) == ("compile_error", False, "cpp", 0)
+    assert broken.tests_total == 3
+    assert broken.compile is not None
+    assert not broken.compile.ok
+    assert "undeclared" in broken.compile.output
+    assert broken.result.startswith("failed: ")
+    assert all(t.status == "not_run" for t in broken.tests)  # the program never ran
+    assert (py.status, py.language, py.compile, py.tests_passed) == ("passed", "", None, 3)
+
+
+async def test_async_judge_stdin_stdout(team: Team) -> None:
+    """The async twin, with stop_on_first_failure: a crash on the first test leaves the others not run."""
+    samples = [{"task_id": "twice", "solution": src} for src, *_ in PY_JUDGED]
+    async with AsyncClient(team.url, team.key) as c:
+        try:
+            run = await c.evals.run(
+                [TWICE], samples, runtime=NS, timeout=10, stop_on_first_failure=True, poll_interval=0.1
+            )
+        except evalbox.BadRequestError as e:
+            _skip_unless_supported(e, "tests")
+            raise
+        assert (run.state, run.done) == ("succeeded", 3)
+        _check_python_judged([r async for r in c.evals.results(run)], stopped=True)
+
+
 def test_templates(team: Team) -> None:
     ts = {t.name: t for t in evalbox.templates.list()}
     assert {"base", "python"} <= set(ts)

@@ -70,7 +70,7 @@ def test_execute_errors(server: Server, team: Team) -> None:
     with pytest.raises(evalbox.AuthenticationError):
         evalbox.execute(["print(1)"], api_url=server.url, api_key="eb_nope")
     with pytest.raises(ValueError, match="language"):
-        evalbox.execute(["print(1)"], language="ruby")  # type: ignore[arg-type]
+        evalbox.execute(["print(1)"], language="ruby")
     with pytest.raises(TypeError, match="not one script"):
         evalbox.execute("print(1)")
     assert evalbox.execute([]) == []
@@ -84,3 +84,28 @@ async def test_async_execute(team: Team) -> None:
         assert [r.stdout for r in results] == [f"{i}\n" for i in range(10)]
         with pytest.raises(evalbox.BadRequestError):
             await c.execute(["print(1)"], timeout=601, runtime=NS)
+
+
+def test_languages_are_the_specs() -> None:
+    """``LANGUAGES`` is ``ExecuteRequest.language``'s enum in api/openapi.yaml."""
+    import re
+    from pathlib import Path
+
+    spec = (Path(__file__).parents[3] / "api" / "openapi.yaml").read_text()
+    schema = spec[spec.index("\n    ExecuteRequest:\n") :]
+    m = re.search(r"\n        language:\n          type: string\n          enum: \[([^\]]*)\]", schema)
+    assert m is not None
+    assert tuple(x.strip() for x in m.group(1).split(",")) == core.LANGUAGES
+
+
+def test_execute_compiled_languages(team: Team) -> None:
+    """C++ compiles then runs, in one sandbox; a script that does not compile is the compiler's result."""
+    ok = '#include <iostream>\nint main() { std::cout << 6 * 7 << "\\n"; }\n'
+    bad = "int main() { return undefined_name; }\n"
+    good, broken = evalbox.execute([ok, bad], language="c++", timeout=10, runtime=NS)
+    assert (good.status, good.exit_code, good.stdout) == ("exited", 0, "42\n"), good
+    assert broken.exit_code != 0, broken
+    assert "undefined_name" in broken.stderr, broken
+    assert "compile error" in (broken.error or ""), broken
+    with pytest.raises(ValueError, match="language must be one of"):
+        core.execute_body(language="cobol", timeout=None, template=None, runtime=None)

