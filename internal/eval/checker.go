@@ -6,6 +6,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Checker kinds: how a test's output is compared with the expected one,
@@ -89,19 +91,58 @@ func (c Checker) Compare(want, got string) string {
 	default:
 		return fmt.Sprintf("checker %q cannot compare", c.Kind)
 	}
-	wt, gt := strings.Fields(want), strings.Fields(got)
-	for i := range min(len(wt), len(gt)) {
-		if !c.tokenEqual(wt[i], gt[i]) {
-			return fmt.Sprintf("token %d differs: expected %s, got %s", i+1, quoteOut(wt[i]), quoteOut(gt[i]))
+	// Token by token, without a slice of them: an output of millions of
+	// one-byte tokens costs no more memory than its bytes.
+	var wi, gi, n int
+	for {
+		w, wnext := nextToken(want, wi)
+		g, gnext := nextToken(got, gi)
+		switch {
+		case w == "" && g == "":
+			return ""
+		case g == "":
+			return fmt.Sprintf("output ended after %d tokens, expected %d (next %s)", n, n+countTokens(want, wi), quoteOut(w))
+		case w == "":
+			return fmt.Sprintf("output has %d tokens, expected %d (extra %s)", n+countTokens(got, gi), n, quoteOut(g))
+		case !c.tokenEqual(w, g):
+			return fmt.Sprintf("token %d differs: expected %s, got %s", n+1, quoteOut(w), quoteOut(g))
 		}
+		wi, gi, n = wnext, gnext, n+1
 	}
-	switch {
-	case len(gt) < len(wt):
-		return fmt.Sprintf("output ended after %d tokens, expected %d (next %s)", len(gt), len(wt), quoteOut(wt[len(gt)]))
-	case len(gt) > len(wt):
-		return fmt.Sprintf("output has %d tokens, expected %d (extra %s)", len(gt), len(wt), quoteOut(gt[len(wt)]))
+}
+
+// nextToken returns the whitespace-separated token of s at or after i
+// ("" at the end) and the index after it, with strings.Fields's notion of
+// space.
+func nextToken(s string, i int) (string, int) {
+	for i < len(s) {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if !unicode.IsSpace(r) {
+			break
+		}
+		i += size
 	}
-	return ""
+	start := i
+	for i < len(s) {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if unicode.IsSpace(r) {
+			break
+		}
+		i += size
+	}
+	return s[start:i], i
+}
+
+// countTokens counts the tokens of s from i.
+func countTokens(s string, i int) int {
+	n := 0
+	for {
+		var t string
+		if t, i = nextToken(s, i); t == "" {
+			return n
+		}
+		n++
+	}
 }
 
 func (c Checker) tokenEqual(want, got string) bool {

@@ -47,6 +47,11 @@ func (p Problem) CheckMode() error {
 		return errors.New("give test (assert mode), io (I/O mode) or tests (stdin/stdout)")
 	case p.IO != nil && p.EntryPoint == "":
 		return errors.New("io (I/O mode) needs entry_point, the function its cases call")
+	case p.Test != "" && p.EntryPoint == "" && isPython(p.Language) && definesUncalledCheck(p.Test):
+		// HumanEval's test defines check(candidate) and leaves the call
+		// to the harness: without entry_point it would never run, and
+		// every sample would pass.
+		return errors.New("test defines check(candidate) but never calls it, and there is no entry_point to call it on: give entry_point")
 	case p.Checker != nil && p.Tests == nil:
 		return errors.New("checker is only for tests (stdin/stdout)")
 	case p.Tests != nil && (len(p.Tests) == 0 || len(p.Tests) > MaxTests):
@@ -63,6 +68,24 @@ func (p Problem) CheckMode() error {
 		}
 	}
 	return CheckIOCases(p.IO)
+}
+
+// isPython reports whether a problem's language is Python ("" is the
+// run's, Python unless it says otherwise: checked as Python here).
+func isPython(name string) bool {
+	if name == "" {
+		return true
+	}
+	l, ok := lang.Lookup(name)
+	return ok && l.Name == lang.Python.Name
+}
+
+// definesUncalledCheck reports whether a Python test defines check() and
+// calls nothing named check (MultiPL-E's Python tests, which call it
+// themselves through test_check, are fine; so are MBPP's plain asserts).
+func definesUncalledCheck(test string) bool {
+	defs := strings.Count(test, "def check(")
+	return defs > 0 && strings.Count(test, "check(") == defs
 }
 
 // CheckIOCases checks I/O cases: at least one and at most MaxIOCases, each

@@ -59,6 +59,10 @@ func TestReadProblemsModes(t *testing.T) {
 	if err != nil || len(ps.ByID["b"].Tests) != 1 || ps.ByID["b"].Checker.AbsTol != 0.5 || ps.ByID["b"].Language != "c++" || ps.ByID["c"].EntryPoint != "" {
 		t.Fatalf("stdin and MBPP-style problems: %+v, %v", ps, err)
 	}
+	// MultiPL-E's Python tests call check themselves: no entry_point needed.
+	if _, err := ReadProblems(strings.NewReader(`{"task_id":"d","prompt":"","test":"def check(candidate):\n    assert candidate() == 1\n\ndef test_check():\n    check(f)\n\ntest_check()\n"}`)); err != nil {
+		t.Errorf("a test that calls its check: %v", err)
+	}
 	if prog := Program(ps.ByID["c"], Sample{TaskID: "c", Solution: new("def f(x): return 2*x\n")}, 7); strings.Contains(prog, "check(") || !strings.Contains(prog, "assert f(1) == 2\n") {
 		t.Errorf("an assert problem without entry_point runs its asserts as they are, got:\n%s", prog)
 	}
@@ -73,6 +77,7 @@ func TestReadProblemsModes(t *testing.T) {
 		{`{"task_id":"a","tests":[{"input":"","output":""}],"checker":{"type":"exact","source":"x"}}`, "only for type"},
 		{`{"task_id":"a","tests":[{"input":"","output":""}],"checker":{"type":"program","source":"x","language":"cobol"}}`, `unknown language "cobol"`},
 		{`{"task_id":"a","tests":[{"input":"","output":""}],"language":"cobol"}`, `unknown language "cobol"`},
+		{`{"task_id":"a","prompt":"def f(): pass","test":"def check(candidate):\n    assert candidate() == 1\n"}`, "never calls it"},
 		{`{"task_id":"a","entry_point":"f"}`, "give test"},
 		{`{"task_id":"a","entry_point":"f","io":[]}`, "1 to 10000 cases"},
 		{`{"task_id":"a","entry_point":"f","io":[{"output":1}]}`, "io[0]: input must be an array"},

@@ -142,7 +142,7 @@ func (s *Service) trialOne(ctx context.Context, w *work, i int) (retries int, er
 	var stdout *head
 	var stderr *tail
 	out, err := s.trials.Run(ctx, run.TeamID, trial.Spec{
-		Template: run.Template, Runtime: run.Runtime, Timeout: run.Timeout,
+		Template: w.pythonTemplate(), Runtime: run.Runtime, Timeout: run.Timeout,
 		Script: prog, Path: programPath, Argv: []string{"python3", programPath},
 		User: sampleUser, Metadata: map[string]string{runMeta: run.ID, "eval_sample": strconv.Itoa(i)},
 		Output: func() (io.Writer, io.Writer) {
@@ -293,7 +293,7 @@ func (s *Service) sliceOnce(ctx context.Context, w *work, ids []int) (sliceResul
 	}
 	defer lease.Close()
 	sb, err := s.sb.Create(ctx, run.TeamID, client.CreateSandboxRequest{
-		Template: run.Template, Runtime: run.Runtime, Timeout: s.trials.SandboxTTL(sec),
+		Template: w.pythonTemplate(), Runtime: run.Runtime, Timeout: s.trials.SandboxTTL(sec),
 		Metadata:    map[string]string{runMeta: run.ID, "eval_mode": client.EvalModeBatch},
 		WaitSeconds: int(s.trials.CreateWait / time.Second),
 	})

@@ -186,7 +186,9 @@ func New(st Store, sb Sandboxes, output *outbuf.Budget, storage Storage, leases 
 type input struct {
 	Problems []client.EvalProblem `json:"problems"`
 	Samples  []client.EvalSample  `json:"samples"`
-	Options  options              `json:"options"`
+	// Options are nil in a run stored before it had them: its template
+	// was every trial's, as asked for or the default python.
+	Options *options `json:"options,omitempty"`
 }
 
 func badRequest(format string, args ...any) error {
@@ -259,6 +261,11 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateEv
 	if err != nil {
 		return client.EvalRun{}, err
 	}
+	if sl, ok := s.sb.(ServiceLimits); ok {
+		if err := checkServiceLimits(req, opts, sl); err != nil {
+			return client.EvalRun{}, err
+		}
+	}
 	team, err := s.sb.Team(ctx, teamID)
 	if err != nil {
 		return client.EvalRun{}, err
@@ -282,7 +289,7 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateEv
 		req.Concurrency = min(limit, 4*runtime.NumCPU())
 	}
 	req.Concurrency = min(req.Concurrency, limit, len(req.Samples))
-	in, err := json.Marshal(input{Problems: req.Problems, Samples: req.Samples, Options: opts})
+	in, err := json.Marshal(input{Problems: req.Problems, Samples: req.Samples, Options: &opts})
 	if err != nil {
 		return client.EvalRun{}, err
 	}
@@ -680,7 +687,11 @@ func (s *Service) judge(ctx context.Context, run client.EvalRun, live *liveRun) 
 	}
 	rng := rand.New(rand.NewPCG(uint64(run.Seed), 0x65766c))
 	rng.Shuffle(len(todo), func(i, j int) { todo[i], todo[j] = todo[j], todo[i] })
-	w := &work{run: run, samples: in.Samples, problems: problems, live: live, opts: in.Options}
+	opts := options{TemplateSet: true}
+	if in.Options != nil {
+		opts = *in.Options
+	}
+	w := &work{run: run, samples: in.Samples, problems: problems, live: live, opts: opts}
 	if run.Mode == client.EvalModeBatch {
 		return s.judgeBatch(ctx, w, todo)
 	}

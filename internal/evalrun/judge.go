@@ -3,6 +3,8 @@ package evalrun
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -58,6 +60,7 @@ func validateJudging(req *client.CreateEvalRequest) (options, error) {
 		}
 		problems[p.TaskID] = req.Problems[i]
 	}
+	compiled := map[string]bool{}
 	for i, smp := range req.Samples {
 		p := problems[smp.TaskID]
 		if smp.Language != "" {
@@ -68,6 +71,9 @@ func validateJudging(req *client.CreateEvalRequest) (options, error) {
 			req.Samples[i].Language = l.Name
 		}
 		l := sampleLang(o, evalProblem(p), req.Samples[i])
+		if l.Compiled() {
+			compiled[l.Name] = true
+		}
 		switch {
 		case p.Tests == nil && req.Samples[i].Language != "" && p.Language != "" && req.Samples[i].Language != p.Language:
 			return o, badRequest("samples[%d]: language %s, but problem %s is checked by its test in %s", i, req.Samples[i].Language, p.TaskID, p.Language)
@@ -77,7 +83,55 @@ func validateJudging(req *client.CreateEvalRequest) (options, error) {
 			return o, badRequest("samples[%d]: batch mode runs Python assert and I/O problems only; problem %s is %s", i, p.TaskID, describe(p, l))
 		}
 	}
+	if req.CompileFlags != nil && len(compiled) > 1 {
+		return o, badRequest("compile_flags replace one compiler's flags, but the run compiles %s: give them in a run of one compiled language", strings.Join(slices.Sorted(maps.Keys(compiled)), ", "))
+	}
 	return o, nil
+}
+
+// ServiceLimits are the sandbox service's bounds a run's judging limits
+// must fit in (optional: a Sandboxes without them is not checked).
+type ServiceLimits interface {
+	MaxMemoryMB() int
+	MaxOutputLimit() int64
+}
+
+// checkServiceLimits refuses limits whose sandboxes or execs the service
+// would refuse, before the run is stored: the largest sandbox a whole
+// program of req needs, and a test's output limit.
+func checkServiceLimits(req client.CreateEvalRequest, o options, sl ServiceLimits) error {
+	problems := make(map[string]client.EvalProblem, len(req.Problems))
+	for _, p := range req.Problems {
+		problems[p.TaskID] = p
+	}
+	lim := o.Limits.WithDefaults()
+	seen := map[string]bool{}
+	for _, smp := range req.Samples {
+		p := evalProblem(problems[smp.TaskID])
+		l := sampleLang(o, p, smp)
+		if seen[l.Name] || (p.Tests == nil && l.Name == lang.Python.Name) {
+			continue
+		}
+		seen[l.Name] = true
+		if need, most := judge.SandboxMemoryMB(l, lim), sl.MaxMemoryMB(); need > most {
+			return badRequest("a %s sample's sandbox needs %d MiB (memory_mb %d, compile_memory_mb %d, and room for the toolchain), past this server's %d MiB: lower them",
+				l.Name, need, lim.MemoryMB, lim.CompileMemoryMB, most)
+		}
+	}
+	if len(seen) > 0 && lim.OutputBytes > sl.MaxOutputLimit() {
+		return badRequest("output_limit_bytes %d is past this server's %d", lim.OutputBytes, sl.MaxOutputLimit())
+	}
+	return nil
+}
+
+// pythonTemplate is the template of the run's Python trial programs: the
+// run's when it was asked for, else Python's (the run's own default may
+// be another language's).
+func (w *work) pythonTemplate() string {
+	if w.opts.TemplateSet {
+		return w.run.Template
+	}
+	return lang.Python.Template
 }
 
 // sandboxesPerTrial is how many sandboxes one trial of problems holds at
@@ -145,7 +199,9 @@ func (s *Service) judgeOne(ctx context.Context, w *work, i int, l lang.Language)
 	if p.Tests != nil {
 		stdout = lim.OutputBytes
 	}
-	lease, err := s.output.Lease(ctx, 2*stdout+trialOutputMemory(0))
+	// What a test's output costs: the head buffer (up to twice it while
+	// it grows) and its copy for the checker.
+	lease, err := s.output.Lease(ctx, 3*stdout+trialOutputMemory(0))
 	if err != nil {
 		return 0, err
 	}

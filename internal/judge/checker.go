@@ -2,9 +2,11 @@ package judge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/eval"
 	"github.com/evalbox/evalbox/internal/lang"
 	"github.com/evalbox/evalbox/pkg/client"
@@ -18,17 +20,20 @@ import (
 // (presentation error) rejects with its message on stderr, anything else
 // (testlib's 3 is "fail") is the checker's failure.
 type checkerBox struct {
+	// box is the live sandbox; boxes every one made (an output that took
+	// one past its memory gets the checker another).
 	box   string
+	boxes []string
 	l     lang.Language
 	file  string
 	class string
 }
 
-func (c *checkerBox) id() string {
+func (c *checkerBox) ids() []string {
 	if c == nil {
-		return ""
+		return nil
 	}
-	return c.box
+	return c.boxes
 }
 
 // start makes the checker's sandbox and compiles the checker.
@@ -46,12 +51,12 @@ func (c *checkerBox) start(ctx context.Context, a *attempt1) error {
 	sb, err := a.j.sb.Create(ctx, a.teamID, client.CreateSandboxRequest{
 		Template: l.Template, Runtime: a.spec.Runtime, Metadata: a.spec.Metadata,
 		MemoryMB: max(checkerMemoryMB, DefaultCompileMemoryMB) + sandboxSlackMB,
-		Timeout:  a.ttl(len(a.spec.Tests), checkerTimeout), WaitSeconds: int(a.j.CreateWait.Seconds()),
+		Timeout:  a.ttl(), WaitSeconds: int(a.j.CreateWait.Seconds()),
 	})
 	if err != nil {
 		return fmt.Errorf("create the checker's sandbox: %w", err)
 	}
-	c.box = sb.ID
+	c.box, c.boxes = sb.ID, append(c.boxes, sb.ID)
 	if _, err := a.j.sb.WriteFile(ctx, a.teamID, c.box, Dir+"/"+c.file, "0644", strings.NewReader(a.spec.Checker.Source)); err != nil {
 		return fmt.Errorf("write the checker: %w", err)
 	}
@@ -71,14 +76,35 @@ func (c *checkerBox) start(ctx context.Context, a *attempt1) error {
 	return nil
 }
 
-// check runs the checker on one test's output.
+// check runs the checker on one test's output. A checker that fails on
+// it (a crash, a timeout, an exit code testlib does not give a verdict
+// with) is run again with the expected answer as the output: if it accepts
+// that, the output made it fail, a wrong answer; if not, the checker is
+// broken (errChecker, the problem's fault).
 func (c *checkerBox) check(ctx context.Context, a *attempt1, tc eval.Test, got []byte) (status, detail string, err error) {
 	if c.box == "" {
 		if err := c.start(ctx, a); err != nil {
 			return "", "", err
 		}
 	}
-	for name, content := range map[string]string{"input": tc.Input, "output": string(got), "answer": tc.Output} {
+	status, detail, err = c.run(ctx, a, tc.Input, string(got), tc.Output)
+	if !errors.Is(err, errChecker) {
+		return status, detail, err
+	}
+	if c.box == "" {
+		if err := c.start(ctx, a); err != nil {
+			return "", "", err
+		}
+	}
+	if st, _, perr := c.run(ctx, a, tc.Input, tc.Output, tc.Output); perr == nil && st == client.TestPassed {
+		return client.TestWrongAnswer, "the checker failed on this output (it accepts the answer): " + strings.TrimPrefix(err.Error(), errChecker.Error()+": "), nil
+	}
+	return "", "", err
+}
+
+// run runs the checker once on input, output and answer.
+func (c *checkerBox) run(ctx context.Context, a *attempt1, input, output, answer string) (status, detail string, err error) {
+	for name, content := range map[string]string{"input": input, "output": output, "answer": answer} {
 		if _, err := a.j.sb.WriteFile(ctx, a.teamID, c.box, Dir+"/t/"+name, "0644", strings.NewReader(content)); err != nil {
 			return "", "", fmt.Errorf("write the checker's %s: %w", name, err)
 		}
@@ -90,6 +116,10 @@ func (c *checkerBox) check(ctx context.Context, a *attempt1, tc eval.Test, got [
 		Argv: argv, Cwd: Dir, User: User, Env: env(c.l), Stdin: new(""),
 		Timeout: checkerTimeout, MemoryLimitMB: checkerMemoryMB, MaxOutputBytes: 1 << 20,
 	}, &stdout, &stderr)
+	if errors.Is(err, apierr.ErrOutOfMemory) {
+		c.box = ""
+		return "", "", fmt.Errorf("%w: it took its sandbox past its memory: %v", errChecker, err)
+	}
 	if err != nil {
 		return "", "", fmt.Errorf("run the checker: %w", err)
 	}

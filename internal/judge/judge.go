@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"strings"
 	"syscall"
@@ -64,6 +65,9 @@ const (
 	checkerMemoryMB = 1024
 	// stderrTail is what a test's verdict reads of its stderr.
 	stderrTail = 4 << 10
+	// maxReplaced bounds the sandboxes a sample's memory may take down
+	// in one attempt: the tests after are not run.
+	maxReplaced = 3
 )
 
 // Dir is where the program (and the checker, in its own sandbox) is
@@ -212,6 +216,7 @@ func (j *Judge) Run(ctx context.Context, teamID string, spec Spec) (Outcome, err
 	start := time.Now()
 	backoff := j.Backoff
 	var last error
+	ranEvery := true // in every failed attempt, the program had started
 	for attempt := 1; attempt <= max(1, j.Attempts); attempt++ {
 		if attempt > 1 {
 			t := time.NewTimer(backoff)
@@ -233,16 +238,65 @@ func (j *Judge) Run(ctx context.Context, teamID string, spec Spec) (Outcome, err
 		case ctx.Err() != nil:
 			return Outcome{}, ctx.Err()
 		case errors.Is(err, errChecker):
-			out.Status, out.Detail = client.TestInfraError, err.Error()
+			out.Status, out.Detail, out.Tests, out.TestsPassed = client.TestInfraError, err.Error(), nil, 0
 			return out, nil
 		case !trial.Retriable(err):
 			return Outcome{}, err
 		}
 		j.log.Warn("judge: infra failure", "team", teamID, "attempt", attempt, "err", err)
 		last = err
+		ranEvery = ranEvery && a.ran
 	}
-	return Outcome{Attempts: max(1, j.Attempts), Duration: time.Since(start), Status: client.TestInfraError,
-		Detail: fmt.Sprintf("infrastructure failure after %d attempts: %v", max(1, j.Attempts), last)}, nil
+	n := max(1, j.Attempts)
+	out := Outcome{Attempts: n, Status: client.TestInfraError, Detail: fmt.Sprintf("infrastructure failure after %d attempts: %v", n, last)}
+	if ranEvery && n > 1 {
+		// Every fresh sandbox failed once the program had started. If one
+		// of the same kind runs a command to its end, the sandboxes are
+		// sound: the program did it (it took its sandbox down, or left
+		// what kept the next run from starting), its verdict, not an infra
+		// failure that pass@k would leave out.
+		switch cerr := j.control(ctx, teamID, spec); {
+		case cerr == nil:
+			out.Status = client.TestRuntimeError
+			if spec.Tests == nil {
+				out.Status = string(eval.Failed)
+			}
+			out.Detail = fmt.Sprintf("the sandbox failed once the program ran, in each of %d fresh sandboxes (a command runs to its end in another): %v", n, last)
+		case ctx.Err() != nil:
+			return Outcome{}, ctx.Err()
+		default:
+			out.Detail += fmt.Sprintf("; a control command's sandbox failed too: %v", cerr)
+		}
+	}
+	out.Duration = time.Since(start)
+	return out, nil
+}
+
+// control runs a command to its end as the program's user in a fresh
+// sandbox of spec's kind, and deletes it.
+func (j *Judge) control(ctx context.Context, teamID string, spec Spec) error {
+	md := maps.Clone(spec.Metadata)
+	if md == nil {
+		md = map[string]string{}
+	}
+	md["trial_control"] = "1"
+	sb, err := j.sb.Create(ctx, teamID, client.CreateSandboxRequest{Template: spec.Template, Runtime: spec.Runtime, Metadata: md,
+		Timeout: 120, WaitSeconds: int(j.CreateWait / time.Second)})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := j.sb.Delete(dctx, teamID, sb.ID); err != nil && !isCode(err, client.CodeNotFound) {
+			j.log.Warn("judge: delete control sandbox", "sandbox", sb.ID, "err", err)
+		}
+	}()
+	r, err := j.sb.Exec(ctx, teamID, sb.ID, client.ExecRequest{Argv: []string{"/bin/sh", "-c", "exit 0"}, User: User, Timeout: 30}, io.Discard, io.Discard)
+	if err == nil && (r.Status != client.StatusExited || r.ExitCode != 0) {
+		err = fmt.Errorf("control: %s, exit code %d: %s", r.Status, r.ExitCode, r.Error)
+	}
+	return err
 }
 
 // attempt1 is one attempt: its sandboxes (the sample's, made again after
@@ -263,6 +317,11 @@ type attempt1 struct {
 	checker  *checkerBox
 	out      Outcome
 	phases   trial.Phases
+	// ran is set once the program was started (a failure after it may
+	// be the program's doing); replaced counts the sandboxes its memory
+	// took down.
+	ran      bool
+	replaced int
 }
 
 func (a *attempt1) run(ctx context.Context) (Outcome, error) {
@@ -289,10 +348,7 @@ func (a *attempt1) cleanup(ctx context.Context) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	t := time.Now()
-	for _, id := range append(a.boxes, a.checker.id()) {
-		if id == "" {
-			continue
-		}
+	for _, id := range append(a.boxes, a.checker.ids()...) {
 		if err := a.j.sb.Delete(dctx, a.teamID, id); err != nil && !isCode(err, client.CodeNotFound) {
 			a.j.log.Warn("judge: delete sandbox", "sandbox", id, "err", err)
 		}
@@ -300,20 +356,30 @@ func (a *attempt1) cleanup(ctx context.Context) {
 	a.out.Phases.Delete = time.Since(t)
 }
 
-// sandboxMemoryMB is the sample's sandbox's memory: its largest limit and
-// some slack.
-func (a *attempt1) sandboxMemoryMB() int {
-	m := a.spec.Limits.MemoryMB + a.spec.Lang.MemoryOverheadMB
-	if a.spec.Lang.Compiled() {
-		m = max(m, a.spec.Limits.CompileMemoryMB)
+// sandboxMemoryMB is the sample's sandbox's memory.
+func (a *attempt1) sandboxMemoryMB() int { return SandboxMemoryMB(a.spec.Lang, a.spec.Limits) }
+
+// SandboxMemoryMB is the memory of the sandbox of a sample in l under lim
+// (with its defaults): its largest limit and some slack.
+func SandboxMemoryMB(l lang.Language, lim Limits) int {
+	lim = lim.WithDefaults()
+	m := lim.MemoryMB + l.MemoryOverheadMB
+	if l.Compiled() {
+		m = max(m, lim.CompileMemoryMB)
 	}
 	return m + sandboxSlackMB
 }
 
-// ttl is the sample's sandbox's TTL in seconds: time for the compile, every
-// test and a minute, within the service's maximum.
-func (a *attempt1) ttl(runs int, each float64) int {
-	sec := a.spec.Limits.CompileTimeout + float64(runs)*(each+2) + 60
+// ttl is the TTL in seconds of the sample's sandbox and of the checker's:
+// time for the compile, every test, the checker's compile and runs (and
+// the wait for its sandbox) when there is one, and a minute, within the
+// service's maximum.
+func (a *attempt1) ttl() int {
+	runs := float64(max(1, len(a.spec.Tests)))
+	sec := a.spec.Limits.CompileTimeout + runs*(a.spec.Limits.Timeout+2) + 60
+	if a.spec.Checker.Kind == eval.CheckProgram {
+		sec += DefaultCompileTimeout + runs*(2*checkerTimeout+5) + a.j.CreateWait.Seconds()
+	}
 	ttl := int(math.Min(math.Ceil(sec), 1<<30))
 	if m, ok := a.j.sb.(interface{ MaxTimeout() time.Duration }); ok {
 		ttl = min(ttl, max(1, int(m.MaxTimeout()/time.Second)))
@@ -331,7 +397,7 @@ func (a *attempt1) ensureBox(ctx context.Context) (bool, error) {
 	t := time.Now()
 	sb, err := a.j.sb.Create(ctx, a.teamID, client.CreateSandboxRequest{
 		Template: a.spec.Template, Runtime: a.spec.Runtime, Metadata: a.spec.Metadata, MemoryMB: a.sandboxMemoryMB(),
-		Timeout:     a.ttl(max(1, len(a.spec.Tests)), a.spec.Limits.Timeout),
+		Timeout:     a.ttl(),
 		WaitSeconds: int(a.j.CreateWait / time.Second),
 	})
 	if err != nil {
@@ -452,8 +518,9 @@ func (a *attempt1) exec(ctx context.Context, stdin string) (r client.ExecResult,
 	var errb tailBuf
 	errb.keep = stderrTail
 	lim := a.spec.Limits
+	a.ran = true
 	r, err = a.j.sb.Exec(ctx, a.teamID, a.box, client.ExecRequest{
-		Argv: a.spec.Lang.RunArgvLimited(a.file, a.class, lim.MemoryMB), Cwd: Dir, User: User, Env: env(a.spec.Lang),
+		Argv: runArgv(a.spec.Lang.RunArgvLimited(a.file, a.class, lim.MemoryMB)), Cwd: Dir, User: User, Env: env(a.spec.Lang),
 		Stdin: &stdin, Timeout: lim.Timeout, MemoryLimitMB: lim.MemoryMB + a.spec.Lang.MemoryOverheadMB,
 		MaxOutputBytes: lim.OutputBytes, KillOnOutputLimit: true,
 	}, &out, &errb)
@@ -471,6 +538,14 @@ func (a *attempt1) exec(ctx context.Context, stdin string) (r client.ExecResult,
 	return r, out.buf, string(errb.bytes()), false, nil
 }
 
+// runArgv is argv run by a shell that first kills every process of the
+// program's user left by an earlier run (kill(-1) as that user spares
+// only itself): no daemon of one test outlives it into the next, beyond
+// every limit. exec keeps the program's exit status and signal.
+func runArgv(argv []string) []string {
+	return append([]string{"/bin/sh", "-c", `kill -9 -1 2>/dev/null; exec "$@"`, "judge"}, argv...)
+}
+
 // limitVerdict is the verdict of a run that passed a limit or did not
 // exit 0: "" for a clean exit.
 func (a *attempt1) limitVerdict(r client.ExecResult, stderr string, oom bool) (status, detail string) {
@@ -478,7 +553,7 @@ func (a *attempt1) limitVerdict(r client.ExecResult, stderr string, oom bool) (s
 	failed := r.Status != client.StatusExited || r.ExitCode != 0
 	marker := a.spec.Lang.OOMMarker
 	switch {
-	case oom || r.MemoryLimitExceeded:
+	case oom || r.MemoryLimitExceeded || r.Status == client.StatusKilled && strings.Contains(r.Error, "out-of-memory"):
 		return client.TestMemoryLimit, fmt.Sprintf("passed the memory limit of %d MiB", lim.MemoryMB)
 	case failed && marker != "" && strings.Contains(stderr, marker):
 		return client.TestMemoryLimit, fmt.Sprintf("passed the memory limit of %d MiB (%s)", lim.MemoryMB, marker)
@@ -525,6 +600,12 @@ func (a *attempt1) runTests(ctx context.Context) error {
 			a.out.Tests[i] = client.EvalTestResult{Status: client.TestNotRun}
 			continue
 		}
+		if a.box == "" && a.replaced >= maxReplaced {
+			// Its memory took down sandbox after sandbox: the rest are
+			// not worth one each.
+			a.out.Tests[i] = client.EvalTestResult{Status: client.TestNotRun, Detail: fmt.Sprintf("not run: the program's memory took down %d sandboxes", a.replaced)}
+			continue
+		}
 		ok, err := a.ensureBox(ctx)
 		if err != nil {
 			return err
@@ -533,6 +614,9 @@ func (a *attempt1) runTests(ctx context.Context) error {
 			return fmt.Errorf("the program compiled in one sandbox but not in the next")
 		}
 		r, stdout, stderr, oom, err := a.exec(ctx, tc.Input)
+		if oom {
+			a.replaced++
+		}
 		if err != nil {
 			return err
 		}

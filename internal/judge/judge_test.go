@@ -131,7 +131,7 @@ func TestCompileOnceRunEach(t *testing.T) {
 	if out.Status != client.TestPassed || out.TestsPassed != 3 || out.Compile == nil || !out.Compile.OK || out.Attempts != 1 || out.RunMs != 3 {
 		t.Fatalf("outcome %+v", out)
 	}
-	want := []string{"sb1 root /bin/sh", "sb1 65534 g++", "sb1 root /bin/sh", "sb1 65534 ./main", "sb1 65534 ./main", "sb1 65534 ./main"}
+	want := []string{"sb1 root /bin/sh", "sb1 65534 g++", "sb1 root /bin/sh", "sb1 65534 /bin/sh", "sb1 65534 /bin/sh", "sb1 65534 /bin/sh"}
 	if strings.Join(f.execs, ",") != strings.Join(want, ",") {
 		t.Errorf("execs %q, want %q", f.execs, want)
 	}
@@ -225,5 +225,69 @@ func TestLimitsValidate(t *testing.T) {
 	}
 	if d := (Limits{}).WithDefaults(); d.Timeout != DefaultTimeout || d.MemoryMB != DefaultMemoryMB || d.OutputBytes != DefaultOutputBytes || d.CompileTimeout != DefaultCompileTimeout {
 		t.Errorf("defaults %+v", d)
+	}
+}
+
+// TestLeftoversKilled: each run of the program starts by killing what its
+// user left running (a daemon of one test does not outlive it), and exec
+// keeps the program's own argv.
+func TestLeftoversKilled(t *testing.T) {
+	var argv []string
+	f := &fakeSandboxes{run: func(_ string, _ map[string]string, req client.ExecRequest, stdout io.Writer) (client.ExecResult, error) {
+		if req.Argv[0] != "g++" {
+			argv = req.Argv
+		}
+		return twice(nil)("", nil, client.ExecRequest{Argv: req.Argv[len(req.Argv)-1:], Stdin: req.Stdin}, stdout)
+	}}
+	if _, err := New(f, nil).Run(context.Background(), "team", Spec{Lang: cpp(t), Source: "x", Tests: tests(1)}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"/bin/sh", "-c", `kill -9 -1 2>/dev/null; exec "$@"`, "judge", "./main"}; strings.Join(argv, "|") != strings.Join(want, "|") {
+		t.Errorf("run argv %q, want %q", argv, want)
+	}
+}
+
+// TestSandboxDownOnceRun: a program after whose start every fresh sandbox
+// fails, while a control command runs to its end in another, is judged
+// (runtime_error), not an infra_error that pass@k would leave out; when
+// the control fails too, it is infra_error.
+func TestSandboxDownOnceRun(t *testing.T) {
+	for _, controlOK := range []bool{true, false} {
+		f := &fakeSandboxes{run: func(_ string, _ map[string]string, req client.ExecRequest, stdout io.Writer) (client.ExecResult, error) {
+			switch {
+			case req.Argv[0] == "g++":
+				return client.ExecResult{Status: client.StatusExited}, nil
+			case req.Argv[len(req.Argv)-1] == "exit 0" && controlOK:
+				return client.ExecResult{Status: client.StatusExited}, nil
+			}
+			return client.ExecResult{}, &apierr.Error{Code: client.CodeSandboxNotRunning, Message: "the sandbox stopped"}
+		}}
+		j := New(f, nil)
+		j.Backoff = 0
+		out, err := j.Run(context.Background(), "team", Spec{Lang: cpp(t), Source: "x", Tests: tests(2), Metadata: map[string]string{"eval_run": "r"}})
+		want := client.TestInfraError
+		if controlOK {
+			want = client.TestRuntimeError
+		}
+		if err != nil || out.Status != want || out.Attempts != 3 || !strings.Contains(out.Detail, "the sandbox stopped") || len(f.live) != 0 {
+			t.Errorf("control ok %v: outcome %+v, %v, left %v", controlOK, out, err, f.live)
+		}
+		if last := f.created[len(f.created)-1]; last.Metadata["trial_control"] != "1" || last.Metadata["eval_run"] != "r" || len(f.created) != 4 {
+			t.Errorf("control ok %v: creates %+v", controlOK, f.created)
+		}
+	}
+}
+
+// TestMemoryReplacementsBounded: a program whose memory takes down every
+// sandbox gets 3, and the tests after are not run.
+func TestMemoryReplacementsBounded(t *testing.T) {
+	f := &fakeSandboxes{run: twice(map[string]bool{"0": true, "1": true, "2": true, "3": true, "4": true})}
+	out, err := New(f, nil).Run(context.Background(), "team", Spec{Lang: cpp(t), Source: "x", Tests: tests(5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(f.created) != maxReplaced || out.Status != client.TestMemoryLimit || out.Tests[2].Status != client.TestMemoryLimit ||
+		out.Tests[3].Status != client.TestNotRun || out.Tests[4].Status != client.TestNotRun || len(f.live) != 0 {
+		t.Errorf("created %d, outcome %+v", len(f.created), out)
 	}
 }

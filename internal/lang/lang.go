@@ -253,12 +253,68 @@ func (l Language) EnvList() []string {
 	return out
 }
 
-// javaPublicClass finds the public top-level class of a Java source: the
-// one whose file name javac requires.
-var javaPublicClass = regexp.MustCompile(`(?m)^\s*(?:(?:final|abstract|strictfp)\s+)*public\s+(?:(?:final|abstract|strictfp)\s+)*class\s+([A-Za-z_$][A-Za-z0-9_$]*)`)
+// javaPublicClass finds the public type of a Java source's top level (see
+// javaTopLevel): the one whose file name javac requires.
+var javaPublicClass = regexp.MustCompile(`(?:^|[^A-Za-z0-9_$])public\s+(?:(?:final|abstract|strictfp|sealed|non-sealed)\s+)*(?:class|record|enum|interface)\s+([A-Za-z_$][A-Za-z0-9_$]*)`)
 
-// javaClass finds the first top-level class when no class is public.
-var javaClass = regexp.MustCompile(`(?m)^\s*(?:(?:final|abstract|strictfp)\s+)*class\s+([A-Za-z_$][A-Za-z0-9_$]*)`)
+// javaClass finds the first top-level class when no type is public.
+var javaClass = regexp.MustCompile(`(?:^|[^A-Za-z0-9_$])(?:class|record|enum)\s+([A-Za-z_$][A-Za-z0-9_$]*)`)
+
+// javaTopLevel is source with what is not at its top level blanked out:
+// comments, string and character literals, and everything between braces
+// (the members, and the types nested in them). A public inner class is
+// then not taken for the file's.
+func javaTopLevel(source string) string {
+	out := []byte(source)
+	depth := 0
+	for i := 0; i < len(out); i++ {
+		start := i
+		switch {
+		case strings.HasPrefix(source[i:], "//"):
+			for i < len(out) && out[i] != '\n' {
+				i++
+			}
+		case strings.HasPrefix(source[i:], "/*"):
+			end := strings.Index(source[i+2:], "*/")
+			i = len(out) - 1
+			if end >= 0 {
+				i = start + 2 + end + 1
+			}
+		case strings.HasPrefix(source[i:], `"""`):
+			end := strings.Index(source[i+3:], `"""`)
+			i = len(out) - 1
+			if end >= 0 {
+				i = start + 3 + end + 2
+			}
+		case out[i] == '"' || out[i] == '\'':
+			q := out[i]
+			for i++; i < len(out) && out[i] != q && out[i] != '\n'; i++ {
+				if out[i] == '\\' {
+					i++
+				}
+			}
+		case out[i] == '{':
+			depth++
+			out[i] = ' '
+			continue
+		case out[i] == '}':
+			depth = max(0, depth-1)
+			out[i] = ' '
+			continue
+		default:
+			if depth > 0 && out[i] != '\n' {
+				out[i] = ' '
+			}
+			continue
+		}
+		for j := start; j <= i && j < len(out); j++ {
+			if out[j] != '\n' {
+				out[j] = ' '
+			}
+		}
+	}
+	return string(out)
+}
 
 // SourceFile returns the file name source is written to and, for Java,
 // the main class: the public class's name (javac requires the file to
@@ -267,10 +323,11 @@ func (l Language) SourceFile(source string) (file, class string) {
 	if l.Name != "java" {
 		return l.File, ""
 	}
-	if m := javaPublicClass.FindStringSubmatch(source); m != nil {
+	top := javaTopLevel(source)
+	if m := javaPublicClass.FindStringSubmatch(top); m != nil {
 		return m[1] + ".java", m[1]
 	}
-	if m := javaClass.FindStringSubmatch(source); m != nil {
+	if m := javaClass.FindStringSubmatch(top); m != nil {
 		return "Main.java", m[1]
 	}
 	return "Main.java", "Main"

@@ -61,6 +61,13 @@ func TestCommands(t *testing.T) {
 		"import java.util.*;\nfinal public class A {}":                         {"A.java", "A"},
 		"class Main2 { public static void main(String[] a) {} }":               {"Main.java", "Main2"},
 		"// nothing": {"Main.java", "Main"},
+		// A public inner class is not the file's, nor a class in a
+		// comment or a string.
+		"class Main {\n  public class Node {}\n  public static void main(String[] a) {}\n}":                             {"Main.java", "Main"},
+		"// public class Fake {}\n/* public class Fake2 {} */\npublic class Real { String s = \"public class S {}\"; }": {"Real.java", "Real"},
+		"public record Point(int x, int y) { public static void main(String[] a) {} }":                                  {"Point.java", "Point"},
+		"import java.util.*;\npublic final class Sol { static class Inner {} }":                                         {"Sol.java", "Sol"},
+		"public class A { char c = '{'; String t = \"}\"; }\nclass B {}":                                                {"A.java", "A"},
 	} {
 		file, class := java.SourceFile(src)
 		if file != want[0] || class != want[1] {

@@ -912,6 +912,12 @@ func (s *Service) endWith(ctx context.Context, e *entry, state, reason string, o
 // MaxTimeout is the longest TTL a sandbox may have.
 func (s *Service) MaxTimeout() time.Duration { return s.cfg.MaxTimeout }
 
+// MaxMemoryMB is the most memory a sandbox may ask for.
+func (s *Service) MaxMemoryMB() int { return s.cfg.MaxMemoryMB }
+
+// MaxOutputLimit is the largest output cap an exec may ask for.
+func (s *Service) MaxOutputLimit() int64 { return s.cfg.MaxOutputLimit }
+
 // reaper ends sandboxes whose TTL passed.
 func (s *Service) reaper() {
 	defer s.wg.Done()

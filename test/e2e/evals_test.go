@@ -261,6 +261,17 @@ func TestEvalBadInput(t *testing.T) {
 		{"compile timeout", func(r *client.CreateEvalRequest) { r.CompileTimeout = 601 }, client.CodeBadRequest},
 		{"compile memory", func(r *client.CreateEvalRequest) { r.CompileMemoryMB = -5 }, client.CodeBadRequest},
 		{"compile flags", func(r *client.CreateEvalRequest) { r.CompileFlags = []string{"-o/tmp/x"} }, client.CodeBadRequest},
+		{"compile flags of two compilers", func(r *client.CreateEvalRequest) {
+			r.Problems = []client.EvalProblem{{TaskID: "t/0", Tests: []client.EvalTest{{}}}}
+			r.Samples = []client.EvalSample{{TaskID: "t/0", Solution: &one, Language: "cpp"}, {TaskID: "t/0", Solution: &one, Language: "rust"}}
+			r.CompileFlags = []string{"-O0"}
+		}, client.CodeBadRequest},
+		{"a sandbox past the server's memory", func(r *client.CreateEvalRequest) {
+			r.Problems = []client.EvalProblem{{TaskID: "t/0", Tests: []client.EvalTest{{}}}}
+			r.Samples = []client.EvalSample{{TaskID: "t/0", Solution: &one, Language: "cpp"}}
+			r.MemoryMB = 8000
+		}, client.CodeBadRequest},
+		{"a HumanEval test without entry_point", func(r *client.CreateEvalRequest) { r.Problems[0].EntryPoint = "" }, client.CodeBadRequest},
 	} {
 		req := ok
 		req.Problems = slices.Clone(ok.Problems)

