@@ -216,7 +216,7 @@ func (j *Judge) Run(ctx context.Context, teamID string, spec Spec) (Outcome, err
 	start := time.Now()
 	backoff := j.Backoff
 	var last error
-	ranEvery := true // in every failed attempt, the program had started
+	inRunEvery := true // every failed attempt failed in a run of the program
 	for attempt := 1; attempt <= max(1, j.Attempts); attempt++ {
 		if attempt > 1 {
 			t := time.NewTimer(backoff)
@@ -245,12 +245,12 @@ func (j *Judge) Run(ctx context.Context, teamID string, spec Spec) (Outcome, err
 		}
 		j.log.Warn("judge: infra failure", "team", teamID, "attempt", attempt, "err", err)
 		last = err
-		ranEvery = ranEvery && a.ran
+		inRunEvery = inRunEvery && a.runFailed
 	}
 	n := max(1, j.Attempts)
 	out := Outcome{Attempts: n, Status: client.TestInfraError, Detail: fmt.Sprintf("infrastructure failure after %d attempts: %v", n, last)}
-	if ranEvery && n > 1 {
-		// Every fresh sandbox failed once the program had started. If one
+	if inRunEvery && n > 1 {
+		// Every fresh sandbox failed while the program ran. If one
 		// of the same kind runs a command to its end, the sandboxes are
 		// sound: the program did it (it took its sandbox down, or left
 		// what kept the next run from starting), its verdict, not an infra
@@ -261,7 +261,7 @@ func (j *Judge) Run(ctx context.Context, teamID string, spec Spec) (Outcome, err
 			if spec.Tests == nil {
 				out.Status = string(eval.Failed)
 			}
-			out.Detail = fmt.Sprintf("the sandbox failed once the program ran, in each of %d fresh sandboxes (a command runs to its end in another): %v", n, last)
+			out.Detail = fmt.Sprintf("the sandbox failed while the program ran, in each of %d fresh sandboxes (a command runs to its end in another): %v", n, last)
 		case ctx.Err() != nil:
 			return Outcome{}, ctx.Err()
 		default:
@@ -317,11 +317,12 @@ type attempt1 struct {
 	checker  *checkerBox
 	out      Outcome
 	phases   trial.Phases
-	// ran is set once the program was started (a failure after it may
-	// be the program's doing); replaced counts the sandboxes its memory
-	// took down.
-	ran      bool
-	replaced int
+	// runFailed is set when a run of the program failed as a call (the
+	// sandbox stopped, the command could not start): the program's doing
+	// if fresh sandboxes keep failing so; replaced counts the sandboxes
+	// its memory took down.
+	runFailed bool
+	replaced  int
 }
 
 func (a *attempt1) run(ctx context.Context) (Outcome, error) {
@@ -518,7 +519,6 @@ func (a *attempt1) exec(ctx context.Context, stdin string) (r client.ExecResult,
 	var errb tailBuf
 	errb.keep = stderrTail
 	lim := a.spec.Limits
-	a.ran = true
 	r, err = a.j.sb.Exec(ctx, a.teamID, a.box, client.ExecRequest{
 		Argv: runArgv(a.spec.Lang.RunArgvLimited(a.file, a.class, lim.MemoryMB)), Cwd: Dir, User: User, Env: env(a.spec.Lang),
 		Stdin: &stdin, Timeout: lim.Timeout, MemoryLimitMB: lim.MemoryMB + a.spec.Lang.MemoryOverheadMB,
@@ -530,9 +530,11 @@ func (a *attempt1) exec(ctx context.Context, stdin string) (r client.ExecResult,
 		return client.ExecResult{Status: client.StatusKilled, ExitCode: -1, Signal: int(syscall.SIGKILL)}, nil, string(errb.bytes()), true, nil
 	}
 	if err != nil {
+		a.runFailed = true
 		return r, nil, "", false, fmt.Errorf("exec: %w", err)
 	}
 	if r.Status == client.StatusError {
+		a.runFailed = true
 		return r, nil, "", false, fmt.Errorf("exec: %s", r.Error)
 	}
 	return r, out.buf, string(errb.bytes()), false, nil
