@@ -219,12 +219,8 @@ func (j *Judge) Run(ctx context.Context, teamID string, spec Spec) (Outcome, err
 	inRunEvery := true // every failed attempt failed in a run of the program
 	for attempt := 1; attempt <= max(1, j.Attempts); attempt++ {
 		if attempt > 1 {
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return Outcome{}, ctx.Err()
-			case <-t.C:
+			if err := trial.Pause(ctx, backoff); err != nil {
+				return Outcome{}, err
 			}
 			backoff *= 2
 		}

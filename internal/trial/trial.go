@@ -182,12 +182,8 @@ func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, er
 	backoff := r.Backoff
 	for attempt := 1; attempt <= max(1, r.Attempts); attempt++ {
 		if attempt > 1 {
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return Outcome{}, ctx.Err()
-			case <-t.C:
+			if err := Pause(ctx, backoff); err != nil {
+				return Outcome{}, err
 			}
 			backoff *= 2
 		}
@@ -461,6 +457,19 @@ func (r *Runner) clock() time.Time {
 func (r *Runner) lap(t time.Time) (time.Duration, time.Time) {
 	now := r.clock()
 	return now.Sub(t), now
+}
+
+// Pause waits d, the backoff before a retry, or until ctx ends (its
+// error).
+func Pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // Retriable reports whether err is an infra failure worth a fresh sandbox:
