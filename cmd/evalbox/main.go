@@ -4,11 +4,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
+	"github.com/evalbox/evalbox/internal/api"
 	"github.com/evalbox/evalbox/internal/bench"
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/cli"
+	"github.com/evalbox/evalbox/internal/meter"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/nodeagent"
 	"github.com/evalbox/evalbox/internal/nodeapi/grpcnode"
@@ -37,12 +40,17 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		pools = append(pools, server.PoolSpec{Template: p.Template, Runtime: p.Runtime, Size: p.Size})
 	}
 	return server.Run(ctx, server.Config{
-		DataDir: c.DataDir, Database: c.Database, Listen: c.Listen, Runsc: c.RunscPath, Agent: c.AgentPath,
+		DataDir: c.DataDir, Database: c.Database, SecretsKeys: c.SecretsKeys,
+		Meter: meter.Config{Interval: c.MeterInterval, Rules: meter.Rules{Granularity: c.BillingGranularity, Minimum: cmp.Or(c.BillingMinimum, -1)},
+			Billing: c.Billing, Grace: c.BillingGrace}, Listen: c.Listen, Runsc: c.RunscPath, Agent: c.AgentPath,
 		TemplatesDir: c.TemplatesDir, Mirror: c.Mirror,
 		Builtins: []string{"base", "python"}, Runtimes: c.Runtimes, Pools: pools,
 		Limits: client.Limits{MaxSandboxes: c.MaxSandboxes, MaxConcurrentExec: c.MaxConcurrentExecs, MaxStorageMB: c.MaxStorageMB},
-		Service: sandbox.Config{DefaultTimeout: c.DefaultTimeout, MaxTimeout: c.MaxTimeout, MaxFileBytes: c.MaxFileBytes,
-			ExecWait: execWait(c.ExecWait), Pids: c.Pids},
+		RateLimits: api.RateLimits{RequestsPerMinute: c.RateLimitRequestsPerMinute, CreatesPerMinute: c.RateLimitCreatesPerMinute,
+			KeyRequestsPerMinute: c.RateLimitKeyRequestsPerMinute},
+		Service: sandbox.Config{DefaultTariff: c.DefaultTariff, DefaultTimeout: c.DefaultTimeout, MaxTimeout: c.MaxTimeout, MaxFileBytes: c.MaxFileBytes,
+			ExecWait: execWait(c.ExecWait), Pids: c.Pids,
+			CPUAbuse: sandbox.CPUAbuseConfig{Threshold: c.CPUAbuseThreshold, Window: c.CPUAbuseWindow, Interval: c.CPUAbuseInterval}},
 		Capacity:  nodeCapacity(c.NodeFlags),
 		EgressDNS: c.EgressDNS, AllowPrivate: c.AllowPrivate, SandboxDomain: c.SandboxDomain, PublicURL: c.PublicURL,
 		SandboxFusionLoopbackTeam: c.SandboxFusionLoopbackTeam, Catalog: catalog.Config{MaxBuildsPerTeam: c.MaxBuilds, BuildTimeout: c.BuildTimeout, BuildNetwork: c.BuildNetwork},
@@ -53,8 +61,9 @@ func serve(ctx context.Context, c cli.ServeConfig) error {
 		Nodes: c.Nodes,
 		Fleet: server.FleetConfig{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace,
 			NodeTLSCA: c.NodeTLSCA, NodeTLSCert: c.NodeTLSCert, NodeTLSKey: c.NodeTLSKey, NodeTLSServerName: c.NodeTLSServerName},
-		NodeListen: c.NodeListen,
-		Logger:     c.Logger,
+		NodeListen:    c.NodeListen,
+		MetricsListen: c.MetricsListen, AuditRetention: c.AuditRetention,
+		Logger: c.Logger,
 	})
 }
 

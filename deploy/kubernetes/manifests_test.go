@@ -166,6 +166,11 @@ secretGenerator:
     behavior: replace
     files:
       - token=secrets/node-token
+  - name: evalbox-secrets-keys
+    namespace: evalbox
+    behavior: replace
+    files:
+      - secrets.keys=secrets/secrets.keys
   - name: evalbox-node-tls
     namespace: evalbox
     behavior: replace
@@ -203,6 +208,11 @@ patches:
       $patch: delete
       apiVersion: v1
       kind: Secret
+      metadata: {name: evalbox-secrets-keys, namespace: evalbox}
+  - patch: |-
+      $patch: delete
+      apiVersion: v1
+      kind: Secret
       metadata: {name: evalbox-node-tls, namespace: evalbox}
   - patch: |-
       $patch: delete
@@ -230,9 +240,10 @@ func buildOverlay(t *testing.T, kustomization string) ([]byte, objects) {
 		}
 	}
 	overlayFiles := map[string]string{
-		"/overlay/kustomization.yaml":  kustomization,
-		"/overlay/secrets/node-token":  "0123456789abcdef0123456789abcdef\n",
-		"/overlay/secrets/pg-password": "from-the-overlay",
+		"/overlay/kustomization.yaml":   kustomization,
+		"/overlay/secrets/node-token":   "0123456789abcdef0123456789abcdef\n",
+		"/overlay/secrets/pg-password":  "from-the-overlay",
+		"/overlay/secrets/secrets.keys": `{"current":1,"keys":{"1":"` + strings.Repeat("A", 43) + `="}}`,
 	}
 	for name, content := range fleetCerts(t) {
 		overlayFiles["/overlay/certs/"+name] = string(content)
@@ -273,7 +284,7 @@ func TestManifests(t *testing.T) {
 		want := []string{
 			"DaemonSet/evalbox-node", "Deployment/evalbox-api", "Namespace/evalbox", "NetworkPolicy/evalbox-api", "NetworkPolicy/evalbox-node",
 			"Role/evalbox-api", "Role/evalbox-node", "RoleBinding/evalbox-api", "RoleBinding/evalbox-node",
-			"Secret/evalbox-api-tls", "Secret/evalbox-node-tls", "Secret/evalbox-node-token", "Secret/evalbox-postgres", "Service/evalbox-api",
+			"Secret/evalbox-api-tls", "Secret/evalbox-node-tls", "Secret/evalbox-node-token", "Secret/evalbox-postgres", "Secret/evalbox-secrets-keys", "Service/evalbox-api",
 			"ServiceAccount/evalbox-api", "ServiceAccount/evalbox-node",
 		}
 		if got := slices.Sorted(maps.Keys(objs)); !slices.Equal(got, want) {
@@ -326,7 +337,7 @@ func TestManifests(t *testing.T) {
 				}
 			}
 		}
-		if len(secrets) != 4 || string(secrets[findSecret(secrets, "evalbox-postgres")].Data["password"]) != "from-the-overlay" {
+		if len(secrets) != 5 || string(secrets[findSecret(secrets, "evalbox-postgres")].Data["password"]) != "from-the-overlay" {
 			t.Errorf("the overlay's Secrets: %v", slices.Sorted(maps.Keys(secrets)))
 		}
 
@@ -618,9 +629,18 @@ func TestManifests(t *testing.T) {
 		}
 	})
 
+	t.Run("SecretsKeys", func(t *testing.T) {
+		pt := objs.podTemplates(t)["Deployment/evalbox-api"]
+		c := pt.Spec.Containers[0]
+		file := flagValue(c.Args, "secrets-keys")
+		if !mountedFromSecret(pt, c, file, "evalbox-secrets-keys", "secrets.keys") {
+			t.Errorf("serve --secrets-keys %q is not the secrets.keys key of a mount of Secret evalbox-secrets-keys", file)
+		}
+	})
+
 	t.Run("Secrets", func(t *testing.T) {
 		secrets := map[string]*corev1.Secret{}
-		for _, name := range []string{"evalbox-postgres", "evalbox-node-token", "evalbox-node-tls", "evalbox-api-tls"} {
+		for _, name := range []string{"evalbox-postgres", "evalbox-node-token", "evalbox-secrets-keys", "evalbox-node-tls", "evalbox-api-tls"} {
 			var s corev1.Secret
 			objs.typed(t, "Secret/"+name, &s)
 			secrets[name] = &s

@@ -21,6 +21,10 @@ func storeErr(err error, what string) error {
 	return err
 }
 
+// maxPerMinute bounds a team's rate limits (requests_per_minute,
+// creates_per_minute): 100 000 a second.
+const maxPerMinute = 6_000_000
+
 func validLimits(l client.Limits) error {
 	if l.MaxSandboxes < 0 || l.MaxSandboxes > 100000 {
 		return errorf(client.CodeBadRequest, "max_sandboxes must be between 0 and 100000")
@@ -30,6 +34,12 @@ func validLimits(l client.Limits) error {
 	}
 	if l.MaxStorageMB < 0 || l.MaxStorageMB > 1<<30 {
 		return errorf(client.CodeBadRequest, "max_storage_mb must be between 0 and %d", 1<<30)
+	}
+	if l.RequestsPerMinute < 0 || l.RequestsPerMinute > maxPerMinute {
+		return errorf(client.CodeBadRequest, "requests_per_minute must be between 0 (the server's) and %d", maxPerMinute)
+	}
+	if l.CreatesPerMinute < 0 || l.CreatesPerMinute > maxPerMinute {
+		return errorf(client.CodeBadRequest, "creates_per_minute must be between 0 (the server's) and %d", maxPerMinute)
 	}
 	return nil
 }
@@ -64,6 +74,7 @@ func (s *Server) createTeam(w http.ResponseWriter, r *http.Request, p auth.Princ
 		writeError(w, storeErr(err, "team "+req.Name))
 		return
 	}
+	setTarget(r.Context(), t.ID)
 	writeJSON(w, http.StatusCreated, t)
 }
 
@@ -154,6 +165,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p auth.Princi
 		writeError(w, storeErr(err, "team "+team))
 		return
 	}
+	setTarget(r.Context(), k.ID)
 	out := k.API()
 	out.Key = secret
 	writeJSON(w, http.StatusCreated, out)

@@ -5,6 +5,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,6 +24,7 @@ import (
 	"github.com/evalbox/evalbox/internal/compat/e2b"
 	"github.com/evalbox/evalbox/internal/compat/sandboxfusion"
 	"github.com/evalbox/evalbox/internal/evalrun"
+	"github.com/evalbox/evalbox/internal/meter"
 	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/quota"
@@ -30,6 +32,7 @@ import (
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/trial"
 	"github.com/evalbox/evalbox/pkg/client"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Version is the server version reported by /v1/health.
@@ -78,26 +81,48 @@ type Server struct {
 	domain      string                 // Config.SandboxDomain
 	svc         *sandbox.Service
 	store       Store
-	auth        Authenticator
-	templates   *catalog.Service
-	trials      *trial.Runner
-	evals       *evalrun.Service
-	storage     *quota.Storage
-	runtimes    []string
-	defaults    client.Limits
-	log         *slog.Logger
-	mux         *http.ServeMux
+	secrets     TeamSecrets
+	metering    Metering
+	meter       *meter.Meter
+	// defaultTariff is Config.DefaultTariff, which cannot be deleted.
+	defaultTariff string
+	auth          Authenticator
+	templates     *catalog.Service
+	trials        *trial.Runner
+	evals         *evalrun.Service
+	storage       *quota.Storage
+	runtimes      []string
+	defaults      client.Limits
+	log           *slog.Logger
+	mux           *http.ServeMux
 	// outputBudget bounds the command output held for buffered answers.
 	outputBudget *outbuf.Budget
+	// limiter holds the request rate limits' buckets (ratelimit.go).
+	limiter *rateLimiter
+	// metrics are the API's series (metrics.go), on gatherer (nil: not
+	// served); auditLog keeps the audit log (audit.go; nil: none).
+	metrics        *httpMetrics
+	gatherer       prometheus.Gatherer
+	metricsHandler http.Handler
+	auditLog       AuditLog
 }
 
 // Config configures the API.
 type Config struct {
-	Service   *sandbox.Service
-	Store     Store
-	Auth      Authenticator
-	Templates *catalog.Service
-	Evals     *evalrun.Service
+	Service *sandbox.Service
+	Store   Store
+	Auth    Authenticator
+	// Secrets keeps the teams' stored secrets (nil: none are kept).
+	Secrets TeamSecrets
+	// Metering keeps the tariffs, the metered usage and the balances'
+	// ledgers; Meter bills them (internal/meter). Both or neither.
+	Metering Metering
+	Meter    *meter.Meter
+	// DefaultTariff is the tariff of sandboxes created without one (""
+	// = meter.DefaultTariff): it cannot be deleted.
+	DefaultTariff string
+	Templates     *catalog.Service
+	Evals         *evalrun.Service
 	// Storage reports a team's storage (GET /v1/teams/{id} usage); nil:
 	// not reported.
 	Storage  *quota.Storage
@@ -125,32 +150,56 @@ type Config struct {
 	SandboxFusionKeyless func(ctx context.Context) (auth.Principal, error)
 	// DefaultLimits are given to teams created without limits.
 	DefaultLimits client.Limits
+	// RateLimits are the server's request rate limits (ratelimit.go),
+	// those of the teams whose own are 0.
+	RateLimits RateLimits
 	// OutputBudget bounds the memory of command output held for buffered
 	// (JSON) answers, server-wide; nil = no bound.
 	OutputBudget *outbuf.Budget
-	Logger       *slog.Logger
+	// Metrics is the server's registry: the API registers its series on
+	// it and serves it at GET /metrics (admin key); nil: no metrics.
+	Metrics *prometheus.Registry
+	// TrialMetrics counts the trials of /v1/execute and SandboxFusion's
+	// /run_code (nil: not counted).
+	TrialMetrics *trial.Metrics
+	// Audit keeps the audit log of state-changing requests (nil: none).
+	Audit  AuditLog
+	Logger *slog.Logger
 }
 
 // New returns the API handler.
 func New(cfg Config) *Server {
-	s := &Server{runtimesNow: cfg.RuntimesNow, noBuilds: cfg.NoTemplateBuilds, pools: cfg.Pools, capacity: cfg.Capacity, svc: cfg.Service, store: cfg.Store, auth: cfg.Auth, templates: cfg.Templates,
+	s := &Server{runtimesNow: cfg.RuntimesNow, noBuilds: cfg.NoTemplateBuilds, pools: cfg.Pools, capacity: cfg.Capacity, svc: cfg.Service, store: cfg.Store, secrets: cfg.Secrets, metering: cfg.Metering, meter: cfg.Meter, defaultTariff: cmp.Or(cfg.DefaultTariff, meter.DefaultTariff), auth: cfg.Auth, templates: cfg.Templates,
 		evals: cfg.Evals, storage: cfg.Storage, runtimes: cfg.Runtimes, defaults: cfg.DefaultLimits, log: cfg.Logger, mux: http.NewServeMux(),
 		outputBudget: cfg.OutputBudget, domain: strings.ToLower(strings.TrimSuffix(cfg.SandboxDomain, "."))}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	if cfg.Auth != nil {
+		s.auth = observedAuth{Authenticator: cfg.Auth, s: s}
+	}
+	s.limiter = newRateLimiter(cfg.RateLimits, nil)
+	s.metrics, s.auditLog = newHTTPMetrics(), cfg.Audit
+	if cfg.Metrics != nil {
+		if err := s.metrics.register(cfg.Metrics); err != nil {
+			s.log.Error("api: registering metrics", "err", err)
+		}
+		s.gatherer, s.metricsHandler = cfg.Metrics, MetricsHandler(cfg.Metrics)
+	}
 	s.trials = trial.New(cfg.Service, s.log)
+	s.trials.Metrics, s.trials.Source = cfg.TrialMetrics, "execute"
 	s.ports = s.newPortProxy()
 	watch := func(ctx context.Context, teamID, id, path string, recursive bool) (e2b.Watcher, error) {
 		return cfg.Service.WatchDir(ctx, teamID, id, path, recursive)
 	}
-	e2bCfg := e2b.Config{Sandboxes: cfg.Service, Watch: watch, Auth: cfg.Auth, Secrets: cfg.Store,
-		Ports: s.servePortAs, Domain: s.domain, Logger: s.log, NoBuilds: cfg.NoTemplateBuilds, FilesDir: cfg.E2BFilesDir, PublicURL: cfg.PublicURL}
+	e2bCfg := e2b.Config{Sandboxes: cfg.Service, Watch: watch, Auth: s.auth, Secrets: cfg.Store,
+		Ports: s.servePortAs, Domain: s.domain, Logger: s.log, NoBuilds: cfg.NoTemplateBuilds, FilesDir: cfg.E2BFilesDir, PublicURL: cfg.PublicURL,
+		Created: setTarget}
 	if cfg.Templates != nil {
 		e2bCfg.Templates = cfg.Templates
 	}
 	s.e2b = e2b.New(e2bCfg)
-	fusionCfg := sandboxfusion.Config{Trials: s.trials, Auth: cfg.Auth, Keyless: cfg.SandboxFusionKeyless, Output: s.outputBudget, Logger: s.log}
+	fusionCfg := sandboxfusion.Config{Trials: s.trials, Auth: s.auth, Keyless: s.rateLimited(cfg.SandboxFusionKeyless), Output: s.outputBudget, Logger: s.log}
 	if cfg.Service != nil {
 		fusionCfg.Sandboxes, fusionCfg.Dial = cfg.Service, s.dialPort
 	}
@@ -213,6 +262,17 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/teams", a(s.listTeams))
 	s.mux.HandleFunc("GET /v1/teams/{id}", a(s.getTeam))
 	s.mux.HandleFunc("PATCH /v1/teams/{id}", a(s.updateTeam))
+	s.mux.HandleFunc("GET /v1/tariffs", a(s.listTariffs))
+	s.mux.HandleFunc("GET /v1/tariffs/{name}", a(s.getTariff))
+	s.mux.HandleFunc("PUT /v1/tariffs/{name}", a(s.putTariff))
+	s.mux.HandleFunc("DELETE /v1/tariffs/{name}", a(s.deleteTariff))
+	s.mux.HandleFunc("GET /v1/usage", a(s.getUsage))
+	s.mux.HandleFunc("GET /v1/balance", a(s.getBalance))
+	s.mux.HandleFunc("GET /v1/balance/ledger", a(s.listLedger))
+	s.mux.HandleFunc("POST /v1/teams/{id}/balance", a(s.topUp))
+	s.mux.HandleFunc("GET /v1/secrets", a(s.listSecrets))
+	s.mux.HandleFunc("PUT /v1/secrets/{name}", a(s.putSecret))
+	s.mux.HandleFunc("DELETE /v1/secrets/{name}", a(s.deleteSecret))
 	s.mux.HandleFunc("POST /v1/keys", a(s.createKey))
 	s.mux.HandleFunc("GET /v1/keys", a(s.listKeys))
 	s.mux.HandleFunc("DELETE /v1/keys/{id}", a(s.revokeKey))
@@ -227,6 +287,8 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/templates/{name}/builds/{id}/logs", a(s.buildLogs))
 	s.mux.HandleFunc("GET /v1/pools", a(s.listPools))
 	s.mux.HandleFunc("GET /v1/capacity", a(s.getCapacity))
+	s.mux.HandleFunc("GET /v1/audit", a(s.listAudit))
+	s.mux.HandleFunc("GET /metrics", a(s.serveMetrics))
 	// E2B's control plane, beside /v1 (docs/e2b.md).
 	s.e2b.Register(s.mux)
 	// SandboxFusion's (POST /run_code), at the root as its clients call it.
@@ -240,6 +302,9 @@ func (s *Server) routes() {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+	ri := &requestInfo{}
+	r = r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, ri))
+	ri.req = r
 	if e2b.IsSandboxRequest(r) {
 		// E2B's sandbox traffic (envd, or a port), by header: before
 		// the mux, whatever the path or host.
@@ -250,12 +315,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		s.mux.ServeHTTP(rw, r)
 	}
+	took := time.Since(start)
+	s.observe(r, rw, ri, took)
 	level := slog.LevelDebug
 	if rw.status >= 500 {
 		level = slog.LevelError
 	}
 	s.log.Log(r.Context(), level, "http", "method", r.Method, "route", r.Pattern, "status", rw.status,
-		"duration", time.Since(start))
+		"duration", took)
 }
 
 type statusWriter struct {

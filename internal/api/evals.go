@@ -24,6 +24,7 @@ func (s *Server) createEval(w http.ResponseWriter, r *http.Request, p auth.Princ
 		writeError(w, err)
 		return
 	}
+	setTarget(r.Context(), run.ID)
 	writeJSON(w, http.StatusCreated, run)
 }
 

@@ -20,6 +20,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p auth.Pr
 		writeError(w, err)
 		return
 	}
+	setTarget(r.Context(), sb.ID)
 	writeJSON(w, http.StatusCreated, s.out(sb))
 }
 

@@ -15,6 +15,7 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request, p auth.
 		writeError(w, err)
 		return
 	}
+	setTarget(r.Context(), sn.ID)
 	writeJSON(w, http.StatusCreated, sn)
 }
 

@@ -192,6 +192,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request, p auth.Princ
 			opts.Cmd = base.Cmd
 		}
 	}
+	setTarget(r.Context(), b.req.Name)
 	build, err := s.templates.Build(r.Context(), p.TeamID, b.req.Name, spec, ctxTar, opts)
 	if err != nil {
 		writeError(w, err)
@@ -239,6 +240,7 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 		writeError(w, errorf(client.CodeBadRequest, "give either an image archive (the body) or image=, not both"))
 		return
 	}
+	setTarget(r.Context(), q.Get("name"))
 	b, err := s.templates.Import(r.Context(), p.TeamID, q.Get("name"), q.Get("ref"), q.Get("image"), archive, r.ContentLength)
 	if err != nil {
 		writeError(w, err)

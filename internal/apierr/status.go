@@ -38,4 +38,5 @@ var statusOf = map[string]int{
 	client.CodeInsufficientCapacity: http.StatusServiceUnavailable,
 	client.CodeNotImplemented:       http.StatusNotImplemented,
 	client.CodePortClosed:           http.StatusBadGateway,
+	client.CodeInsufficientBalance:  http.StatusPaymentRequired,
 }

@@ -111,7 +111,7 @@ func TestAuthenticate(t *testing.T) {
 	a := NewAuthenticator(s)
 
 	p, err := a.Authenticate(ctx, "Bearer "+secret)
-	want := Principal{TeamID: tm.ID, TeamName: "a", KeyID: k.ID, Limits: tm.Limits}
+	want := Principal{TeamID: tm.ID, TeamName: "a", KeyID: k.ID, KeyName: k.Name, Limits: tm.Limits}
 	if err != nil || p != want {
 		t.Fatalf("Authenticate = %+v, %v; want %+v", p, err, want)
 	}

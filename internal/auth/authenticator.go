@@ -29,7 +29,9 @@ type Principal struct {
 	TeamID   string
 	TeamName string
 	KeyID    string
-	Admin    bool
+	// KeyName is the key's name (the audit log's actor).
+	KeyName string
+	Admin   bool
 	// Limits are the team's limits when the key was looked up: at most 5 s
 	// old, or current if Invalidate is called after every change.
 	Limits client.Limits
@@ -95,7 +97,7 @@ func (a *Authenticator) AuthenticateKey(ctx context.Context, secret string) (Pri
 	if err != nil {
 		return Principal{}, fmt.Errorf("auth: look up key: %w", err)
 	}
-	p := Principal{TeamID: t.ID, TeamName: t.Name, KeyID: k.ID, Admin: k.Admin, Limits: t.Limits}
+	p := Principal{TeamID: t.ID, TeamName: t.Name, KeyID: k.ID, KeyName: k.Name, Admin: k.Admin, Limits: t.Limits}
 
 	a.mu.Lock()
 	if a.gen == gen {

@@ -171,6 +171,7 @@ func (s *Service) start(ctx context.Context, b *client.TemplateBuild, a *activeB
 
 func (s *Service) run(b client.TemplateBuild, a *activeBuild, work job) {
 	ctx := s.ctx
+	defer s.observeBuild(&b)
 	defer func() {
 		s.mu.Lock()
 		delete(s.pending, a.key)

@@ -154,6 +154,7 @@ type Service struct {
 
 	teamSlots *quota.Limiter // per team
 	allSlots  *quota.Limiter // one "team": the server
+	m         *metrics       // metrics.go
 
 	ctx    context.Context // builds run under it; Close cancels it
 	cancel context.CancelFunc
@@ -185,7 +186,7 @@ func New(cfg Config, st Store, reg *template.Registry, runner template.Runner, i
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Service{
 		cfg: cfg, store: st, reg: reg, builder: template.NewBuilder(reg, runner, log), oci: importer, log: log,
-		teamSlots: quota.NewLimiter(), allSlots: quota.NewLimiter(),
+		teamSlots: quota.NewLimiter(), allSlots: quota.NewLimiter(), m: newMetrics(),
 		ctx: ctx, cancel: cancel,
 		active: map[string]*activeBuild{}, pending: map[buildKey]string{}, pins: map[string]int{},
 	}, nil

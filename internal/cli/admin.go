@@ -102,6 +102,7 @@ func newTeamsCmd(a *app) *cobra.Command {
 
 	var (
 		maxSandboxes, maxExecs, maxStorage int
+		reqsPerMin, createsPerMin          int
 		asJSON                             bool
 	)
 	printTeam := func(cmd *cobra.Command, t *client.Team) error {
@@ -112,14 +113,15 @@ func newTeamsCmd(a *app) *cobra.Command {
 		return err
 	}
 	create := &cobra.Command{
-		Use:   "create NAME [--max-sandboxes N] [--max-execs N] [--max-storage-mb N]",
+		Use:   "create NAME [--max-sandboxes N] [--max-execs N] [--max-storage-mb N] [--requests-per-minute N] [--creates-per-minute N]",
 		Short: "Create a team and print its id",
 		Long:  "Create a team and print its id. Limits left out take the server's defaults.",
 		Args:  args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			req := client.CreateTeamRequest{Name: argv[0]}
-			if maxSandboxes > 0 || maxExecs > 0 || maxStorage > 0 {
-				req.Limits = &client.Limits{MaxSandboxes: maxSandboxes, MaxConcurrentExec: maxExecs, MaxStorageMB: maxStorage}
+			if maxSandboxes > 0 || maxExecs > 0 || maxStorage > 0 || reqsPerMin > 0 || createsPerMin > 0 {
+				req.Limits = &client.Limits{MaxSandboxes: maxSandboxes, MaxConcurrentExec: maxExecs, MaxStorageMB: maxStorage,
+					RequestsPerMinute: reqsPerMin, CreatesPerMinute: createsPerMin}
 			}
 			t, err := a.client().CreateTeam(cmd.Context(), req)
 			if err != nil {
@@ -129,13 +131,17 @@ func newTeamsCmd(a *app) *cobra.Command {
 		},
 	}
 	update := &cobra.Command{
-		Use:   "update TEAM_ID [--max-sandboxes N] [--max-execs N] [--max-storage-mb N]",
+		Use:   "update TEAM_ID [--max-sandboxes N] [--max-execs N] [--max-storage-mb N] [--requests-per-minute N] [--creates-per-minute N]",
 		Short: "Change a team's limits",
 		Args:  args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			fl := cmd.Flags()
-			if !fl.Changed("max-sandboxes") && !fl.Changed("max-execs") && !fl.Changed("max-storage-mb") {
-				return usagef(cmd, "give --max-sandboxes, --max-execs and/or --max-storage-mb")
+			changed := false
+			for _, name := range []string{"max-sandboxes", "max-execs", "max-storage-mb", "requests-per-minute", "creates-per-minute"} {
+				changed = changed || fl.Changed(name)
+			}
+			if !changed {
+				return usagef(cmd, "give --max-sandboxes, --max-execs, --max-storage-mb, --requests-per-minute and/or --creates-per-minute")
 			}
 			c := a.client()
 			t, err := c.GetTeam(cmd.Context(), argv[0])
@@ -152,6 +158,12 @@ func newTeamsCmd(a *app) *cobra.Command {
 			if fl.Changed("max-storage-mb") {
 				lim.MaxStorageMB = maxStorage
 			}
+			if fl.Changed("requests-per-minute") {
+				lim.RequestsPerMinute = reqsPerMin
+			}
+			if fl.Changed("creates-per-minute") {
+				lim.CreatesPerMinute = createsPerMin
+			}
 			if t, err = c.UpdateTeam(cmd.Context(), argv[0], client.UpdateTeamRequest{Limits: lim}); err != nil {
 				return err
 			}
@@ -162,6 +174,8 @@ func newTeamsCmd(a *app) *cobra.Command {
 		c.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "limit of running sandboxes")
 		c.Flags().IntVar(&maxExecs, "max-execs", 0, "limit of concurrent commands")
 		c.Flags().IntVar(&maxStorage, "max-storage-mb", 0, "storage limit in MiB: templates, uploads being processed, eval inputs (0 = the server's default)")
+		c.Flags().IntVar(&reqsPerMin, "requests-per-minute", 0, "request rate limit, per API replica (0 = the server's default)")
+		c.Flags().IntVar(&createsPerMin, "creates-per-minute", 0, "create rate limit (sandboxes, forks, resumes, eval runs), per API replica (0 = the server's default)")
 		c.Flags().BoolVar(&asJSON, "json", false, "print the team as JSON")
 	}
 
@@ -207,18 +221,21 @@ func newTeamsCmd(a *app) *cobra.Command {
 }
 
 func teamTable(cmd *cobra.Command, teams []client.Team) error {
-	cols := []string{"ID", "NAME", "MAX_SANDBOXES", "MAX_EXECS", "MAX_STORAGE_MB", "CREATED"}
+	cols := []string{"ID", "NAME", "MAX_SANDBOXES", "MAX_EXECS", "MAX_STORAGE_MB", "REQUESTS/MIN", "CREATES/MIN", "CREATED"}
 	withUsage := len(teams) == 1 && teams[0].Usage != nil
 	if withUsage {
 		cols = append(cols, "STORAGE")
 	}
 	t := newTable(out(cmd), cols...)
 	for _, tm := range teams {
-		storage := "default"
-		if tm.Limits.MaxStorageMB > 0 {
-			storage = strconv.Itoa(tm.Limits.MaxStorageMB)
+		orDefault := func(n int) string {
+			if n > 0 {
+				return strconv.Itoa(n)
+			}
+			return "default"
 		}
-		row := []string{tm.ID, tm.Name, strconv.Itoa(tm.Limits.MaxSandboxes), strconv.Itoa(tm.Limits.MaxConcurrentExec), storage, timeCell(tm.CreatedAt)}
+		row := []string{tm.ID, tm.Name, strconv.Itoa(tm.Limits.MaxSandboxes), strconv.Itoa(tm.Limits.MaxConcurrentExec), orDefault(tm.Limits.MaxStorageMB),
+			orDefault(tm.Limits.RequestsPerMinute), orDefault(tm.Limits.CreatesPerMinute), timeCell(tm.CreatedAt)}
 		if withUsage {
 			u := tm.Usage
 			used := humanBytes(u.StorageBytes)

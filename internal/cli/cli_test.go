@@ -414,10 +414,14 @@ key-2  old ci  team-1  ebx_1111  false  2026-03-01T12:00:00Z  2026-03-01T13:00:0
 	if f.teams["team-2"].Limits != (client.Limits{MaxSandboxes: 8, MaxConcurrentExec: 32, MaxStorageMB: 2048}) {
 		t.Errorf("update of the storage limit: %+v", f.teams["team-2"].Limits)
 	}
+	f.run(t, "", "teams", "update", "team-2", "--requests-per-minute", "600", "--creates-per-minute", "60").ok(t)
+	if f.teams["team-2"].Limits != (client.Limits{MaxSandboxes: 8, MaxConcurrentExec: 32, MaxStorageMB: 2048, RequestsPerMinute: 600, CreatesPerMinute: 60}) {
+		t.Errorf("update of the rate limits: %+v", f.teams["team-2"].Limits)
+	}
 	r = f.run(t, "", "teams", "ls").ok(t)
-	want = `ID      NAME   MAX_SANDBOXES  MAX_EXECS  MAX_STORAGE_MB  CREATED
-team-2  evals  8              32         2048            2026-03-01T12:00:00Z
-team-3  rl     100            64         default         2026-03-01T12:00:00Z
+	want = `ID      NAME   MAX_SANDBOXES  MAX_EXECS  MAX_STORAGE_MB  REQUESTS/MIN  CREATES/MIN  CREATED
+team-2  evals  8              32         2048            600           60           2026-03-01T12:00:00Z
+team-3  rl     100            64         default         default       default      2026-03-01T12:00:00Z
 `
 	if r.stdout != want {
 		t.Errorf("teams ls:\n%s\nwant:\n%s", r.stdout, want)
@@ -458,12 +462,17 @@ func TestServe(t *testing.T) {
 		"--output-memory-mb", "256", "--http-read-header-timeout", "3", "--http-idle-timeout", "1m", "--max-storage-mb", "512",
 		"--registry-allow", "registry.internal:5000,ghcr.io", "--replica-id", "api-1", "--eval-lease", "5s",
 		"--pids", "512", "--host-pids", "16996", "--host-reserve-memory-mb", "4096", "--memory-overcommit", "3.5",
-		"--public-url", "https://evalbox.example.com").ok(t)
+		"--public-url", "https://evalbox.example.com", "--rate-limit-requests-per-minute", "120", "--rate-limit-creates-per-minute", "6",
+		"--rate-limit-key-requests-per-minute", "60", "--metrics-listen", "10.0.0.5:9100", "--audit-retention", "720h",
+		"--cpu-abuse-threshold", "0.8", "--cpu-abuse-window", "5m", "--cpu-abuse-interval", "2s",
+		"--secrets-keys", "/etc/evalbox/secrets.keys", "--meter-interval", "2s", "--billing-granularity", "10s", "--billing-minimum", "0",
+		"--default-tariff", "small", "--billing", "on", "--billing-grace", "1m").ok(t)
 	want := ServeConfig{
 		NodeFlags: NodeFlags{DataDir: "/tmp/ebx", RunscPath: "/bin/runsc", AgentPath: "/bin/agent", TemplatesDir: "/tmp/tmpl",
 			HostPids: 16996, HostReserveMemoryMB: 4096, MemoryOvercommit: 3.5, LogLevel: -4, Logger: got.Logger},
 		Database: "postgres://evalbox@db.internal/evalbox?sslmode=require", Listen: "127.0.0.1:0",
 		DefaultTimeout: 10 * time.Minute, MaxTimeout: 2 * time.Hour, MaxSandboxes: 10, MaxConcurrentExecs: 20, MaxFileBytes: 512 << 20,
+		RateLimitRequestsPerMinute: 120, RateLimitCreatesPerMinute: 6, RateLimitKeyRequestsPerMinute: 60,
 		Pool:      []PoolSpec{{"base", "gvisor", 4}, {"python", "namespaces", 2}, {"node", "", 1}},
 		MaxBuilds: 3, BuildTimeout: 10 * time.Minute, BuildNetwork: "none", ExecWait: 30 * time.Second,
 		OutputMemoryMB: 256, ReadHeaderTimeout: 3 * time.Second, IdleTimeout: time.Minute, MaxStorageMB: 512,
@@ -471,6 +480,10 @@ func TestServe(t *testing.T) {
 		Pids:          512,
 		ReplicaID:     "api-1", EvalLease: 5 * time.Second,
 		Nodes: "local", Namespace: "evalbox", PublicURL: "https://evalbox.example.com",
+		MetricsListen: "10.0.0.5:9100", AuditRetention: 30 * 24 * time.Hour,
+		CPUAbuseThreshold: 0.8, CPUAbuseWindow: 5 * time.Minute, CPUAbuseInterval: 2 * time.Second,
+		SecretsKeys: "/etc/evalbox/secrets.keys", MeterInterval: 2 * time.Second, BillingGranularity: 10 * time.Second,
+		DefaultTariff: "small", Billing: true, BillingGrace: time.Minute,
 	}
 	if got.Logger == nil || !got.Logger.Enabled(context.Background(), -4) {
 		t.Error("no debug logger")
@@ -509,6 +522,15 @@ func TestServe(t *testing.T) {
 		{"--node-listen", ":8443", "--node-tls-cert", "/c", "--node-tls-key", "/k2"},                                // no token
 		{"--node-listen", ":8443", "--node-token-file", tokenFile},                                                  // TLS only
 		{"--node-listen", "8443", "--node-token-file", tokenFile, "--node-tls-cert", "/c", "--node-tls-key", "/k2"}, // no host:port
+		{"--metrics-listen", "9100"}, // no host:port
+		{"--audit-retention", "-1"},
+		{"--cpu-abuse-threshold", "0"},
+		{"--cpu-abuse-threshold", "1.5"},
+		{"--cpu-abuse-window", "-1"},
+		{"--cpu-abuse-interval", "1ms"},
+		{"--billing", "yes"},
+		{"--meter-interval", "1ms"},
+		{"--billing-minimum", "-1s"},
 	} {
 		if r := runCLI(t, "", append([]string{"serve"}, args...)...); r.code != 2 {
 			t.Errorf("serve %v: exit %d %q, want a usage error", args, r.code, r.stderr)
@@ -522,7 +544,7 @@ func TestServe(t *testing.T) {
 		got.OutputMemoryMB != DefaultOutputMemoryMB || got.ReadHeaderTimeout != DefaultReadHeader || got.IdleTimeout != DefaultIdleTimeout ||
 		got.MaxStorageMB != DefaultMaxStorageMB || got.RegistryAllow != nil ||
 		got.Pids != DefaultPids || got.MemoryOvercommit != DefaultMemoryOvercommit || got.HostPids != 0 || got.HostReservePids != 0 || got.HostReserveMemoryMB != 0 ||
-		got.ReplicaID != "" || got.EvalLease != DefaultEvalLease {
+		got.ReplicaID != "" || got.EvalLease != DefaultEvalLease || got.MetricsListen != "" || got.AuditRetention != DefaultAuditRetention {
 		t.Errorf("defaults %+v", got)
 	}
 
@@ -536,7 +558,7 @@ func TestServe(t *testing.T) {
 		{"--log-level", "loud"}, {"--default-timeout", "soon"}, {"--max-file-bytes", "lots"},
 		{"--output-memory-mb", "8"}, {"--http-idle-timeout", "0"},
 		{"--default-timeout", "2h", "--max-timeout", "1h"}, {"--max-sandboxes", "0"}, {"extra-arg"},
-		{"--registry-allow", "https://ghcr.io"}, {"--registry-allow", "ghcr.io/x"}, {"--max-storage-mb", "-1"},
+		{"--registry-allow", "https://ghcr.io"}, {"--registry-allow", "ghcr.io/x"}, {"--max-storage-mb", "-1"}, {"--rate-limit-requests-per-minute", "-1"}, {"--rate-limit-creates-per-minute", "-5"},
 		{"--database", "mysql://u@h/db"}, {"--database", "sqlite:"}, {"--database", "host=db password=pw"},
 		{"--pids", "10"}, {"--host-pids", "-1"}, {"--host-reserve-memory-mb", "-5"}, {"--memory-overcommit", "0.5"},
 		{"--host-pids", "20000", "--host-reserve-pids", "100"},

@@ -167,11 +167,17 @@ with the key --api-key (default $` + client.EnvAPIKey + `).
 		newSandboxCmd(a),
 		newSnapshotCmd(a),
 		newKeysCmd(a),
+		newSecretsCmd(a),
+		newTariffsCmd(a),
+		newUsageCmd(a),
+		newBalanceCmd(a),
 		newTeamsCmd(a),
+		newAuditCmd(a),
 		newTemplateCmd(a),
 		newEvalCmd(a),
 		newShardCmd(a),
 		newHealthCmd(a),
+		newLimitsCmd(),
 	)
 	return root
 }

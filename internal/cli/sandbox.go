@@ -41,6 +41,7 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 		req           client.CreateSandboxRequest
 		timeout, wait seconds
 		env, md       []string
+		secretNames   []string
 		netMode       string
 		allow, deny   []string
 		public        []int
@@ -65,6 +66,9 @@ instead of failing with insufficient_capacity.`,
 			if req.Metadata, err = parseKV(cmd, "metadata", md); err != nil {
 				return err
 			}
+			if req.Secrets, err = secretsFromEnv(cmd, secretNames); err != nil {
+				return err
+			}
 			req.Timeout = wholeSeconds(time.Duration(timeout))
 			req.WaitSeconds = wholeSeconds(time.Duration(wait))
 			req.Network = networkSpec(netMode, allow, deny)
@@ -87,12 +91,15 @@ instead of failing with insufficient_capacity.`,
 	}
 	f := cmd.Flags()
 	f.StringVarP(&req.Template, "template", "t", "base", "template to create the sandbox from")
+	f.StringVar(&req.Tariff, "tariff", "", "tariff: its shape and prices (evalbox tariffs ls; default: the template's shape at the server's default tariff)")
 	f.StringVar(&req.Runtime, "runtime", "", "runtime: gvisor or namespaces (default: the server's)")
 	f.Var(&timeout, "timeout", "TTL in seconds or as a duration (default: the server's)")
 	f.Float64Var(&req.CPU, "cpu", 0, "vCPUs (default: the template's)")
 	f.IntVar(&req.MemoryMB, "memory-mb", 0, "memory limit in MiB (default: the template's)")
 	f.IntVar(&req.DiskMB, "disk-mb", 0, "writable disk in MiB (default: the template's)")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	f.StringArrayVar(&secretNames, "secret", nil, "a secret: NAME, its value taken from this shell's $NAME (repeatable; never shown nor logged)")
+	f.StringArrayVar(&req.SecretRefs, "secret-ref", nil, "a stored secret of the team (evalbox secrets set) by NAME (repeatable)")
 	f.StringArrayVarP(&md, "metadata", "m", nil, "metadata KEY=VALUE (repeatable)")
 	f.StringVar(&netMode, "network", "", "network: none, outbound or rules (default none; rules when --allow or --deny is given)")
 	f.StringArrayVar(&allow, "allow", nil, "network rules: a CIDR, domain or *.domain the sandbox may reach (repeatable)")
@@ -100,6 +107,7 @@ instead of failing with insufficient_capacity.`,
 	f.IntSliceVar(&public, "public-port", nil, "open this port's URLs to anyone, with no key or token (repeatable)")
 	f.Var(&wait, "wait", "queue up to this long when the team is at its sandbox limit or the host has no room")
 	f.StringVar(&req.Snapshot, "snapshot", "", "restore the sandbox from this snapshot (its template, runtime, shape and network)")
+	f.BoolVar(&req.LongRunning, "long-running", false, "exempt it from the CPU-abuse stop: held above the server's CPU threshold for its window, it is throttled to half its CPU instead (docs/abuse.md)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	return cmd
 }
@@ -177,6 +185,8 @@ func newSandboxGetCmd(a *app) *cobra.Command {
 			t.row("Network", sb.Network)
 			t.row("Metadata", kvCell(sb.Metadata))
 			t.row("Env", orDash(strings.Join(sb.EnvKeys, ",")))
+			t.row("Secrets", orDash(strings.Join(sb.SecretNames, ",")))
+			t.row("Tariff", orDash(sb.Tariff))
 			t.row("Created", timeCell(sb.CreatedAt))
 			t.row("Expires", timeCell(sb.ExpiresAt))
 			if sb.EndedAt != nil {

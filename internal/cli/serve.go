@@ -14,6 +14,8 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/evalbox/evalbox/internal/limits"
+	"github.com/evalbox/evalbox/internal/meter"
 	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/internal/template/oci"
 )
@@ -26,6 +28,20 @@ type ServeConfig struct {
 	// Database names the state database (a path, sqlite:PATH or
 	// postgres://…, see store.Open); empty = evalbox.db in DataDir.
 	Database string
+	// SecretsKeys is the keyring of the teams' stored secrets; empty =
+	// secrets.keys in DataDir.
+	SecretsKeys string
+	// MeterInterval is the meter's tick; BillingGranularity and
+	// BillingMinimum how a sandbox's time is billed (0 minimum: none);
+	// DefaultTariff prices the sandboxes created without a tariff.
+	MeterInterval      time.Duration
+	BillingGranularity time.Duration
+	BillingMinimum     time.Duration
+	DefaultTariff      string
+	// Billing holds teams to their prepaid balance (402 at create, their
+	// sandboxes stopped BillingGrace after it reaches zero).
+	Billing      bool
+	BillingGrace time.Duration
 	// Listen is the API's TCP address (host:port).
 	Listen string
 	// DefaultTimeout and MaxTimeout bound a sandbox's TTL.
@@ -36,6 +52,12 @@ type ServeConfig struct {
 	MaxConcurrentExecs int
 	// MaxFileBytes is the largest file upload (413 past it).
 	MaxFileBytes int64
+	// RateLimit* are the request rate limits, per minute and per replica:
+	// of a team whose own is 0 (requests, creates), and of one key within
+	// its team's (0 = none).
+	RateLimitRequestsPerMinute    int
+	RateLimitCreatesPerMinute     int
+	RateLimitKeyRequestsPerMinute int
 	// MaxStorageMB is a team's default storage limit (templates, uploads
 	// being processed, eval inputs; 0 = none).
 	MaxStorageMB int
@@ -109,6 +131,19 @@ type ServeConfig struct {
 	// requests (POST /run_code, /run_jupyter) from programs on this host
 	// without an API key run as.
 	SandboxFusionLoopbackTeam string
+	// MetricsListen, when set, serves GET /metrics there without
+	// authentication (a private address); the API's listener serves it
+	// to admin keys.
+	MetricsListen string
+	// AuditRetention is how long audit rows are kept (0 = forever).
+	AuditRetention time.Duration
+	// The CPU-abuse rule (docs/abuse.md): a sandbox above CPUAbuseThreshold
+	// of its CPU quota for longer than CPUAbuseWindow (0: no rule) is
+	// stopped, or throttled if long-running; sampled every
+	// CPUAbuseInterval.
+	CPUAbuseThreshold float64
+	CPUAbuseWindow    time.Duration
+	CPUAbuseInterval  time.Duration
 }
 
 // PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
@@ -126,28 +161,30 @@ var ServeFunc func(ctx context.Context, cfg ServeConfig) error
 
 // Defaults of `evalbox serve`.
 const (
-	DefaultDataDir        = "/var/lib/evalbox"
-	DefaultListen         = "127.0.0.1:8700"
-	DefaultTimeout        = 5 * time.Minute
-	DefaultMaxTimeout     = 24 * time.Hour
-	DefaultMaxSandboxes   = 20
-	DefaultMaxExecs       = 64
-	DefaultMaxFileBytes   = 1 << 30
-	DefaultMaxStorageMB   = 20 << 10
-	DefaultMaxBuilds      = 2
-	DefaultBuildTimeout   = 30 * time.Minute
-	DefaultExecWait       = 10 * time.Minute
-	DefaultOutputMemoryMB = 1024
+	DefaultDataDir = "/var/lib/evalbox"
+	DefaultListen  = "127.0.0.1:8700"
+	// The limits' defaults are internal/limits' (docs/limits.md).
+	DefaultTimeout        = limits.DefaultTimeout
+	DefaultMaxTimeout     = limits.MaxTimeout
+	DefaultMaxSandboxes   = limits.MaxSandboxes
+	DefaultMaxExecs       = limits.MaxConcurrentExecs
+	DefaultMaxFileBytes   = limits.MaxFileBytes
+	DefaultMaxStorageMB   = limits.MaxStorageMB
+	DefaultMaxBuilds      = limits.MaxBuilds
+	DefaultBuildTimeout   = limits.BuildTimeout
+	DefaultExecWait       = limits.ExecWait
+	DefaultOutputMemoryMB = limits.OutputMemoryMB
 	// DefaultPids is a sandbox's task limit (on a host whose pid_max is
 	// 32768 about 28 namespaces or 22 gVisor sandboxes fit at once), and
 	// DefaultMemoryOvercommit the memory budget's overcommit: equal to
 	// sandbox.DefaultPids and node.DefaultMemoryOvercommit (a test in
 	// cmd/evalbox holds them equal).
-	DefaultPids             = 1024
-	DefaultMemoryOvercommit = 2
-	DefaultReadHeader       = 10 * time.Second
+	DefaultPids             = limits.Pids
+	DefaultMemoryOvercommit = limits.MemoryOvercommit
+	DefaultReadHeader       = limits.HTTPReadHeader
 	DefaultEvalLease        = 15 * time.Second
-	DefaultIdleTimeout      = 2 * time.Minute
+	DefaultAuditRetention   = 90 * 24 * time.Hour
+	DefaultIdleTimeout      = limits.HTTPIdle
 	defaultLogLevelString   = "info"
 )
 
@@ -162,6 +199,14 @@ func newServeCmd() *cobra.Command {
 		readHeader    = seconds(DefaultReadHeader)
 		idleTimeout   = seconds(DefaultIdleTimeout)
 		evalLease     = seconds(DefaultEvalLease)
+		auditKeep     = seconds(DefaultAuditRetention)
+		meterInterval = seconds(meter.DefaultInterval)
+		billingGran   = seconds(meter.DefaultGranularity)
+		billingMin    = seconds(meter.DefaultMinimum)
+		billingGrace  = seconds(meter.DefaultGrace)
+		billing       string
+		abuseWindow   = seconds(limits.CPUAbuseWindow)
+		abuseInterval = seconds(limits.CPUAbuseInterval)
 		pool          string
 		nodeTokenFile string
 		nodeFlags     = nodeFlagSet{cfg: &cfg.NodeFlags}
@@ -198,6 +243,28 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 			cfg.ReadHeaderTimeout = time.Duration(readHeader)
 			cfg.IdleTimeout = time.Duration(idleTimeout)
 			cfg.EvalLease = time.Duration(evalLease)
+			cfg.AuditRetention = time.Duration(auditKeep)
+			cfg.CPUAbuseWindow, cfg.CPUAbuseInterval = time.Duration(abuseWindow), time.Duration(abuseInterval)
+			if !(cfg.CPUAbuseThreshold > 0 && cfg.CPUAbuseThreshold <= 1) || cfg.CPUAbuseWindow < 0 || cfg.CPUAbuseInterval < 10*time.Millisecond {
+				return usagef(cmd, "--cpu-abuse-threshold must be in (0, 1], --cpu-abuse-window at least 0 (0 = no CPU-abuse rule), --cpu-abuse-interval at least 10ms")
+			}
+			cfg.MeterInterval, cfg.BillingGranularity, cfg.BillingMinimum = time.Duration(meterInterval), time.Duration(billingGran), time.Duration(billingMin)
+			cfg.BillingGrace = time.Duration(billingGrace)
+			switch billing {
+			case "on":
+				cfg.Billing = true
+			case "off", "":
+			default:
+				return usagef(cmd, "--billing must be on or off, got %q", billing)
+			}
+			if cfg.MeterInterval < 100*time.Millisecond || cfg.BillingGranularity < time.Millisecond || cfg.BillingMinimum < 0 {
+				return usagef(cmd, "--meter-interval must be at least 100ms, --billing-granularity at least 1ms, --billing-minimum at least 0")
+			}
+			if cfg.MetricsListen != "" {
+				if _, _, err := net.SplitHostPort(cfg.MetricsListen); err != nil {
+					return usagef(cmd, "--metrics-listen %q: want HOST:PORT", cfg.MetricsListen)
+				}
+			}
 			if cfg.EvalLease < time.Second {
 				return usagef(cmd, "--eval-lease must be at least 1s")
 			}
@@ -277,6 +344,12 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 					return usagef(cmd, "--node-listen %q: want HOST:PORT", cfg.NodeListen)
 				}
 			}
+			for name, v := range map[string]int{"rate-limit-requests-per-minute": cfg.RateLimitRequestsPerMinute,
+				"rate-limit-creates-per-minute": cfg.RateLimitCreatesPerMinute, "rate-limit-key-requests-per-minute": cfg.RateLimitKeyRequestsPerMinute} {
+				if v < 0 {
+					return usagef(cmd, "--%s must not be negative (0 = no limit)", name)
+				}
+			}
 			if cfg.MaxStorageMB < 0 || cfg.MaxStorageMB > 1<<30 {
 				return usagef(cmd, "--max-storage-mb must be between 0 (no limit) and %d", 1<<30)
 			}
@@ -302,6 +375,7 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	}
 	f := cmd.Flags()
 	nodeFlags.register(f, DefaultDataDir)
+	f.StringVar(&cfg.SecretsKeys, "secrets-keys", "", "keyring file that seals the teams' stored secrets, mode 0600, made at the first start; API replicas sharing a database need the same one (default: secrets.keys in --data-dir)")
 	f.StringVar(&cfg.Database, "database", "", "state database: postgres://USER@HOST/DB (password from PGPASSWORD or ~/.pgpass), or an SQLite file (PATH or sqlite:PATH) (default: evalbox.db in --data-dir)")
 	f.StringVar(&cfg.Listen, "listen", DefaultListen, "address of the API (host:port)")
 	f.StringVar(&nodeTokenFile, "node-token-file", "", "file holding the node token (trimmed): node agents that send it fetch templates from GET /v1/internal/templates/{digest}, and --nodes kubernetes dials them with it (default: none, not served)")
@@ -316,11 +390,25 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 	f.StringVar(&cfg.PublicURL, "public-url", "", "the server's URL as clients reach it, e.g. https://evalbox.example.com behind a TLS proxy (the URLs it hands out are built on it; default: each request's scheme and Host)")
 	f.StringVar(&cfg.SandboxDomain, "sandbox-domain", "", "serve port URLs of the host form {port}-{id}.DOMAIN too (point wildcard DNS *.DOMAIN at this server)")
 	f.StringVar(&cfg.NodeListen, "node-listen", "", "serve the node agents' template fetches on this address, over TLS with --node-tls-cert/--node-tls-key (mutual with --node-tls-ca), instead of on --listen")
+	f.StringVar(&cfg.MetricsListen, "metrics-listen", "", "also serve GET /metrics on this address, without authentication: bind it to a private interface (default: only on --listen, to admin keys)")
+	f.Var(&meterInterval, "meter-interval", "how often metered usage is saved: at most this much of it is lost if every server crashes (seconds or a duration)")
+	f.Var(&billingGran, "billing-granularity", "a sandbox's metered time is rounded up to this (seconds or a duration)")
+	f.Var(&billingMin, "billing-minimum", "a sandbox's running time is billed at least this (seconds or a duration; 0 = none)")
+	f.StringVar(&billing, "billing", "off", "on: teams pay from a prepaid balance (402 insufficient_balance at create; their sandboxes stop with balance_exhausted at zero); off: usage and balances are only shown")
+	f.Var(&billingGrace, "billing-grace", "how long a team's sandboxes run on, warned, after its balance reached zero (seconds or a duration)")
+	f.StringVar(&cfg.DefaultTariff, "default-tariff", meter.DefaultTariff, "tariff that prices the sandboxes created without one (their shape stays the template's)")
+	f.Var(&auditKeep, "audit-retention", "how long audit log rows are kept (seconds or a duration, e.g. 720h; 0 = forever)")
 	f.Var(&defTimeout, "default-timeout", "sandbox TTL when a create request gives none (seconds or a duration)")
 	f.Var(&maxTimeout, "max-timeout", "longest sandbox TTL (seconds or a duration)")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", DefaultMaxSandboxes, "a team's default limit of running sandboxes")
 	f.IntVar(&cfg.MaxConcurrentExecs, "max-execs", DefaultMaxExecs, "a team's default limit of concurrent commands")
 	f.Var(&maxFileBytes, "max-file-bytes", "largest file upload (bytes, or 512MiB, 2G)")
+	f.IntVar(&cfg.RateLimitRequestsPerMinute, "rate-limit-requests-per-minute", limits.RequestsPerMinute,
+		"a team's default request rate, per API replica: past it (and a burst of 10 s' worth) 429 rate_limited with Retry-After; admin keys are exempt (0 = no limit)")
+	f.IntVar(&cfg.RateLimitCreatesPerMinute, "rate-limit-creates-per-minute", limits.CreatesPerMinute,
+		"a team's default rate of creates (sandboxes, forks, resumes, eval runs), per API replica, apart from --max-sandboxes (0 = no limit)")
+	f.IntVar(&cfg.RateLimitKeyRequestsPerMinute, "rate-limit-key-requests-per-minute", limits.KeyRequestsPerMinute,
+		"one API key's request rate within its team's, per API replica (0 = only the team's)")
 	f.IntVar(&cfg.MaxStorageMB, "max-storage-mb", DefaultMaxStorageMB, "a team's default storage limit in MiB: its templates, uploads being processed and eval inputs (0 = none)")
 	f.StringVar(&pool, "pool", "", `warm pools, e.g. "base:gvisor=4,python:namespaces=2"`)
 	f.StringVar(&cfg.Mirror, "mirror", os.Getenv("EVALBOX_DEBIAN_MIRROR"), "Debian mirror for the built-in templates (default: the host's apt sources; env EVALBOX_DEBIAN_MIRROR)")
@@ -334,6 +422,10 @@ by commas, e.g. "base:gvisor=4,python:namespaces=2".`,
 		"memory for command output held for buffered (JSON) answers and eval runs, server-wide, in MiB; past it a request gets 429 output_budget_exhausted (streamed answers need none)")
 	f.IntVar(&cfg.Pids, "pids", DefaultPids, "task limit (processes and threads) of every sandbox; each reserves it from the host's pids (gVisor: plus 256 for the Sentry)")
 	f.StringVar(&cfg.ReplicaID, "replica-id", "", "name of this API replica among those sharing one PostgreSQL database (default: host name and process id)")
+	f.Float64Var(&cfg.CPUAbuseThreshold, "cpu-abuse-threshold", limits.CPUAbuseThreshold,
+		"the CPU-abuse rule's threshold: the share of its CPU quota a sandbox must use to count toward --cpu-abuse-window (docs/abuse.md)")
+	f.Var(&abuseWindow, "cpu-abuse-window", "a sandbox above --cpu-abuse-threshold for longer than this is stopped (end reason cpu_abuse), or throttled to half its CPU if long_running; warned at 80 % of it (seconds or a duration; 0 = no CPU-abuse rule)")
+	f.Var(&abuseInterval, "cpu-abuse-interval", "how often the CPU-abuse rule samples every sandbox's CPU use (seconds or a duration)")
 	f.Var(&evalLease, "eval-lease", "how long an eval run's lease outlives its replica's last renewal (another replica then takes the run over)")
 	_ = f.MarkHidden("eval-lease")
 	// Hidden: the HTTP connection bounds, for tests.

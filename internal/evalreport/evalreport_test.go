@@ -24,7 +24,7 @@ func sample() (*client.EvalRun, []client.EvalResult) {
 		Done: 12, Counts: map[string]int{"passed": 6, "failed": 4, "timed_out": 1, "infra_error": 1},
 		Summary: &client.EvalSummary{PassAtK: map[string]float64{"pass@1": 0.5, "pass@2": 0.6667}, Counts: map[string]int{"passed": 6, "failed": 4, "timed_out": 1, "infra_error": 1},
 			TemplateDigest: "sha256:abc123", Runtime: "namespaces", RuntimeVersion: "runsc release-20260101", DurationMs: 42000, TrialsPerSecond: 0.3,
-			Retries: 2, Phases: map[string]client.PhaseStats{"run": {P50Ms: 20, P99Ms: 40.5, MeanMs: 22}, "create": {P50Ms: 5, P99Ms: 9, MeanMs: 6}}},
+			Retries: 2, Tariff: "standard", Cost: "0.0421", BilledSeconds: 120, Phases: map[string]client.PhaseStats{"run": {P50Ms: 20, P99Ms: 40.5, MeanMs: 22}, "create": {P50Ms: 5, P99Ms: 9, MeanMs: 6}}},
 	}
 	res := func(task string, id int, status, detail string, ms int64) client.EvalResult {
 		return client.EvalResult{TaskID: task, CompletionID: id, Status: status, Detail: detail, DurationMs: ms, Passed: status == "passed"}
@@ -204,6 +204,7 @@ func TestWriteHTML(t *testing.T) {
 		"<td>timeout</td><td>3 s per trial</td>", "<td>concurrency</td><td>4</td>",
 		"<td>mode</td><td>trial: one fresh sandbox per sample</td>", "<td>infra retries</td><td>2</td>",
 		"<td>phase run</td><td>p50 20.0 ms, p99 40.5 ms, mean 22.0 ms</td>",
+		"<td>tariff</td><td>standard</td>", "<td>cost</td><td>0.0421 (120 sandbox-seconds billed)</td>",
 		`style="width: 50.0%"`,
 	} {
 		if !strings.Contains(page, want) {

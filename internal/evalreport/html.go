@@ -156,6 +156,10 @@ func meta(run *client.EvalRun) []kv {
 			kv{"duration", (time.Duration(sum.DurationMs) * time.Millisecond).String()},
 			kv{"throughput", strconv.FormatFloat(sum.TrialsPerSecond, 'f', 1, 64) + " trials/s"},
 			kv{"infra retries", strconv.Itoa(sum.Retries)})
+		if sum.Cost != "" {
+			m = append(m, kv{"tariff", orDash(sum.Tariff)},
+				kv{"cost", sum.Cost + " (" + strconv.FormatFloat(sum.BilledSeconds, 'f', 0, 64) + " sandbox-seconds billed)"})
+		}
 		for _, name := range slices.Sorted(maps.Keys(sum.Phases)) {
 			ph := sum.Phases[name]
 			m = append(m, kv{"phase " + name, fmt.Sprintf("p50 %.1f ms, p99 %.1f ms, mean %.1f ms", ph.P50Ms, ph.P99Ms, ph.MeanMs)})

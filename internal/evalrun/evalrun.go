@@ -32,15 +32,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/eval"
 	"github.com/evalbox/evalbox/internal/judge"
+	"github.com/evalbox/evalbox/internal/meter"
 	"github.com/evalbox/evalbox/internal/outbuf"
 	"github.com/evalbox/evalbox/internal/quota"
 	"github.com/evalbox/evalbox/internal/store"
@@ -139,6 +142,7 @@ type Service struct {
 	// output is the server's budget for held command output: each trial
 	// and slice leases what it may hold before it starts.
 	output *outbuf.Budget
+	m      *metrics // metrics.go
 
 	ctx  context.Context // ends at Close
 	stop context.CancelFunc
@@ -161,6 +165,8 @@ type Service struct {
 	// the harness then neither scans nor restores the host's writable
 	// places, and makes its directories below /tmp (the fake sandbox's).
 	hostHarness bool
+	// meterRules bill the cost in run summaries (MeterWith).
+	meterRules meter.Rules
 }
 
 // New returns the service. Call Recover once at start and Close at the end.
@@ -178,7 +184,7 @@ func New(st Store, sb Sandboxes, output *outbuf.Budget, storage Storage, leases 
 		leases.TTL = DefaultLeaseTTL
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Service{leases: leases, st: st, sb: sb, storage: storage, trials: trial.New(sb, log), judges: judge.New(sb, log), log: log, output: output, ctx: ctx, stop: stop,
+	return &Service{leases: leases, st: st, sb: sb, storage: storage, trials: trial.New(sb, log), judges: judge.New(sb, log), log: log, output: output, m: newMetrics(), ctx: ctx, stop: stop,
 		draining: make(chan struct{}), progressEvery: progressEvery, running: map[string]*liveRun{}}
 }
 
@@ -442,6 +448,9 @@ func (s *Service) keepLease(ctx context.Context, run client.EvalRun, live *liveR
 // (its context is cancelled) and is returned as an error.
 func (s *Service) record(ctx context.Context, w *work, r client.EvalResult, env store.TrialEnv) (bool, error) {
 	ok, err := s.st.PutEvalTrial(ctx, w.run.TeamID, w.run.ID, s.leases.Owner, r, env)
+	if ok && err == nil {
+		s.m.verdict(r.Status)
+	}
 	if errors.Is(err, store.ErrLeaseLost) {
 		w.live.leaseLost.Store(true)
 		w.live.cancel()
@@ -606,6 +615,9 @@ func (s *Service) Cancel(ctx context.Context, teamID, id string) (client.EvalRun
 	if err != nil && !errors.Is(err, store.ErrConflict) {
 		return client.EvalRun{}, err
 	}
+	if err == nil {
+		s.m.runs.WithLabelValues(client.EvalStateCancelled).Inc()
+	}
 	s.mu.Lock()
 	if live := s.running[id]; live != nil {
 		live.cancel()
@@ -647,6 +659,8 @@ func (s *Service) run(ctx context.Context, run client.EvalRun, live *liveRun) {
 		return
 	case err != nil && !errors.Is(err, store.ErrConflict):
 		log.Error("eval run: record end", "err", err)
+	case err == nil:
+		s.m.runs.WithLabelValues(state).Inc()
 	}
 	log.Info("eval run ended", "state", state, "trials", ran, "duration", time.Since(started))
 }
@@ -768,7 +782,47 @@ func (s *Service) summarize(ctx context.Context, run client.EvalRun) (*client.Ev
 	if sum.Phases, err = s.phases(ctx, run); err != nil {
 		return nil, err
 	}
+	if err := s.cost(ctx, run, sum); err != nil {
+		return nil, err
+	}
 	return sum, nil
+}
+
+// usageStore is a Store that meters sandboxes (internal/store does).
+type usageStore interface {
+	UsageSegments(ctx context.Context, teamID string, from, to time.Time) ([]store.UsageSegment, error)
+}
+
+// MeterWith sets how the run summaries' cost is billed (the server's
+// rules; default meter's).
+func (s *Service) MeterWith(r meter.Rules) { s.meterRules = r }
+
+// cost records in sum the tariffs and the metered cost of the run's
+// sandboxes (all ended by now: their usage is closed).
+func (s *Service) cost(ctx context.Context, run client.EvalRun, sum *client.EvalSummary) error {
+	us, ok := s.st.(usageStore)
+	if !ok {
+		return nil
+	}
+	segs, err := us.UsageSegments(ctx, run.TeamID, run.CreatedAt.Add(-time.Minute), time.Now().Add(time.Minute))
+	if err != nil {
+		return err
+	}
+	mine := segs[:0]
+	tariffs := map[string]bool{}
+	for _, u := range segs {
+		if u.EvalRun == run.ID {
+			mine = append(mine, u)
+			tariffs[u.Tariff] = true
+		}
+	}
+	if len(mine) == 0 {
+		return nil
+	}
+	_, total := meter.Report(mine, run.CreatedAt.Add(-time.Minute), time.Now().Add(time.Minute), meter.ByEvalRun, s.meterRules)
+	sum.Tariff = strings.Join(slices.Sorted(maps.Keys(tariffs)), ",")
+	sum.BilledSeconds, sum.Cost = total.Billed.Seconds(), meter.FormatMoney(total.Cost)
+	return nil
 }
 
 // wire is a result line as the API sends it.

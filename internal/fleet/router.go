@@ -529,6 +529,21 @@ func (r *Router) SetEgress(ctx context.Context, id string, e *nodeapi.Egress) er
 	return err
 }
 
+// Stats samples a sandbox's CPU use on its node.
+func (r *Router) Stats(ctx context.Context, id string) (nodeapi.SandboxStats, error) {
+	return on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (nodeapi.SandboxStats, error) {
+		return c.Stats(ctx, id)
+	})
+}
+
+// Throttle changes a sandbox's CPU quota on its node.
+func (r *Router) Throttle(ctx context.Context, id string, cpu float64) error {
+	_, err := on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (struct{}, error) {
+		return struct{}{}, c.Throttle(ctx, id, cpu)
+	})
+	return err
+}
+
 func (r *Router) SignalProcess(ctx context.Context, id, procID string, sig int) error {
 	_, err := on(r, ctx, id, func(ctx context.Context, c nodeapi.Node) (struct{}, error) {
 		return struct{}{}, c.SignalProcess(ctx, id, procID, sig)

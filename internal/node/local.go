@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"time"
 
 	"github.com/evalbox/evalbox/internal/agentproto"
@@ -128,8 +129,15 @@ func (l *Local) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.
 	if err != nil {
 		return nodeapi.SandboxInfo{}, err
 	}
-	// A snapshot's copy has its source's environment, req.Env over it.
-	sb.SetEnv(sb.ExecEnv(req.Env))
+	// A snapshot's copy has its source's environment, req.Env over it
+	// (never its source's secrets: a snapshot does not keep them).
+	env := sb.BaseEnv()
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, req.Env)
+	sb.SetEnv(env)
+	sb.SetSecrets(req.Secrets)
 	if req.Egress != nil && req.Snapshot == "" {
 		// Before the sandbox is handed out: nothing of the caller's has run
 		// in it yet.

@@ -125,6 +125,8 @@ type Sandbox struct {
 	destroyed atomic.Bool
 	// env is the create's environment (SetEnv): under every exec's.
 	env atomic.Pointer[map[string]string]
+	// secrets: SetSecrets.
+	secrets atomic.Pointer[map[string]string]
 	// given is set once Create handed the sandbox out (a pool's are not
 	// until claimed).
 	given atomic.Bool
@@ -174,15 +176,43 @@ func (s *Sandbox) SetEnv(env map[string]string) {
 	s.env.Store(&env)
 }
 
-// ExecEnv returns the environment of an exec that asks for env: the
-// sandbox's (SetEnv) with env's entries over it. The result is shared with
-// neither.
-func (s *Sandbox) ExecEnv(env map[string]string) map[string]string {
+// SetSecrets sets the sandbox's secrets: environment variables that every
+// exec and process gets as it gets SetEnv's (over them), but which are
+// kept apart: a snapshot keeps the environment, never the secrets.
+func (s *Sandbox) SetSecrets(secrets map[string]string) {
+	if len(secrets) == 0 {
+		s.secrets.Store(nil)
+		return
+	}
+	secrets = maps.Clone(secrets)
+	s.secrets.Store(&secrets)
+}
+
+// BaseEnv returns the sandbox's environment (SetEnv), without its secrets:
+// what a snapshot keeps. The result is not shared.
+func (s *Sandbox) BaseEnv() map[string]string {
 	p := s.env.Load()
 	if p == nil {
+		return nil
+	}
+	return maps.Clone(*p)
+}
+
+// ExecEnv returns the environment of an exec that asks for env: the
+// sandbox's (SetEnv), its secrets (SetSecrets) over it, and env's entries
+// over both. The result is shared with none of them.
+func (s *Sandbox) ExecEnv(env map[string]string) map[string]string {
+	p, q := s.env.Load(), s.secrets.Load()
+	if p == nil && q == nil {
 		return env
 	}
-	out := maps.Clone(*p)
+	out := map[string]string{}
+	if p != nil {
+		maps.Copy(out, *p)
+	}
+	if q != nil {
+		maps.Copy(out, *q)
+	}
 	maps.Copy(out, env)
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -392,4 +393,35 @@ func TestNodeFailedDestroySweptSoon(t *testing.T) {
 	rt.failKill.Store(false)
 	time.AfterFunc(500*time.Millisecond, func() { rt.clean(sb.ID) })
 	waitFor(t, func() bool { return n.Capacity().Status().Reserved.Pids == 0 })
+}
+
+// TestSandboxEnv: an exec's environment is the sandbox's env, its secrets
+// over it, the exec's own over both; a snapshot's (BaseEnv) has no
+// secrets, and no result shares a map with the sandbox.
+func TestSandboxEnv(t *testing.T) {
+	var sb Sandbox
+	if got := sb.ExecEnv(nil); got != nil {
+		t.Fatalf("no env = %v", got)
+	}
+	sb.SetEnv(map[string]string{"A": "env", "B": "env"})
+	secrets := map[string]string{"B": "secret", "C": "secret"}
+	sb.SetSecrets(secrets)
+	secrets["C"] = "changed by the caller"
+	got := sb.ExecEnv(map[string]string{"C": "exec"})
+	want := map[string]string{"A": "env", "B": "secret", "C": "exec"}
+	if !maps.Equal(got, want) {
+		t.Fatalf("ExecEnv = %v, want %v", got, want)
+	}
+	if got := sb.ExecEnv(nil); got["C"] != "secret" {
+		t.Fatalf("SetSecrets kept the caller's map: %v", got)
+	}
+	got["A"] = "x"
+	base := sb.BaseEnv()
+	if !maps.Equal(base, map[string]string{"A": "env", "B": "env"}) {
+		t.Fatalf("BaseEnv = %v: want the env without secrets, unchanged", base)
+	}
+	sb.SetSecrets(nil)
+	if got := sb.ExecEnv(nil); got["B"] != "env" || len(got) != 2 {
+		t.Fatalf("after SetSecrets(nil): %v", got)
+	}
 }

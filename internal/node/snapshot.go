@@ -68,7 +68,8 @@ type SnapshotMeta struct {
 	// that a damaged image is refused rather than restored.
 	ImageDigest string `json:"image_digest"`
 	// Env is the source's environment (Sandbox.SetEnv), which sandboxes
-	// made from the snapshot start with. It is never logged; the file is
+	// made from the snapshot start with; never its secrets (SetSecrets),
+	// which the snapshot does not keep. It is never logged; the file is
 	// the node's alone, as the image is (whose memory holds the
 	// processes' environment anyway).
 	Env map[string]string `json:"env,omitempty"`
@@ -170,7 +171,7 @@ func (n *Node) Snapshot(ctx context.Context, id string) (SnapshotMeta, error) {
 	}
 	meta := SnapshotMeta{ID: NewSnapshotID(), Source: id, RuntimeVersion: sb.RuntimeVersion, Memory: memory,
 		Spec: PoolKey{Template: sb.Template.Digest, Runtime: sb.Runtime, Shape: sb.Shape}, Nonce: newNonce(),
-		Env: sb.ExecEnv(nil)}
+		Env: sb.BaseEnv()}
 	tmp := filepath.Join(n.cfg.SnapshotDir, meta.ID+".tmp")
 	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
 		return SnapshotMeta{}, fmt.Errorf("node: %w", err)

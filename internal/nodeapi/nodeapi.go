@@ -124,6 +124,16 @@ type Node interface {
 	// conflict; either changes nothing.
 	SetEgress(ctx context.Context, id string, e *Egress) error
 
+	// Stats samples a sandbox's host CPU use (stats.go): what the control
+	// plane's CPU-abuse rule measures it by. A paused sandbox is an
+	// *apierr.Error sandbox_not_running.
+	Stats(ctx context.Context, id string) (SandboxStats, error)
+	// Throttle changes the CPU quota of a running sandbox's host cgroup to
+	// cpu cores, in (0, its shape's CPU]: the CPU-abuse rule halves a
+	// long-running sandbox's. Another value is an *apierr.Error
+	// bad_request. A resume restores the shape's quota.
+	Throttle(ctx context.Context, id string, cpu float64) error
+
 	// Snapshot snapshots a running sandbox into a snapshot the node keeps
 	// (docs/design/snapshots.md): its files and, with SnapshotInfo.Memory,
 	// its memory and processes. The sandbox goes on; calls in flight in it
@@ -250,6 +260,13 @@ type CreateRequest struct {
 	// plane) so that any API replica serves the sandbox alike. Never
 	// logged.
 	Env map[string]string
+	// Secrets are environment variables with secret values: every exec
+	// and process gets them over Env (under its own env). The node keeps
+	// them in memory only: a snapshot keeps Env but not Secrets, and no
+	// file of the node's holds them (the memory images of a paused sandbox
+	// or a memory snapshot hold its processes' memory, environments
+	// included). Never logged.
+	Secrets map[string]string
 	// Egress, when not nil, limits an outbound sandbox's traffic to these
 	// rules (mode rules): applied when it is claimed, as Env is.
 	Egress *Egress

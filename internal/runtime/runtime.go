@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"time"
 
 	"github.com/evalbox/evalbox/internal/netrules"
 )
@@ -137,6 +138,21 @@ type EgressFilter interface {
 	// New connections follow the new rules at once; open ones r denies are
 	// cut. On error the previous rules stay.
 	SetEgress(ctx context.Context, r *netrules.Rules) error
+}
+
+// CPUController is implemented by sandboxes whose host cgroup's CPU time
+// can be read and whose CPU quota can be changed while they run (both
+// drivers; gVisor's Sentry, gofer and systrap stubs run in that cgroup):
+// the measure of the CPU-abuse rule, and its throttle of long-running
+// sandboxes.
+type CPUController interface {
+	// CPUUsage is the CPU time the sandbox's host processes have used
+	// since it started (cumulative).
+	CPUUsage() (time.Duration, error)
+	// CPULimit is the CPU quota in force, in cores (0: none).
+	CPULimit() (float64, error)
+	// SetCPULimit changes the CPU quota to cpu cores (> 0).
+	SetCPULimit(cpu float64) error
 }
 
 // Resources is an amount of the host resources a sandbox can pin: the

@@ -79,7 +79,9 @@ func (s *Service) execSlot(ctx context.Context, teamID string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	waitStart := time.Now()
 	release, err := s.execSlots.Acquire(ctx, teamID, team.Limits.MaxConcurrentExec, max(s.cfg.ExecWait, 0))
+	s.waited(queueExecSlot, waitStart)
 	if errors.Is(err, quota.ErrLimit) {
 		return nil, &apierr.Error{Code: client.CodeRateLimited, RetryAfter: 1, Err: err,
 			Message: fmt.Sprintf("team %s is at its limit of %d concurrent execs", team.Name, team.Limits.MaxConcurrentExec)}
@@ -87,23 +89,24 @@ func (s *Service) execSlot(ctx context.Context, teamID string) (func(), error) {
 	return release, err
 }
 
-// Exec runs a command to completion in a sandbox of the team, writing its
-// stdout and stderr to the writers as they come.
-func (s *Service) Exec(ctx context.Context, teamID, id string, req client.ExecRequest, stdout, stderr io.Writer) (client.ExecResult, error) {
+// execute is Exec, without its metrics (metrics.go); it also returns the
+// sandbox's runtime ("" when it was not found).
+func (s *Service) execute(ctx context.Context, teamID, id string, req client.ExecRequest, stdout, stderr io.Writer) (client.ExecResult, string, error) {
 	if req.KeepStdin {
-		return client.ExecResult{}, errorf(client.CodeBadRequest, "keep_stdin is for background processes; an exec takes its stdin whole (stdin)")
+		return client.ExecResult{}, "", errorf(client.CodeBadRequest, "keep_stdin is for background processes; an exec takes its stdin whole (stdin)")
 	}
 	e, err := s.lookup(ctx, teamID, id)
 	if err != nil {
-		return client.ExecResult{}, err
+		return client.ExecResult{}, "", err
 	}
+	rt := e.row.Runtime
 	areq, err := s.execRequest(ctx, e, req)
 	if err != nil {
-		return client.ExecResult{}, err
+		return client.ExecResult{}, rt, err
 	}
 	release, err := s.execSlot(ctx, teamID)
 	if err != nil {
-		return client.ExecResult{}, err
+		return client.ExecResult{}, rt, err
 	}
 	defer release()
 	var stdin io.Reader
@@ -115,13 +118,13 @@ func (s *Service) Exec(ctx context.Context, teamID, id string, req client.ExecRe
 	out, errw := capped(stdout, areq.MaxOutputBytes), capped(stderr, areq.MaxOutputBytes)
 	exit, err := s.node.Exec(ctx, e.row.ID, areq, stdin, out, errw)
 	if err != nil {
-		return client.ExecResult{}, s.callErr(e, err)
+		return client.ExecResult{}, rt, s.callErr(e, err)
 	}
 	res := execResult(exit)
 	res.StdoutTruncated = res.StdoutTruncated || out.truncated
 	res.StderrTruncated = res.StderrTruncated || errw.truncated
 	s.explainKill(e, exit.OOMKills, &res)
-	return res, nil
+	return res, rt, nil
 }
 
 // explainKill says so when the OOM killer killed the process, or one of

@@ -60,6 +60,11 @@ type Store interface {
 	ListSnapshots(ctx context.Context, teamID string) ([]client.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, teamID, id string) (client.Snapshot, error)
 	SetPaused(ctx context.Context, teamID, id string, at *time.Time) error
+
+	// The CPU-abuse rule's warning and throttle of a running sandbox
+	// (abuse.go).
+	SetCPUAbuseWarned(ctx context.Context, id string, at time.Time) error
+	SetCPUThrottled(ctx context.Context, id string, at time.Time) error
 }
 
 // Templates resolves the template a team names for a new sandbox.
@@ -123,6 +128,20 @@ type Config struct {
 	// Storage accounts for what teams store, snapshots included (nil: no
 	// limit).
 	Storage *quota.Storage
+	// Secrets opens the team secrets a create names (secret_refs); nil:
+	// a create that names one is refused.
+	Secrets SecretResolver
+	// Tariffs resolves the tariff a create names, or DefaultTariff (""
+	// = "standard"), which prices the sandboxes created without one; nil:
+	// sandboxes have no tariff.
+	Tariffs       Tariffs
+	DefaultTariff string
+	// Billing, when set, refuses creates their team's balance cannot
+	// cover (402 insufficient_balance).
+	Billing Billing
+	// CPUAbuse is the CPU-abuse rule (abuse.go); its zero Window turns it
+	// off.
+	CPUAbuse CPUAbuseConfig
 }
 
 // DefaultPids is the default task limit of a sandbox.
@@ -189,6 +208,7 @@ type Service struct {
 
 	sandboxSlots *quota.Limiter
 	execSlots    *quota.Limiter
+	m            *metrics // metrics.go
 
 	mu      sync.Mutex
 	live    map[string]*entry
@@ -238,12 +258,13 @@ func New(cfg Config, st Store, n nodeapi.Node, templates Templates, log *slog.Lo
 	}
 	s := &Service{
 		cfg: cfg, store: st, node: n, templates: templates, log: log,
-		sandboxSlots: quota.NewLimiter(), execSlots: quota.NewLimiter(),
+		sandboxSlots: quota.NewLimiter(), execSlots: quota.NewLimiter(), m: newMetrics(),
 		live: map[string]*entry{}, teamCache: map[string]cachedTeam{},
 		stop: make(chan struct{}),
 	}
 	s.wg.Add(1)
 	go s.reaper()
+	s.startCPUAbuse()
 	if !cfg.Exclusive { // no database slots to renew otherwise
 		s.wg.Add(1)
 		go s.renewSlots()
@@ -478,15 +499,29 @@ func (s *Service) ForgetTeam(teamID string) {
 	s.teamMu.Unlock()
 }
 
-// Create validates req, admits it against the team's active-sandbox limit
-// (queueing up to req.WaitSeconds), starts the sandbox and records it. It
-// returns once the sandbox's agent answers; on error nothing is left.
-func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSandboxRequest) (client.Sandbox, error) {
+// create is Create, without its metrics (metrics.go).
+func (s *Service) create(ctx context.Context, teamID string, req client.CreateSandboxRequest) (client.Sandbox, error) {
 	if req.Snapshot != "" {
 		return s.createFromSnapshot(ctx, teamID, req)
 	}
 	key, ttl, nw, err := s.validateCreate(ctx, req)
 	if err != nil {
+		return client.Sandbox{}, err
+	}
+	tariff, named, priced, err := s.tariffOf(ctx, req.Tariff)
+	if err != nil {
+		return client.Sandbox{}, err
+	}
+	if named {
+		if err := s.applyTariff(tariff, req, &key.Shape); err != nil {
+			return client.Sandbox{}, err
+		}
+	}
+	req.Tariff = ""
+	if priced {
+		req.Tariff = tariff.Name
+	}
+	if req.Secrets, err = s.resolveSecrets(ctx, teamID, req); err != nil {
 		return client.Sandbox{}, err
 	}
 	// The template's files stay until the sandbox's row says it uses them.
@@ -500,14 +535,17 @@ func (s *Service) Create(ctx context.Context, teamID string, req client.CreateSa
 	defer releaseTemplate()
 	// Resolved once: the digest is what the node starts from.
 	key.Template = tpl.Digest
-	if req.CPU == 0 {
+	if key.Shape.CPU == 0 {
 		key.Shape.CPU = tpl.Defaults.CPU
 	}
-	if req.MemoryMB == 0 {
+	if key.Shape.MemoryMB == 0 {
 		key.Shape.MemoryMB = tpl.Defaults.MemoryMB
 	}
-	if req.DiskMB == 0 {
+	if key.Shape.DiskMB == 0 {
 		key.Shape.DiskMB = tpl.Defaults.DiskMB
+	}
+	if err := s.admitBilling(ctx, teamID, tariff, priced, key.Shape, 1); err != nil {
+		return client.Sandbox{}, err
 	}
 	return s.admit(ctx, teamID, req, key, nw, ttl, tpl, "")
 }
@@ -545,6 +583,7 @@ func (s *Service) admit(ctx context.Context, teamID string, req client.CreateSan
 			release()
 		}
 	}
+	s.waited(queueSandboxSlot, deadline.Add(-wait)) // since the wait began
 	if err != nil {
 		if errors.Is(err, quota.ErrLimit) || errors.Is(err, store.ErrTeamLimit) {
 			return client.Sandbox{}, &apierr.Error{Code: client.CodeTooManySandboxes, RetryAfter: 1, Err: err,
@@ -596,7 +635,7 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 		hostWait = max(0, time.Until(deadline))
 	}
 	// The node keeps the env with the sandbox, for any replica's execs.
-	creq := nodeapi.CreateRequest{Spec: key, Wait: hostWait, Env: req.Env, Egress: nw.egress}
+	creq := nodeapi.CreateRequest{Spec: key, Wait: hostWait, Env: req.Env, Secrets: req.Secrets, Egress: nw.egress}
 	if snapshot != "" {
 		// The node restores the snapshot's own spec.
 		creq.Spec, creq.Snapshot = nodeapi.Spec{}, snapshot
@@ -648,8 +687,10 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 		ID: sb.ID, TeamID: teamID, Template: req.Template, TemplateDigest: tpl.Digest,
 		Runtime: sb.Runtime, RuntimeVersion: sb.RuntimeVersion, State: client.StateRunning,
 		CPU: key.Shape.CPU, MemoryMB: key.Shape.MemoryMB, DiskMB: key.Shape.DiskMB, Network: nw.mode, NetworkRules: nw.lists,
-		Ports: req.Ports, Metadata: req.Metadata, EnvKeys: envKeys, CreatedAt: now, ExpiresAt: now.Add(ttl), FromPool: sb.FromPool,
+		Ports: req.Ports, Metadata: req.Metadata, EnvKeys: envKeys,
+		SecretNames: slices.Sorted(maps.Keys(req.Secrets)), Tariff: req.Tariff, CreatedAt: now, ExpiresAt: now.Add(ttl), FromPool: sb.FromPool,
 		NodeID: cmp.Or(sb.Node, s.cfg.NodeID), TrafficTokenHash: tokenHash, Snapshot: snapshot,
+		LongRunning: req.LongRunning,
 	}
 	if row.Metadata == nil {
 		row.Metadata = map[string]string{}
@@ -688,7 +729,7 @@ func (s *Service) createInSlot(ctx context.Context, teamID string, req client.Cr
 		return client.Sandbox{}, ctx.Err()
 	}
 	s.log.Info("sandbox created", "sandbox", sb.ID, "team", teamID, "template", req.Template,
-		"runtime", sb.Runtime, "from_pool", sb.FromPool, "env_keys", len(envKeys), "network", nw.mode)
+		"runtime", sb.Runtime, "from_pool", sb.FromPool, "env_keys", len(envKeys), "secrets", len(req.Secrets), "network", nw.mode)
 	// The token is in this answer only (the row keeps its hash).
 	row.TrafficToken = token
 	return row, nil
@@ -765,6 +806,9 @@ func (s *Service) validateCreate(ctx context.Context, req client.CreateSandboxRe
 		return key, 0, network{}, err
 	}
 	if err := validateEnv(req.Env); err != nil {
+		return key, 0, network{}, err
+	}
+	if err := validateSecrets(req); err != nil {
 		return key, 0, network{}, err
 	}
 	if err := validateMetadata(req.Metadata); err != nil {
@@ -892,6 +936,9 @@ func (s *Service) endWith(ctx context.Context, e *entry, state, reason string, o
 		}
 		if changed || err != nil {
 			e.died, e.oomEnded = died, oom
+		}
+		if changed {
+			s.m.ended.WithLabelValues(state).Inc()
 		}
 		// Else the row had ended already: by another replica of the fleet
 		// (a delete, its TTL), whose end is why the agent went away, or

@@ -148,6 +148,9 @@ func (s *Service) createFromSnapshot(ctx context.Context, teamID string, req cli
 	if err := validateEnv(req.Env); err != nil {
 		return client.Sandbox{}, err
 	}
+	if err := validateSecrets(req); err != nil {
+		return client.Sandbox{}, err
+	}
 	if err := validateMetadata(req.Metadata); err != nil {
 		return client.Sandbox{}, err
 	}
@@ -155,6 +158,27 @@ func (s *Service) createFromSnapshot(ctx context.Context, teamID string, req cli
 		return client.Sandbox{}, err
 	}
 	if err := s.validWait(req.WaitSeconds); err != nil {
+		return client.Sandbox{}, err
+	}
+	// A snapshot keeps no secrets: the restored sandbox has the ones
+	// given here.
+	if req.Secrets, err = s.resolveSecrets(ctx, teamID, req); err != nil {
+		return client.Sandbox{}, err
+	}
+	// A tariff prices it; the snapshot's shape must fit a named one.
+	tariff, named, priced, err := s.tariffOf(ctx, req.Tariff)
+	if err != nil {
+		return client.Sandbox{}, err
+	}
+	if named && (sn.CPU > tariff.CPU || sn.MemoryMB > tariff.MemoryMB || sn.DiskMB > tariff.DiskMB) {
+		return client.Sandbox{}, errorf(client.CodeBadRequest, "snapshot %s (%g vCPU, %d MB, %d MB disk) does not fit tariff %s (%g, %d, %d)",
+			sn.ID, sn.CPU, sn.MemoryMB, sn.DiskMB, tariff.Name, tariff.CPU, tariff.MemoryMB, tariff.DiskMB)
+	}
+	req.Tariff = ""
+	if priced {
+		req.Tariff = tariff.Name
+	}
+	if err := s.admitBilling(ctx, teamID, tariff, priced, nodeapi.Shape{CPU: sn.CPU, MemoryMB: sn.MemoryMB, DiskMB: sn.DiskMB}, 1); err != nil {
 		return client.Sandbox{}, err
 	}
 	nw := network{mode: sn.Network, lists: sn.NetworkRules}
@@ -183,7 +207,27 @@ func (s *Service) Fork(ctx context.Context, teamID, id string, req client.ForkRe
 	if err := s.validWait(req.WaitSeconds); err != nil {
 		return client.ForkResult{}, err
 	}
-	if _, err := s.lookup(ctx, teamID, id); err != nil {
+	src, err := s.lookup(ctx, teamID, id)
+	if err != nil {
+		return client.ForkResult{}, err
+	}
+	// Forks are metered at their source's tariff, if it still exists and
+	// the source fits it (one created without a tariff may not: then the
+	// default's prices).
+	tariff := src.row.Tariff
+	if tariff != "" && s.cfg.Tariffs != nil {
+		t, err := s.cfg.Tariffs.GetTariff(ctx, tariff)
+		if err != nil || src.row.CPU > t.CPU || src.row.MemoryMB > t.MemoryMB || src.row.DiskMB > t.DiskMB {
+			tariff = ""
+		}
+	}
+	// The balance must cover all of them, before the snapshot is taken
+	// (each create checks again on its own).
+	bt, _, priced, err := s.tariffOf(ctx, tariff)
+	if err != nil {
+		return client.ForkResult{}, err
+	}
+	if err := s.admitBilling(ctx, teamID, bt, priced, nodeapi.Shape{CPU: src.row.CPU, MemoryMB: src.row.MemoryMB, DiskMB: src.row.DiskMB}, req.Count); err != nil {
 		return client.ForkResult{}, err
 	}
 	// Past the team's limit the fork fails before it takes anything
@@ -224,7 +268,7 @@ func (s *Service) Fork(ctx context.Context, teamID, id string, req client.ForkRe
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			out[i], errs[i] = s.Create(ctx, teamID, client.CreateSandboxRequest{Snapshot: sn.ID, Timeout: req.Timeout,
-				Metadata: req.Metadata, WaitSeconds: req.WaitSeconds})
+				Metadata: req.Metadata, WaitSeconds: req.WaitSeconds, Tariff: tariff})
 		})
 	}
 	wg.Wait()

@@ -20,10 +20,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 )
 
 // magic starts every sealed value (its format's version).
@@ -56,9 +58,12 @@ type file struct {
 
 // Load opens the keyring at path, making it with one key when it does not
 // exist. A keyring others may read or write is refused: its keys would be
-// theirs.
+// theirs. It must be owned by this process's user (or root), and group
+// read is allowed only for the process's own group (a Kubernetes Secret
+// mounted with the pod's fsGroup, which the kubelet always makes
+// group-readable): its members are this server.
 func Load(path string) (*Keyring, error) {
-	fi, err := os.Stat(path)
+	f, err := readKeyring(path)
 	if errors.Is(err, os.ErrNotExist) {
 		k := &Keyring{path: path, keys: map[uint32]cipher.AEAD{}, raw: map[uint32][]byte{}}
 		if _, err := k.add(1); err != nil {
@@ -70,37 +75,84 @@ func Load(path string) (*Keyring, error) {
 		return k, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("secrets: %w", err)
+		return nil, err
 	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("secrets: %s is mode %v: others may read the keys; chmod 600 it", path, fi.Mode().Perm())
+	k := &Keyring{path: path, keys: map[uint32]cipher.AEAD{}, raw: map[uint32][]byte{}}
+	if err := k.merge(f); err != nil {
+		return nil, err
 	}
-	b, err := os.ReadFile(path)
+	return k, nil
+}
+
+// readKeyring reads and checks the keyring file at path (its mode and
+// owner checked on the file opened, not on the path).
+func readKeyring(path string) (file, error) {
+	fd, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return file{}, err
+	}
 	if err != nil {
-		return nil, fmt.Errorf("secrets: %w", err)
+		return file{}, fmt.Errorf("secrets: %w", err)
+	}
+	defer fd.Close()
+	fi, err := fd.Stat()
+	if err != nil {
+		return file{}, fmt.Errorf("secrets: %w", err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o037 != 0 || (perm&0o040 != 0 && !ownGroup(fi)) {
+		return file{}, fmt.Errorf("secrets: %s is mode %v: others may read the keys; chmod 600 it", path, perm)
+	}
+	if !ownedByUs(fi) {
+		return file{}, fmt.Errorf("secrets: %s is another user's: its owner could read or replace the keys; chown it to this server's user", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(fd, 1<<20))
+	if err != nil {
+		return file{}, fmt.Errorf("secrets: %w", err)
 	}
 	var f file
 	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, fmt.Errorf("secrets: %s: %w", path, err)
+		return file{}, fmt.Errorf("secrets: %s: %w", path, err)
 	}
-	k := &Keyring{path: path, keys: map[uint32]cipher.AEAD{}, raw: map[uint32][]byte{}, current: f.Current}
+	return f, nil
+}
+
+// merge installs f's keys (a key id already held keeps its key) and makes
+// its current key current.
+func (k *Keyring) merge(f file) error {
 	for sid, s := range f.Keys {
 		id, err := strconv.ParseUint(sid, 10, 32)
 		if err != nil {
-			return nil, fmt.Errorf("secrets: %s: key id %q: %w", path, sid, err)
+			return fmt.Errorf("secrets: %s: key id %q: %w", k.path, sid, err)
 		}
 		raw, err := base64.StdEncoding.DecodeString(s)
 		if err != nil || len(raw) != keySize {
-			return nil, fmt.Errorf("secrets: %s: key %d is not %d base64 bytes", path, id, keySize)
+			return fmt.Errorf("secrets: %s: key %d is not %d base64 bytes", k.path, id, keySize)
+		}
+		if _, held := k.keys[uint32(id)]; held {
+			continue
 		}
 		if err := k.set(uint32(id), raw); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if _, ok := k.keys[k.current]; !ok {
-		return nil, fmt.Errorf("secrets: %s: the current key %d is not in the keyring", path, k.current)
+	if _, ok := k.keys[f.Current]; !ok {
+		return fmt.Errorf("secrets: %s: the current key %d is not in the keyring", k.path, f.Current)
 	}
-	return k, nil
+	k.current = f.Current
+	return nil
+}
+
+// reload reads the keyring file again for keys this process lacks: a
+// rotation made by another replica's operator (a Kubernetes Secret is
+// updated in place), which may already have resealed the stored secrets.
+func (k *Keyring) reload() error {
+	f, err := readKeyring(k.path)
+	if err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.merge(f)
 }
 
 // set installs a raw key under id.
@@ -222,7 +274,16 @@ func (k *Keyring) Open(sealed, binding []byte) ([]byte, error) {
 	aead, ok := k.keys[id]
 	k.mu.RUnlock()
 	if !ok {
-		return nil, fmt.Errorf("%w: key %d is not in the keyring", ErrOpen, id)
+		// Rotated since this process read the file?
+		if err := k.reload(); err != nil {
+			return nil, fmt.Errorf("%w: key %d is not in the keyring (reading it again: %v)", ErrOpen, id, err)
+		}
+		k.mu.RLock()
+		aead, ok = k.keys[id]
+		k.mu.RUnlock()
+		if !ok {
+			return nil, fmt.Errorf("%w: key %d is not in the keyring %s (API replicas that share a database need the same --secrets-keys)", ErrOpen, id, k.path)
+		}
 	}
 	v, err := aead.Open(nil, sealed[len(magic)+4:header], sealed[header:], binding)
 	if err != nil {
@@ -238,4 +299,17 @@ func (k *Keyring) NeedsReseal(sealed []byte) bool {
 		return false
 	}
 	return binary.BigEndian.Uint32(sealed[len(magic):]) != k.Current()
+}
+
+// ownGroup reports whether fi's group is the process's (primary) group:
+// a supplementary group (users, staff) may have other members.
+func ownGroup(fi os.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && int(st.Gid) == os.Getgid()
+}
+
+// ownedByUs reports whether fi is owned by the process's user or by root.
+func ownedByUs(fi os.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && (int(st.Uid) == os.Geteuid() || st.Uid == 0)
 }

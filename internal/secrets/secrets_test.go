@@ -113,6 +113,32 @@ func TestLoadRefuses(t *testing.T) {
 	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "chmod 600") {
 		t.Errorf("a keyring others may read: %v", err)
 	}
+	// Group read: for the process's own group only (a Secret mounted with
+	// the pod's fsGroup); group write never.
+	if err := os.Chmod(path, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(path, -1, os.Getgid()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err != nil {
+		t.Errorf("a keyring of the process's group, mode 0640: %v", err)
+	}
+	if err := os.Chown(path, -1, os.Getgid()+4242); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("a keyring another group may read: %v", err)
+	}
+	if err := os.Chown(path, -1, os.Getgid()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("a keyring its group may write: %v", err)
+	}
 	for name, content := range map[string]string{
 		"not json":        "{",
 		"short key":       `{"current":1,"keys":{"1":"AAAA"}}`,
@@ -126,5 +152,67 @@ func TestLoadRefuses(t *testing.T) {
 		if _, err := Load(p); err == nil {
 			t.Errorf("%s: loaded", name)
 		}
+	}
+}
+
+// TestReloadAfterRotation: a keyring rotated by another process (another
+// replica's operator, a Secret updated in place) opens what the new key
+// sealed, reading its file again.
+func TestReloadAfterRotation(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "secrets.keys")
+	old, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotated, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := rotated.Rotate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := rotated.Seal([]byte("v"), []byte("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := old.Open(sealed, []byte("b")); err != nil || string(got) != "v" {
+		t.Fatalf("the older keyring: %q, %v", got, err)
+	}
+	if old.Current() != id {
+		t.Errorf("after the reload the current key is %d, want %d", old.Current(), id)
+	}
+	// A value of a key no file holds: refused, naming the key.
+	other, err := Load(filepath.Join(t.TempDir(), "other.keys"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	foreign, _ := other.Seal([]byte("v"), []byte("b"))
+	if _, err := old.Open(foreign, []byte("b")); !errors.Is(err, ErrOpen) || !strings.Contains(err.Error(), "key 3") {
+		t.Errorf("a foreign key's value: %v", err)
+	}
+}
+
+// TestLoadRefusesAnotherOwner: a keyring owned by another user is refused
+// (its owner could read or replace the keys).
+func TestLoadRefusesAnotherOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	path := filepath.Join(t.TempDir(), "secrets.keys")
+	if _, err := Load(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(path, 4242, -1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "another user's") {
+		t.Errorf("another user's keyring: %v", err)
 	}
 }

@@ -21,6 +21,8 @@ import (
 	"github.com/evalbox/evalbox/internal/auth"
 	"github.com/evalbox/evalbox/internal/catalog"
 	"github.com/evalbox/evalbox/internal/evalrun"
+	"github.com/evalbox/evalbox/internal/limits"
+	"github.com/evalbox/evalbox/internal/meter"
 	"github.com/evalbox/evalbox/internal/node"
 	"github.com/evalbox/evalbox/internal/nodeapi"
 	"github.com/evalbox/evalbox/internal/nodeapi/grpcnode"
@@ -44,7 +46,14 @@ type Config struct {
 	// sqlite:PATH or postgres://…); empty: <DataDir>/evalbox.db. It is only
 	// ever logged through store.Redact.
 	Database string
-	Listen   string
+	// SecretsKeys is the keyring that seals the teams' stored secrets
+	// (internal/secrets); empty: <DataDir>/secrets.keys, made at the first
+	// start. API replicas that share a database need the same one.
+	SecretsKeys string
+	// Meter is the metering's and the billing's configuration
+	// (internal/meter).
+	Meter  meter.Config
+	Listen string
 	// Runsc and Agent are the paths of the runsc and evalbox-agent
 	// binaries (default: next to the running executable).
 	Runsc string
@@ -65,8 +74,11 @@ type Config struct {
 	// Team defaults (for the admin team and teams created without limits).
 	// Limits.MaxStorageMB is also the limit of teams whose own is 0; 0
 	// here: none.
-	Limits  client.Limits
-	Service sandbox.Config
+	Limits client.Limits
+	// RateLimits are the server's request rate limits (per replica), of
+	// the teams whose own are 0.
+	RateLimits api.RateLimits
+	Service    sandbox.Config
 	// Catalog configures template builds and imports.
 	Catalog catalog.Config
 	// Build is the shape of template build sandboxes.
@@ -90,6 +102,13 @@ type Config struct {
 	OutputMemory int64
 	// HTTP bounds the connections of the API's HTTP server.
 	HTTP HTTPConfig
+	// MetricsListen, when set, also serves GET /metrics there, to anyone
+	// who reaches it (the API's listener serves it to admin keys only):
+	// bind it to a private address.
+	MetricsListen string
+	// AuditRetention is how long audit rows are kept (0: forever; serve's
+	// default is DefaultAuditRetention).
+	AuditRetention time.Duration
 	// RegistryAllow, when set, lists the only registries imports pull from
 	// (HOST or HOST:PORT; they may be on private or loopback addresses).
 	// Empty: registries on public addresses only.
@@ -139,18 +158,18 @@ type HTTPConfig struct {
 
 func (c *HTTPConfig) setDefaults() {
 	if c.ReadHeaderTimeout == 0 {
-		c.ReadHeaderTimeout = 10 * time.Second
+		c.ReadHeaderTimeout = limits.HTTPReadHeader
 	}
 	if c.IdleTimeout == 0 {
-		c.IdleTimeout = 2 * time.Minute
+		c.IdleTimeout = limits.HTTPIdle
 	}
 	if c.MaxHeaderBytes == 0 {
-		c.MaxHeaderBytes = 64 << 10
+		c.MaxHeaderBytes = limits.HTTPMaxHeaderBytes
 	}
 }
 
 // DefaultOutputMemory is the default of Config.OutputMemory.
-const DefaultOutputMemory = 1 << 30
+const DefaultOutputMemory = limits.OutputMemoryMB << 20
 
 // PoolSpec is one warm pool: Size ready sandboxes of Template on Runtime
 // ("" = the default runtime).
@@ -207,10 +226,10 @@ func Run(ctx context.Context, cfg Config) error {
 		svcConf.NodeID = sandbox.LocalNodeID(hostname, host.Instance)
 	}
 	if cfg.Limits.MaxSandboxes == 0 {
-		cfg.Limits.MaxSandboxes = 20
+		cfg.Limits.MaxSandboxes = limits.MaxSandboxes
 	}
 	if cfg.Limits.MaxConcurrentExec == 0 {
-		cfg.Limits.MaxConcurrentExec = 64
+		cfg.Limits.MaxConcurrentExec = limits.MaxConcurrentExecs
 	}
 
 	dsn := cfg.Database
@@ -230,6 +249,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if created {
 		log.Info("created admin key", "file", filepath.Join(cfg.DataDir, "admin.key"))
 	}
+	vault, err := openVault(ctx, cfg, st, log)
+	if err != nil {
+		return err
+	}
+	svcConf.Secrets = vault
+	svcConf.Tariffs = st
+	// The meter stops a team's sandboxes through the service, made below.
+	var svc *sandbox.Service
+	mtr := meter.New(st, teamStopper(func(ctx context.Context, teamID, reason string) (int, error) {
+		return svc.EndTeam(ctx, teamID, reason)
+	}), cfg.Meter, log)
+	svcConf.Billing = mtr
+	svcConf.CPUAbuse.Limits = tariffAbuseLimits(st, svcConf.CPUAbuse.Threshold, svcConf.CPUAbuse.Window, 10*time.Second, log)
 
 	cat := cfg.Catalog
 	if cat.Mirror == "" {
@@ -294,7 +326,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log.Info("replica", "replica", replica, "node", svcConf.NodeID, "nodes", cmp.Or(cfg.Nodes, NodesLocal), "exclusive", exclusive)
 	svcConf.Exclusive, svcConf.ReplicaID = exclusive, replica
-	svc := sandbox.New(svcConf, st, nodes, tmpls, log)
+	svc = sandbox.New(svcConf, st, nodes, tmpls, log)
 	if fp != nil {
 		fp.OnNodeLost(func(id, reason string) {
 			// Off the Lease watcher's goroutine: a large node's drain
@@ -317,7 +349,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	outputBudget := outbuf.NewBudget(cfg.OutputMemory)
 	evals := evalrun.New(st, svc, outputBudget, storage, evalrun.Leases{Owner: replica, TTL: cfg.EvalLease, Exclusive: exclusive}, log)
+	evals.MeterWith(cfg.Meter.Rules)
 	defer evals.Close()
+	// Before the runs resume: they count their trials.
+	reg, trialMetrics, err := registerMetrics(svc, tmpls, evals, mtr)
+	if err != nil {
+		return fmt.Errorf("server: metrics: %w", err)
+	}
 	if err := evals.Recover(ctx); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
@@ -334,8 +372,19 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 
-	apiCfg := api.Config{Service: svc, Store: st, Auth: auth.NewAuthenticator(st),
-		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: runtimesOf(ctx, nodes), Pools: nodes, Capacity: nodes, DefaultLimits: cfg.Limits, OutputBudget: outputBudget, Logger: log,
+	// The meter ticks once Recover has closed the usage of the sandboxes
+	// that died with the last server (where its last tick left them).
+	meterCtx, stopMeter := context.WithCancel(ctx)
+	metered := make(chan struct{})
+	go func() {
+		defer close(metered)
+		mtr.Run(meterCtx)
+	}()
+	// Stopped before the store closes (defers run last in, first out).
+	defer func() { stopMeter(); <-metered }()
+
+	apiCfg := api.Config{Service: svc, Store: st, Secrets: vault, Metering: st, Meter: mtr, DefaultTariff: svcConf.DefaultTariff, Auth: auth.NewAuthenticator(st),
+		Templates: tmpls, Evals: evals, Storage: storage, Runtimes: runtimesOf(ctx, nodes), Pools: nodes, Capacity: nodes, DefaultLimits: cfg.Limits, RateLimits: cfg.RateLimits, OutputBudget: outputBudget, Logger: log,
 		SandboxDomain: cfg.SandboxDomain, E2BFilesDir: filepath.Join(cfg.DataDir, "e2b-uploads"),
 		PublicURL: cfg.PublicURL}
 	if name := cfg.SandboxFusionLoopbackTeam; name != "" {
@@ -347,6 +396,7 @@ func Run(ctx context.Context, cfg Config) error {
 		apiCfg.RuntimesNow = func() []string { return runtimesOf(context.Background(), nodes) }
 		apiCfg.NoTemplateBuilds = noBuildsOnFleet
 	}
+	apiCfg.Metrics, apiCfg.TrialMetrics, apiCfg.Audit = reg, trialMetrics, st
 	var handler http.Handler = api.New(apiCfg)
 	cfg.HTTP.setDefaults()
 	var nodeSrv *http.Server
@@ -361,6 +411,11 @@ func Run(ctx context.Context, cfg Config) error {
 	case cfg.NodeListen != "":
 		return errors.New("server: --node-listen needs the node token (--node-token-file)")
 	}
+	stopObservability, err := startObservability(cfg, reg, st, log)
+	if err != nil {
+		return err
+	}
+	defer stopObservability()
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)

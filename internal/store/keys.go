@@ -68,7 +68,8 @@ func (s *Store) InsertKey(ctx context.Context, k Key) (Key, error) {
 // revoked or unknown key is ErrNotFound.
 func (s *Store) KeyByHash(ctx context.Context, hash string) (Key, client.Team, error) {
 	row := s.queryRow(ctx, `SELECT k.id, k.team_id, k.name, k.prefix, k.hash, k.admin, k.created_at, k.revoked_at,
-		t.id, t.name, t.created_at, t.max_sandboxes, t.max_concurrent_execs, t.max_storage_mb
+		t.id, t.name, t.created_at, t.max_sandboxes, t.max_concurrent_execs, t.max_storage_mb,
+		t.requests_per_minute, t.creates_per_minute
 		FROM api_keys k JOIN teams t ON t.id = k.team_id
 		WHERE k.hash = ? AND k.revoked_at IS NULL`, hash)
 	var k Key
@@ -76,7 +77,8 @@ func (s *Store) KeyByHash(ctx context.Context, hash string) (Key, client.Team, e
 	var kCreated, tCreated, admin int64
 	var revoked sql.NullInt64
 	err := row.Scan(&k.ID, &k.TeamID, &k.Name, &k.Prefix, &k.Hash, &admin, &kCreated, &revoked,
-		&t.ID, &t.Name, &tCreated, &t.Limits.MaxSandboxes, &t.Limits.MaxConcurrentExec, &t.Limits.MaxStorageMB)
+		&t.ID, &t.Name, &tCreated, &t.Limits.MaxSandboxes, &t.Limits.MaxConcurrentExec, &t.Limits.MaxStorageMB,
+		&t.Limits.RequestsPerMinute, &t.Limits.CreatesPerMinute)
 	if errors.Is(err, sql.ErrNoRows) {
 		err = ErrNotFound
 	}

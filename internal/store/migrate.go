@@ -207,6 +207,109 @@ var migrations = []string{
 	// 14: the per-test verdicts, compile phase and language of a whole
 	// program's trial (JSON; '' for a Python trial program).
 	`ALTER TABLE eval_trials ADD COLUMN tests TEXT NOT NULL DEFAULT '';`,
+	// 15: secrets (issue 16). A sandbox's secret names (a JSON list, as
+	// env_keys: its values stay with its node, never here); a team's
+	// stored secrets, sealed (internal/secrets) and bound to the team and
+	// name.
+	`ALTER TABLE sandboxes ADD COLUMN secret_names TEXT NOT NULL DEFAULT '[]';
+	CREATE TABLE team_secrets (
+		team_id    TEXT NOT NULL REFERENCES teams(id),
+		name       TEXT NOT NULL,
+		sealed     BLOB NOT NULL,
+		created_at INTEGER NOT NULL,
+		updated_at INTEGER NOT NULL,
+		PRIMARY KEY (team_id, name)
+	);`,
+	// 16: the audit log: who did what (team, key, remote address), to what,
+	// with what outcome (HTTP status and error code).
+	`CREATE TABLE audit (
+		id          TEXT PRIMARY KEY,
+		at          INTEGER NOT NULL,
+		team_id     TEXT NOT NULL,
+		key_id      TEXT NOT NULL,
+		key_name    TEXT NOT NULL,
+		admin       INTEGER NOT NULL DEFAULT 0,
+		remote_addr TEXT NOT NULL,
+		action      TEXT NOT NULL,
+		target      TEXT NOT NULL DEFAULT '',
+		status      INTEGER NOT NULL,
+		code        TEXT NOT NULL DEFAULT ''
+	);
+	CREATE INDEX audit_at ON audit(at);
+	CREATE INDEX audit_team ON audit(team_id, at);`,
+	// 17: a team's request rate limits (per minute; 0: the server's).
+	`ALTER TABLE teams ADD COLUMN requests_per_minute INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE teams ADD COLUMN creates_per_minute INTEGER NOT NULL DEFAULT 0;`,
+	// 18: tariffs (a named shape and its prices per second, in
+	// nano-units of the currency: no float money; and its own CPU-abuse
+	// threshold and window, NULL: the server's) with the built-ins
+	// seeded; the tariff a sandbox was created with; and metered usage,
+	// one segment per running or paused stretch of a sandbox, with the
+	// shape and prices it had at its create (a later price change does not
+	// rewrite history), advanced by the meter's tick (accrued_until) and
+	// closed at the sandbox's pause, resume or end.
+	`CREATE TABLE tariffs (
+		name                  TEXT PRIMARY KEY,
+		cpu                   REAL NOT NULL,
+		memory_mb             INTEGER NOT NULL,
+		disk_mb               INTEGER NOT NULL,
+		price_vcpu_second     INTEGER NOT NULL,
+		price_gib_second      INTEGER NOT NULL,
+		price_disk_gib_second INTEGER NOT NULL,
+		cpu_abuse_threshold   REAL,
+		cpu_abuse_window_us   INTEGER,
+		created_at            INTEGER NOT NULL,
+		updated_at            INTEGER NOT NULL
+	);
+	INSERT INTO tariffs VALUES ('small', 1, 512, 2048, 14000, 4500, 40, NULL, NULL, 0, 0);
+	INSERT INTO tariffs VALUES ('standard', 2, 2048, 4096, 14000, 4500, 40, NULL, NULL, 0, 0);
+	INSERT INTO tariffs VALUES ('large', 4, 8192, 10240, 14000, 4500, 40, NULL, NULL, 0, 0);
+	ALTER TABLE sandboxes ADD COLUMN tariff TEXT NOT NULL DEFAULT '';
+	CREATE TABLE usage_segments (
+		sandbox_id            TEXT NOT NULL,
+		seq                   INTEGER NOT NULL,
+		team_id               TEXT NOT NULL,
+		template              TEXT NOT NULL,
+		tariff                TEXT NOT NULL,
+		eval_run              TEXT NOT NULL,
+		cpu                   REAL NOT NULL,
+		memory_mb             INTEGER NOT NULL,
+		disk_mb               INTEGER NOT NULL,
+		price_vcpu_second     INTEGER NOT NULL,
+		price_gib_second      INTEGER NOT NULL,
+		price_disk_gib_second INTEGER NOT NULL,
+		paused                INTEGER NOT NULL,
+		started_at            INTEGER NOT NULL,
+		accrued_until         INTEGER NOT NULL,
+		ended_at              INTEGER,
+		PRIMARY KEY (sandbox_id, seq)
+	);
+	CREATE INDEX usage_segments_team ON usage_segments(team_id, started_at);
+	CREATE INDEX usage_segments_open ON usage_segments(ended_at);`,
+	// 19: the CPU-abuse rule (docs/abuse.md): a sandbox marked long-running
+	// (throttled, never stopped), and when the rule warned it and when it
+	// throttled it.
+	`ALTER TABLE sandboxes ADD COLUMN long_running INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN cpu_abuse_warned_at INTEGER;
+	ALTER TABLE sandboxes ADD COLUMN cpu_throttled_at INTEGER;`,
+	// 20: prepaid balances (docs/usage.md): a team's ledger of top-ups and
+	// adjustments (an admin's, with a note) and of charges, one per ended
+	// sandbox (its final metered cost, negative; the sandbox id unique, so
+	// that racing replicas charge it once); usage segments whose sandbox
+	// has been charged are marked.
+	`CREATE TABLE ledger (
+		id         TEXT PRIMARY KEY,
+		team_id    TEXT NOT NULL REFERENCES teams(id),
+		kind       TEXT NOT NULL,
+		amount     INTEGER NOT NULL,
+		sandbox_id TEXT UNIQUE,
+		note       TEXT NOT NULL DEFAULT '',
+		actor      TEXT NOT NULL DEFAULT '',
+		at         INTEGER NOT NULL
+	);
+	CREATE INDEX ledger_team ON ledger(team_id, at);
+	ALTER TABLE usage_segments ADD COLUMN charged INTEGER NOT NULL DEFAULT 0;
+	CREATE INDEX usage_segments_uncharged ON usage_segments(charged, ended_at);`,
 }
 
 // migrate applies the pending migrations, all in one transaction, and

@@ -15,13 +15,14 @@ import (
 
 // Sandbox rows are client.Sandbox values: the table has exactly its fields
 // (but TrafficToken, of which it keeps the hash). Metadata, EnvKeys,
-// NetworkRules and Ports are stored as JSON; EnvKeys holds names only,
-// never values. Metadata reads back as a non-nil map, EnvKeys sorted.
+// NetworkRules, Ports and SecretNames are stored as JSON; EnvKeys and
+// SecretNames hold names only, never values. Metadata reads back as a
+// non-nil map, EnvKeys and SecretNames sorted.
 
 const sandboxCols = `id, team_id, template, template_digest, runtime, runtime_version, state,
 	cpu, memory_mb, disk_mb, network, metadata, env_keys, from_pool,
 	created_at, expires_at, ended_at, end_reason, node_id, network_rules, ports, traffic_token_hash,
-	paused_at, snapshot`
+	paused_at, snapshot, secret_names, tariff, long_running, cpu_abuse_warned_at, cpu_throttled_at`
 
 // SandboxFilter selects sandboxes in ListSandboxes.
 type SandboxFilter struct {
@@ -37,19 +38,12 @@ type SandboxFilter struct {
 // a new "sb_…" id, an empty State "running" and a zero CreatedAt the current
 // time. A duplicate id is ErrConflict; an unknown team is ErrNotFound.
 func (s *Store) InsertSandbox(ctx context.Context, sb client.Sandbox) (client.Sandbox, error) {
-	sb, args, err := sandboxArgs(sb)
-	if err != nil {
-		return client.Sandbox{}, err
-	}
-	if _, err = s.exec(ctx, insertSandboxSQL, args...); err != nil {
-		return client.Sandbox{}, fmt.Errorf("store: insert sandbox %s: %w", sb.ID, s.mapConstraint(err, "team"))
-	}
-	return sb, nil
+	return s.InsertSandboxInSlot(ctx, sb, "")
 }
 
 // insertSandboxSQL inserts a row of sandboxArgs.
 const insertSandboxSQL = `INSERT INTO sandboxes (` + sandboxCols + `)
-	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 // sandboxArgs fills sb's defaults (InsertSandbox's) and returns it with the
 // values of sandboxCols.
@@ -75,6 +69,12 @@ func sandboxArgs(sb client.Sandbox) (client.Sandbox, []any, error) {
 		t := norm(*sb.PausedAt)
 		sb.PausedAt = &t
 	}
+	for _, p := range []**time.Time{&sb.CPUAbuseWarnedAt, &sb.CPUThrottledAt} {
+		if *p != nil {
+			t := norm(**p)
+			*p = &t
+		}
+	}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}
@@ -82,15 +82,12 @@ func sandboxArgs(sb client.Sandbox) (client.Sandbox, []any, error) {
 	if err != nil {
 		return client.Sandbox{}, nil, fmt.Errorf("store: insert sandbox: %w", err)
 	}
-	envKeys := []byte("[]")
-	if len(sb.EnvKeys) == 0 {
-		sb.EnvKeys = nil
-	} else {
-		sb.EnvKeys = slices.Clone(sb.EnvKeys)
-		slices.Sort(sb.EnvKeys)
-		if envKeys, err = json.Marshal(sb.EnvKeys); err != nil {
-			return client.Sandbox{}, nil, fmt.Errorf("store: insert sandbox: %w", err)
-		}
+	var envKeys, secretNames []byte
+	if sb.EnvKeys, envKeys, err = namesJSON(sb.EnvKeys); err != nil {
+		return client.Sandbox{}, nil, fmt.Errorf("store: insert sandbox: %w", err)
+	}
+	if sb.SecretNames, secretNames, err = namesJSON(sb.SecretNames); err != nil {
+		return client.Sandbox{}, nil, fmt.Errorf("store: insert sandbox: %w", err)
 	}
 	rules, err := rulesJSON(sb.NetworkRules)
 	if err != nil {
@@ -105,7 +102,20 @@ func sandboxArgs(sb client.Sandbox) (client.Sandbox, []any, error) {
 	return sb, []any{sb.ID, sb.TeamID, sb.Template, sb.TemplateDigest, sb.Runtime, sb.RuntimeVersion, sb.State,
 		sb.CPU, sb.MemoryMB, sb.DiskMB, sb.Network, string(meta), string(envKeys), boolInt(sb.FromPool),
 		toDB(sb.CreatedAt), toDB(sb.ExpiresAt), nullTime(sb.EndedAt), sb.EndReason, sb.NodeID,
-		rules, string(ports), sb.TrafficTokenHash, nullTime(sb.PausedAt), sb.Snapshot}, nil
+		rules, string(ports), sb.TrafficTokenHash, nullTime(sb.PausedAt), sb.Snapshot, string(secretNames), sb.Tariff,
+		boolInt(sb.LongRunning), nullTime(sb.CPUAbuseWarnedAt), nullTime(sb.CPUThrottledAt)}, nil
+}
+
+// namesJSON is the stored form of a list of names (EnvKeys, SecretNames):
+// sorted, a copy, nil when empty.
+func namesJSON(names []string) ([]string, []byte, error) {
+	if len(names) == 0 {
+		return nil, []byte("[]"), nil
+	}
+	names = slices.Clone(names)
+	slices.Sort(names)
+	b, err := json.Marshal(names)
+	return names, b, err
 }
 
 // rulesJSON is the stored form of a sandbox's rule lists: ” for none.
@@ -182,11 +192,29 @@ func (s *Store) SetPorts(ctx context.Context, teamID, id string, ports []client.
 // SetPaused records that the team's running sandbox was paused at t, or
 // resumed (nil).
 func (s *Store) SetPaused(ctx context.Context, teamID, id string, t *time.Time) error {
+	at := norm(time.Now())
 	if t != nil {
-		v := norm(*t)
-		t = &v
+		at = norm(*t)
+		t = &at
 	}
-	return s.updateRunning(ctx, "set paused of", teamID, id, `paused_at = ?`, nullTime(t))
+	err := s.inTx(ctx, func(tx *txn) error {
+		res, err := tx.exec(ctx, `UPDATE sandboxes SET paused_at = ? WHERE id = ? AND team_id = ? AND state = ?`,
+			nullTime(t), id, teamID, client.StateRunning)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return s.whyNotRunning(ctx, teamID, id)
+		}
+		// Metered from now on as paused (disk only), or running again.
+		return switchSegment(ctx, tx, id, t != nil, at)
+	})
+	if err != nil {
+		return fmt.Errorf("store: set paused of %s: %w", id, err)
+	}
+	return nil
 }
 
 // SetTrafficTokenHash replaces the hash of the team's running sandbox's
@@ -291,17 +319,14 @@ func (s *Store) MarkEnded(ctx context.Context, id, state, reason string, at time
 	if state == client.StateRunning || state == "" {
 		return false, fmt.Errorf("store: mark %s ended: invalid end state %q", id, state)
 	}
-	res, err := s.exec(ctx,
+	at = norm(at)
+	ended, err := s.endRow(ctx, id, state, at,
 		`UPDATE sandboxes SET state = ?, end_reason = ?, ended_at = ? WHERE id = ? AND state = ?`,
 		state, reason, toDB(at), id, client.StateRunning)
 	if err != nil {
 		return false, fmt.Errorf("store: mark %s ended: %w", id, err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("store: mark %s ended: %w", id, err)
-	}
-	return n == 1, nil
+	return ended, nil
 }
 
 // MarkExpired ends a running sandbox whose expiry is at or before now as
@@ -309,17 +334,33 @@ func (s *Store) MarkEnded(ctx context.Context, id, state, reason string, at time
 // concurrent SetExpiry that moves the expiry past now, the expiry wins if
 // it committed first. It reports whether it ended the row.
 func (s *Store) MarkExpired(ctx context.Context, id string, now time.Time) (bool, error) {
-	res, err := s.exec(ctx,
+	now = norm(now)
+	ended, err := s.endRow(ctx, id, client.StateExpired, now,
 		`UPDATE sandboxes SET state = ?, end_reason = ?, ended_at = ? WHERE id = ? AND state = ? AND expires_at <= ?`,
 		client.StateExpired, "timeout", toDB(now), id, client.StateRunning, toDB(now))
 	if err != nil {
 		return false, fmt.Errorf("store: expire %s: %w", id, err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("store: expire %s: %w", id, err)
-	}
-	return n == 1, nil
+	return ended, nil
+}
+
+// endRow runs update (which ends sandbox id's running row) and, when it
+// ended it, closes the sandbox's usage in the same transaction.
+func (s *Store) endRow(ctx context.Context, id, state string, at time.Time, update string, args ...any) (bool, error) {
+	ended := false
+	err := s.inTx(ctx, func(tx *txn) error {
+		res, err := tx.exec(ctx, update, args...)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil || n != 1 {
+			return err
+		}
+		ended = true
+		return closeSegment(ctx, tx, id, state, at)
+	})
+	return ended && err == nil, err
 }
 
 // ListByState returns the sandboxes of all teams in this state, oldest
@@ -386,13 +427,14 @@ func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) (
 
 func scanSandbox(sc scanner) (client.Sandbox, error) {
 	var sb client.Sandbox
-	var meta, envKeys, rules, ports string
+	var meta, envKeys, secretNames, rules, ports string
 	var created, expires, fromPool int64
-	var ended, paused sql.NullInt64
+	var ended, paused, cpuWarned, cpuThrottled sql.NullInt64
+	var longRunning int64
 	err := sc.Scan(&sb.ID, &sb.TeamID, &sb.Template, &sb.TemplateDigest, &sb.Runtime, &sb.RuntimeVersion, &sb.State,
 		&sb.CPU, &sb.MemoryMB, &sb.DiskMB, &sb.Network, &meta, &envKeys, &fromPool,
 		&created, &expires, &ended, &sb.EndReason, &sb.NodeID, &rules, &ports, &sb.TrafficTokenHash,
-		&paused, &sb.Snapshot)
+		&paused, &sb.Snapshot, &secretNames, &sb.Tariff, &longRunning, &cpuWarned, &cpuThrottled)
 	if errors.Is(err, sql.ErrNoRows) {
 		return client.Sandbox{}, ErrNotFound
 	}
@@ -411,6 +453,12 @@ func scanSandbox(sc scanner) (client.Sandbox, error) {
 	if len(sb.EnvKeys) == 0 {
 		sb.EnvKeys = nil
 	}
+	if err := json.Unmarshal([]byte(secretNames), &sb.SecretNames); err != nil {
+		return client.Sandbox{}, fmt.Errorf("sandbox %s secret names: %w", sb.ID, err)
+	}
+	if len(sb.SecretNames) == 0 {
+		sb.SecretNames = nil
+	}
 	if rules != "" {
 		sb.NetworkRules = &client.NetworkRuleLists{}
 		if err := json.Unmarshal([]byte(rules), sb.NetworkRules); err != nil {
@@ -425,5 +473,6 @@ func scanSandbox(sc scanner) (client.Sandbox, error) {
 	}
 	sb.FromPool = fromPool != 0
 	sb.CreatedAt, sb.ExpiresAt, sb.EndedAt, sb.PausedAt = fromDB(created), fromDB(expires), timePtr(ended), timePtr(paused)
+	sb.LongRunning, sb.CPUAbuseWarnedAt, sb.CPUThrottledAt = longRunning != 0, timePtr(cpuWarned), timePtr(cpuThrottled)
 	return sb, nil
 }

@@ -129,8 +129,10 @@ func (s *Store) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, slot
 	}
 	err = s.inTx(ctx, func(tx *txn) error {
 		if slotID == "" {
-			_, err := tx.exec(ctx, insertSandboxSQL, args...)
-			return s.mapConstraint(err, "team")
+			if _, err := tx.exec(ctx, insertSandboxSQL, args...); err != nil {
+				return s.mapConstraint(err, "team")
+			}
+			return openSegment(ctx, tx, sb)
 		}
 		res, err := tx.exec(ctx, `DELETE FROM sandbox_slots WHERE id = ? AND team_id = ?`, slotID, sb.TeamID)
 		if err != nil {
@@ -141,8 +143,10 @@ func (s *Store) InsertSandboxInSlot(ctx context.Context, sb client.Sandbox, slot
 		} else if n == 0 {
 			return ErrSlotLost
 		}
-		_, err = tx.exec(ctx, insertSandboxSQL, args...)
-		return s.mapConstraint(err, "team")
+		if _, err = tx.exec(ctx, insertSandboxSQL, args...); err != nil {
+			return s.mapConstraint(err, "team")
+		}
+		return openSegment(ctx, tx, sb)
 	})
 	if err != nil {
 		return client.Sandbox{}, fmt.Errorf("store: insert sandbox %s: %w", sb.ID, err)

@@ -149,10 +149,17 @@ func TestTeams(t *testing.T) {
 		if _, err := s.GetTeamByName(ctx, "nope"); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("GetTeamByName unknown: %v", err)
 		}
-		l := client.Limits{MaxSandboxes: 100, MaxConcurrentExec: 7, MaxStorageMB: 512}
+		l := client.Limits{MaxSandboxes: 100, MaxConcurrentExec: 7, MaxStorageMB: 512, RequestsPerMinute: 60, CreatesPerMinute: 5}
 		up, err := s.UpdateTeamLimits(ctx, a.ID, l)
 		if err != nil || up.Limits != l || up.Name != "a" {
 			t.Fatalf("UpdateTeamLimits = %+v, %v", up, err)
+		}
+		// A key's lookup brings its team's limits, rate limits included.
+		if _, err := s.InsertKey(ctx, Key{TeamID: a.ID, Name: "k", Prefix: "eb_tttt", Hash: "h-teams"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, tm, err := s.KeyByHash(ctx, "h-teams"); err != nil || tm.Limits != l {
+			t.Fatalf("KeyByHash team = %+v, %v", tm, err)
 		}
 		if _, err := s.UpdateTeamLimits(ctx, "team_nope", l); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("UpdateTeamLimits unknown: %v", err)
@@ -238,6 +245,7 @@ func TestSandboxRoundTripAndIsolation(t *testing.T) {
 		a, b := mustTeam(t, s, "a"), mustTeam(t, s, "b")
 		in := newSandbox(a.ID, map[string]string{"run": "r1"})
 		in.EnvKeys = []string{"Z", "A"}
+		in.SecretNames = []string{"TOKEN", "API_KEY"}
 		in.TemplateDigest = "sha256:abc"
 		in.RuntimeVersion = "6.1"
 		in.FromPool = true
@@ -246,7 +254,8 @@ func TestSandboxRoundTripAndIsolation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if sb.State != client.StateRunning || sb.ID == "" || !reflect.DeepEqual(sb.EnvKeys, []string{"A", "Z"}) {
+		if sb.State != client.StateRunning || sb.ID == "" || !reflect.DeepEqual(sb.EnvKeys, []string{"A", "Z"}) ||
+			!reflect.DeepEqual(sb.SecretNames, []string{"API_KEY", "TOKEN"}) {
 			t.Fatalf("inserted = %+v", sb)
 		}
 		if in.EnvKeys[0] != "Z" {
@@ -283,7 +292,7 @@ func TestSandboxRoundTripAndIsolation(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, err = s.GetSandbox(ctx, a.ID, e.ID)
-		if err != nil || got.Metadata == nil || len(got.Metadata) != 0 || got.EnvKeys != nil {
+		if err != nil || got.Metadata == nil || len(got.Metadata) != 0 || got.EnvKeys != nil || got.SecretNames != nil {
 			t.Fatalf("empty sandbox = %+v, %v", got, err)
 		}
 	})

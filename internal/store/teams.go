@@ -9,7 +9,7 @@ import (
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
-const teamCols = `id, name, created_at, max_sandboxes, max_concurrent_execs, max_storage_mb`
+const teamCols = `id, name, created_at, max_sandboxes, max_concurrent_execs, max_storage_mb, requests_per_minute, creates_per_minute`
 
 // CreateTeam inserts a team and returns it as stored. An empty ID gets a
 // new "team_…" id and a zero CreatedAt the current time. A taken name is
@@ -26,8 +26,9 @@ func (s *Store) CreateTeam(ctx context.Context, t client.Team) (client.Team, err
 	}
 	t.CreatedAt = norm(t.CreatedAt)
 	_, err := s.exec(ctx,
-		`INSERT INTO teams (`+teamCols+`) VALUES (?, ?, ?, ?, ?, ?)`,
-		t.ID, t.Name, toDB(t.CreatedAt), t.Limits.MaxSandboxes, t.Limits.MaxConcurrentExec, t.Limits.MaxStorageMB)
+		`INSERT INTO teams (`+teamCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+		t.ID, t.Name, toDB(t.CreatedAt), t.Limits.MaxSandboxes, t.Limits.MaxConcurrentExec, t.Limits.MaxStorageMB,
+		t.Limits.RequestsPerMinute, t.Limits.CreatesPerMinute)
 	if err != nil {
 		return client.Team{}, fmt.Errorf("store: create team %q: %w", t.Name, s.mapConstraint(err, "team"))
 	}
@@ -76,8 +77,9 @@ func (s *Store) ListTeams(ctx context.Context) ([]client.Team, error) {
 // UpdateTeamLimits replaces a team's limits and returns the updated team.
 func (s *Store) UpdateTeamLimits(ctx context.Context, id string, l client.Limits) (client.Team, error) {
 	t, err := scanTeam(s.writeRow(ctx,
-		`UPDATE teams SET max_sandboxes = ?, max_concurrent_execs = ?, max_storage_mb = ? WHERE id = ? RETURNING `+teamCols,
-		l.MaxSandboxes, l.MaxConcurrentExec, l.MaxStorageMB, id))
+		`UPDATE teams SET max_sandboxes = ?, max_concurrent_execs = ?, max_storage_mb = ?, requests_per_minute = ?, creates_per_minute = ?
+		WHERE id = ? RETURNING `+teamCols,
+		l.MaxSandboxes, l.MaxConcurrentExec, l.MaxStorageMB, l.RequestsPerMinute, l.CreatesPerMinute, id))
 	if err != nil {
 		return client.Team{}, fmt.Errorf("store: update team %s: %w", id, err)
 	}
@@ -90,7 +92,8 @@ type scanner interface{ Scan(dest ...any) error }
 func scanTeam(sc scanner) (client.Team, error) {
 	var t client.Team
 	var created int64
-	err := sc.Scan(&t.ID, &t.Name, &created, &t.Limits.MaxSandboxes, &t.Limits.MaxConcurrentExec, &t.Limits.MaxStorageMB)
+	err := sc.Scan(&t.ID, &t.Name, &created, &t.Limits.MaxSandboxes, &t.Limits.MaxConcurrentExec, &t.Limits.MaxStorageMB,
+		&t.Limits.RequestsPerMinute, &t.Limits.CreatesPerMinute)
 	if errors.Is(err, sql.ErrNoRows) {
 		return client.Team{}, ErrNotFound
 	}

@@ -157,6 +157,10 @@ type Runner struct {
 	Backoff time.Duration
 	// CreateWait is how long a create queues at the team's sandbox limit.
 	CreateWait time.Duration
+	// Metrics, when set, counts the trials that end (not those that could
+	// not run at all), as Source.
+	Metrics *Metrics
+	Source  string
 	// now is the clock of the phases and durations (tests set it).
 	now func() time.Time
 }
@@ -175,6 +179,15 @@ func New(sb Sandboxes, log *slog.Logger) *Runner {
 // run at all (bad input, unknown template, ctx ended); infra failures end
 // as an Outcome with status "error".
 func (r *Runner) Run(ctx context.Context, teamID string, spec Spec) (Outcome, error) {
+	out, err := r.run(ctx, teamID, spec)
+	if err == nil {
+		r.Metrics.observe(r.Source, out)
+	}
+	return out, err
+}
+
+// run is Run, without its metrics.
+func (r *Runner) run(ctx context.Context, teamID string, spec Spec) (Outcome, error) {
 	start := r.clock()
 	var last error
 	stopped := 0 // attempts whose sandbox stopped while the script ran

@@ -182,12 +182,17 @@ type request struct {
 	accept  string
 	// retry allows retrying on 429/503 answers.
 	retry bool
+	// root: path is below the server's root, not /v1 (GET /metrics).
+	root bool
 }
 
 // send performs r and returns the response when its status is 2xx; any other
 // status is returned as an *APIError. The caller closes the response body.
 func (c *Client) send(ctx context.Context, r *request) (*http.Response, error) {
 	u := c.base + "/v1" + r.path
+	if r.root {
+		u = c.base + r.path
+	}
 	if len(r.query) > 0 {
 		u += "?" + r.query.Encode()
 	}

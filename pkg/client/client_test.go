@@ -190,6 +190,17 @@ func TestClientCoversSpec(t *testing.T) {
 		func() error { _, err := c.CreateKey(ctx, CreateKeyRequest{Name: "k", TeamID: "t-1"}); return err },
 		func() error { _, err := c.ListKeys(ctx); return err },
 		func() error { return c.RevokeKey(ctx, "k-1") },
+		func() error { _, err := c.PutSecret(ctx, "API_KEY", "v"); return err },
+		func() error { _, err := c.ListSecrets(ctx); return err },
+		func() error { return c.DeleteSecret(ctx, "API_KEY") },
+		func() error { _, err := c.ListTariffs(ctx); return err },
+		func() error { _, err := c.GetTariff(ctx, "small"); return err },
+		func() error { _, err := c.PutTariff(ctx, "small", PutTariffRequest{CPU: 1}); return err },
+		func() error { return c.DeleteTariff(ctx, "small") },
+		func() error { _, err := c.Usage(ctx, UsageOptions{GroupBy: "day"}); return err },
+		func() error { _, err := c.Balance(ctx, ""); return err },
+		func() error { _, err := c.Ledger(ctx, "team_1", 10); return err },
+		func() error { _, err := c.TopUp(ctx, "team_1", TopUpRequest{Amount: "1"}); return err },
 		func() error { _, err := c.ListTemplates(ctx); return err },
 		func() error {
 			_, err := c.BuildTemplate(ctx, BuildTemplateRequest{Name: "t", Spec: TemplateSpec{From: "base",
@@ -230,6 +241,11 @@ func TestClientCoversSpec(t *testing.T) {
 		},
 		func() error { _, err := c.ListPools(ctx); return err },
 		func() error { _, err := c.Capacity(ctx); return err },
+		func() error {
+			_, err := c.ListAudit(ctx, AuditQuery{TeamID: "t-1", Action: AuditActionSandboxCreate, Since: time.Now(), Limit: 5})
+			return err
+		},
+		func() error { _, err := c.Metrics(ctx); return err },
 		func() error {
 			_, err := c.Execute(ctx, ExecuteRequest{Scripts: []string{"print(1)"}, Language: LanguagePython, Timeout: 3})
 			return err

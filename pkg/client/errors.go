@@ -49,8 +49,9 @@ func IsConflict(err error) bool { return ErrorCode(err) == CodeConflict }
 // active-sandbox limit.
 func IsTooManySandboxes(err error) bool { return ErrorCode(err) == CodeTooManySandboxes }
 
-// IsRateLimited reports whether err says the team is at its concurrent-exec
-// limit.
+// IsRateLimited reports whether err says the team (or the key) is over its
+// request rate limit (requests_per_minute, creates_per_minute) or at its
+// concurrent-exec limit; its APIError.RetryAfter says when to retry.
 func IsRateLimited(err error) bool { return ErrorCode(err) == CodeRateLimited }
 
 // IsOutputBudgetExhausted reports whether err says the server's memory for
@@ -61,6 +62,10 @@ func IsOutputBudgetExhausted(err error) bool { return ErrorCode(err) == CodeOutp
 // IsStorageQuotaExceeded reports whether err says the team's storage
 // limit would be passed.
 func IsStorageQuotaExceeded(err error) bool { return ErrorCode(err) == CodeStorageQuotaExceeded }
+
+// IsInsufficientBalance reports whether err says billing is on and the
+// team's balance does not cover the sandbox: an admin tops it up.
+func IsInsufficientBalance(err error) bool { return ErrorCode(err) == CodeInsufficientBalance }
 
 // IsInsufficientCapacity reports whether err says the host had no room for
 // a new sandbox (host pids or memory, shared by every team): retry later,

@@ -56,6 +56,18 @@ var wireTypes = map[string]reflect.Type{
 	"APIKey":               reflect.TypeFor[APIKey](),
 	"CreateKeyRequest":     reflect.TypeFor[CreateKeyRequest](),
 	"KeyList":              reflect.TypeFor[KeyList](),
+	"TeamSecret":           reflect.TypeFor[TeamSecret](),
+	"Tariff":               reflect.TypeFor[Tariff](),
+	"TariffList":           reflect.TypeFor[TariffList](),
+	"PutTariffRequest":     reflect.TypeFor[PutTariffRequest](),
+	"UsageReport":          reflect.TypeFor[UsageReport](),
+	"UsageLine":            reflect.TypeFor[UsageLine](),
+	"Balance":              reflect.TypeFor[Balance](),
+	"TopUpRequest":         reflect.TypeFor[TopUpRequest](),
+	"LedgerEntry":          reflect.TypeFor[LedgerEntry](),
+	"LedgerList":           reflect.TypeFor[LedgerList](),
+	"TeamSecretList":       reflect.TypeFor[TeamSecretList](),
+	"PutSecretRequest":     reflect.TypeFor[PutSecretRequest](),
 	"Template":             reflect.TypeFor[Template](),
 	"TemplateList":         reflect.TypeFor[TemplateList](),
 	"TemplateSpec":         reflect.TypeFor[TemplateSpec](),
@@ -94,6 +106,8 @@ var wireTypes = map[string]reflect.Type{
 	"PortSpec":             reflect.TypeFor[PortSpec](),
 	"SetPortsRequest":      reflect.TypeFor[SetPortsRequest](),
 	"TrafficToken":         reflect.TypeFor[TrafficToken](),
+	"AuditEvent":           reflect.TypeFor[AuditEvent](),
+	"AuditList":            reflect.TypeFor[AuditList](),
 }
 
 // enumConsts maps "Schema.property" to the prefix of the constants in
@@ -127,6 +141,9 @@ var enumConsts = map[string]string{
 	"Pool.runtime":                 "Runtime",
 	"Pool.network":                 "=NetworkNone,NetworkOutbound",
 	"NetworkSpec.mode":             "Network",
+	"AuditEvent.action":            "AuditAction",
+	"LedgerEntry.kind":             "Ledger",
+	"TopUpRequest.kind":            "=LedgerTopUp,LedgerAdjust",
 }
 
 type yamlMap = map[string]any
@@ -440,7 +457,7 @@ func TestSpecStructure(t *testing.T) {
 			t.Errorf("%s: duplicate operationId %s", where, rt.opID)
 		}
 		ops[rt.opID] = true
-		if !strings.HasPrefix(rt.template, "/v1/") {
+		if !strings.HasPrefix(rt.template, "/v1/") && rt.template != "/metrics" { // Prometheus's conventional path
 			t.Errorf("%s: path outside /v1", where)
 		}
 		op := rt.op
@@ -469,6 +486,11 @@ func TestSpecStructure(t *testing.T) {
 		}
 		if !public && responses["401"] == nil {
 			t.Errorf("%s: authenticated operation without 401", where)
+		}
+		// Request rate limits apply to every authenticated request but a
+		// port URL's (internal/api/ratelimit.go).
+		if !public && responses["429"] == nil && !strings.Contains(rt.template, "/ports/{port}") {
+			t.Errorf("%s: authenticated operation without 429 (rate_limited)", where)
 		}
 		if responses["500"] == nil {
 			t.Errorf("%s: no 500 response", where)

@@ -104,13 +104,18 @@ const (
 // Sandbox states.
 const (
 	StateRunning = "running"
-	StateDeleted = "deleted" // deleted by a user or bulk delete
+	StateDeleted = "deleted" // deleted by a user or bulk delete, or stopped by the CPU-abuse rule (EndReasonCPUAbuse)
 	StateExpired = "expired" // removed by the TTL reaper
 	StateLost    = "lost"    // its processes died (crash, server restart, agent killed)
 	// StatePaused is how the API shows a running sandbox that is paused
 	// (Sandbox.PausedAt): never a state of the server's records.
 	StatePaused = "paused"
 )
+
+// EndReasonCPUAbuse is the end reason (state deleted) of an ephemeral
+// sandbox that the CPU-abuse rule stopped: held above the server's
+// threshold of its CPU quota for longer than its window (docs/abuse.md).
+const EndReasonCPUAbuse = "cpu_abuse"
 
 // Exec statuses.
 const (
@@ -153,6 +158,10 @@ const (
 	// CodePortClosed (502): nothing listens on the sandbox port a port URL
 	// names (yet: a server that is starting answers once it listens).
 	CodePortClosed = "port_closed"
+	// CodeInsufficientBalance (402): billing is on and the team's prepaid
+	// balance does not cover the sandbox's minimum; nothing was created.
+	// An admin tops it up (POST /v1/teams/{id}/balance).
+	CodeInsufficientBalance = "insufficient_balance"
 )
 
 // HeaderError is set, to the error's code, on every error answer of
@@ -183,7 +192,21 @@ type CreateSandboxRequest struct {
 	DiskMB   int     `json:"disk_mb,omitempty"`
 	// Env is the default environment of every process in the sandbox. Its
 	// values are never returned by the API nor logged.
-	Env      map[string]string `json:"env,omitempty"`
+	Env map[string]string `json:"env,omitempty"`
+	// Secrets are environment variables whose values are secret: every
+	// process of the sandbox gets them, over Env, as Env gets its. The
+	// server keeps no copy (the sandbox's node holds them in memory); the
+	// API returns their names only (Sandbox.SecretNames), and no log,
+	// error, eval result or report holds a value.
+	Secrets map[string]string `json:"secrets,omitempty"`
+	// SecretRefs names the team's stored secrets (PUT /v1/secrets/{name})
+	// to give the sandbox as Secrets, under the same names.
+	SecretRefs []string `json:"secret_refs,omitempty"`
+	// Tariff names the sandbox's tariff (GET /v1/tariffs): its shape
+	// (cpu, memory_mb and disk_mb, which the request may lower, never
+	// raise) and the prices its usage is metered at. Empty: the template's
+	// shape, priced by the server's default tariff.
+	Tariff   string            `json:"tariff,omitempty"`
 	Metadata map[string]string `json:"metadata,omitempty"`
 	Network  NetworkSpec       `json:"network,omitzero"`
 	// Ports sets how ports may be reached (by default: with the team's
@@ -197,6 +220,10 @@ type CreateSandboxRequest struct {
 	// booting a template: Template, Runtime, CPU, MemoryMB, DiskMB and
 	// Network then come from the snapshot and must be left unset.
 	Snapshot string `json:"snapshot,omitempty"`
+	// LongRunning exempts the sandbox from the CPU-abuse stop
+	// (docs/abuse.md): held above the threshold for the window, it is
+	// throttled to half its CPU instead, for the rest of its life.
+	LongRunning bool `json:"long_running,omitempty"`
 }
 
 // Sandbox is a sandbox as the API returns it.
@@ -220,7 +247,12 @@ type Sandbox struct {
 	Ports    []PortSpec        `json:"ports,omitempty"`
 	Metadata map[string]string `json:"metadata"`
 	// EnvKeys lists the names (never the values) of the sandbox's env.
-	EnvKeys   []string   `json:"env_keys,omitempty"`
+	EnvKeys []string `json:"env_keys,omitempty"`
+	// SecretNames lists the names (never the values) of the sandbox's
+	// secrets (CreateSandboxRequest.Secrets and SecretRefs).
+	SecretNames []string `json:"secret_names,omitempty"`
+	// Tariff is the tariff the sandbox is metered at.
+	Tariff    string     `json:"tariff,omitempty"`
 	CreatedAt time.Time  `json:"created_at"`
 	ExpiresAt time.Time  `json:"expires_at"`
 	EndedAt   *time.Time `json:"ended_at,omitempty"`
@@ -246,6 +278,15 @@ type Sandbox struct {
 	PausedAt *time.Time `json:"paused_at,omitempty"`
 	// Snapshot is the snapshot the sandbox was restored from, if any.
 	Snapshot string `json:"snapshot,omitempty"`
+	// LongRunning is the create's (CreateSandboxRequest.LongRunning).
+	LongRunning bool `json:"long_running"`
+	// CPUAbuseWarnedAt is when the CPU-abuse rule last warned the sandbox:
+	// it had been above the threshold of its CPU quota for 80 % of the
+	// window (docs/abuse.md).
+	CPUAbuseWarnedAt *time.Time `json:"cpu_abuse_warned_at,omitempty"`
+	// CPUThrottledAt is when the rule throttled the (long-running)
+	// sandbox to half its CPU.
+	CPUThrottledAt *time.Time `json:"cpu_throttled_at,omitempty"`
 }
 
 // MarshalJSON writes the sandbox with state "paused" while it is paused.
@@ -491,6 +532,12 @@ type Limits struct {
 	// build contexts and image uploads being processed, its eval runs'
 	// inputs. 0 on input: the server's default.
 	MaxStorageMB int `json:"max_storage_mb"`
+	// RequestsPerMinute and CreatesPerMinute are the team's request rate
+	// limits, per API replica (past them: 429 rate_limited with
+	// Retry-After); 0: the server's (`evalbox serve
+	// --rate-limit-requests-per-minute`, `--rate-limit-creates-per-minute`).
+	RequestsPerMinute int `json:"requests_per_minute"`
+	CreatesPerMinute  int `json:"creates_per_minute"`
 }
 
 // TeamUsage is what a team uses.
@@ -531,6 +578,152 @@ type APIKey struct {
 	CreatedAt time.Time  `json:"created_at"`
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
 	Key       string     `json:"key,omitempty"`
+}
+
+// Tariff is a named sandbox shape and its prices per second, as decimal
+// strings of the operator's currency (at most 9 decimals): per vCPU, per
+// GiB of memory, per GiB of disk. A running sandbox is billed for its
+// vCPUs, memory and disk, a paused one for its disk only.
+type Tariff struct {
+	Name               string  `json:"name"`
+	CPU                float64 `json:"cpu"`
+	MemoryMB           int     `json:"memory_mb"`
+	DiskMB             int     `json:"disk_mb"`
+	PriceVCPUSecond    string  `json:"price_vcpu_second"`
+	PriceGiBSecond     string  `json:"price_gib_second"`
+	PriceDiskGiBSecond string  `json:"price_disk_gib_second"`
+	// CPUAbuseThreshold and CPUAbuseWindowSeconds are the CPU-abuse rule
+	// of its sandboxes (docs/abuse.md); absent: the server's. A zero
+	// window exempts them.
+	CPUAbuseThreshold     *float64  `json:"cpu_abuse_threshold,omitempty"`
+	CPUAbuseWindowSeconds *float64  `json:"cpu_abuse_window_seconds,omitempty"`
+	CreatedAt             time.Time `json:"created_at"`
+	UpdatedAt             time.Time `json:"updated_at"`
+}
+
+// TariffList is the body of GET /v1/tariffs.
+type TariffList struct {
+	Tariffs []Tariff `json:"tariffs"`
+}
+
+// PutTariffRequest is the body of PUT /v1/tariffs/{name} (admin only).
+type PutTariffRequest struct {
+	CPU                float64 `json:"cpu"`
+	MemoryMB           int     `json:"memory_mb"`
+	DiskMB             int     `json:"disk_mb"`
+	PriceVCPUSecond    string  `json:"price_vcpu_second"`
+	PriceGiBSecond     string  `json:"price_gib_second"`
+	PriceDiskGiBSecond string  `json:"price_disk_gib_second"`
+	// CPUAbuseThreshold (0–1] and CPUAbuseWindowSeconds (≥ 0; 0: none),
+	// nil: the server's rule.
+	CPUAbuseThreshold     *float64 `json:"cpu_abuse_threshold,omitempty"`
+	CPUAbuseWindowSeconds *float64 `json:"cpu_abuse_window_seconds,omitempty"`
+}
+
+// UsageReport is the body of GET /v1/usage: metered usage in [from, to),
+// grouped.
+type UsageReport struct {
+	From    time.Time `json:"from"`
+	To      time.Time `json:"to"`
+	GroupBy string    `json:"group_by"`
+	// TeamID is the team reported on ("" for every team: an admin's
+	// team=all).
+	TeamID string `json:"team_id,omitempty"`
+	// GranularitySeconds and MinimumSeconds are the rules applied: each
+	// sandbox's time is rounded up to the granularity, and its running
+	// time billed at least the minimum (in the report that holds its
+	// start).
+	GranularitySeconds float64     `json:"granularity_seconds"`
+	MinimumSeconds     float64     `json:"minimum_seconds"`
+	Groups             []UsageLine `json:"groups"`
+	Total              UsageLine   `json:"total"`
+}
+
+// UsageLine is the usage of one group of a UsageReport (or its total).
+type UsageLine struct {
+	// Key is the group: a sandbox id, template, tariff, day (YYYY-MM-DD,
+	// UTC) or eval run id ("" for sandboxes of none); "" in the total.
+	Key       string `json:"key"`
+	Sandboxes int    `json:"sandboxes"`
+	// Running and paused time metered in the window; billed: rounded up
+	// per sandbox, the minimum applied to running time.
+	RunningSeconds      float64 `json:"running_seconds"`
+	PausedSeconds       float64 `json:"paused_seconds"`
+	BilledSeconds       float64 `json:"billed_seconds"`
+	BilledPausedSeconds float64 `json:"billed_paused_seconds"`
+	VCPUSeconds         float64 `json:"vcpu_seconds"`
+	GiBSeconds          float64 `json:"gib_seconds"`
+	// Cost is a decimal string of the currency of the tariffs' prices.
+	Cost string `json:"cost"`
+}
+
+// Balance is a team's prepaid balance (GET /v1/balance): Ledger (its
+// top-ups and adjustments less the charges of its ended sandboxes) less
+// Running (what its running sandboxes cost so far, their minimum
+// included). Amounts are decimal strings.
+type Balance struct {
+	TeamID  string `json:"team_id"`
+	Balance string `json:"balance"`
+	Ledger  string `json:"ledger"`
+	Running string `json:"running"`
+	// Billing says whether the server holds teams to their balance (402
+	// insufficient_balance, balance_exhausted); off, it is only shown.
+	Billing bool `json:"billing"`
+	// WarnedAt is when the team was warned at zero: its sandboxes stop
+	// (end reason balance_exhausted) after the server's grace.
+	WarnedAt *time.Time `json:"warned_at,omitempty"`
+}
+
+// Ledger entry kinds (LedgerEntry.Kind, TopUpRequest.Kind).
+const (
+	LedgerTopUp  = "top_up"
+	LedgerAdjust = "adjust"
+	LedgerCharge = "charge"
+)
+
+// TopUpRequest is the body of POST /v1/teams/{id}/balance (admin only).
+type TopUpRequest struct {
+	// Amount is a decimal string; a top_up's is positive, an adjust's
+	// may be negative.
+	Amount string `json:"amount"`
+	// Kind is top_up (the default) or adjust.
+	Kind string `json:"kind,omitempty"`
+	Note string `json:"note,omitempty"`
+}
+
+// LedgerEntry is a row of a team's ledger: a top-up or adjustment (an
+// admin's) or a charge (an ended sandbox's metered cost, negative).
+type LedgerEntry struct {
+	ID        string    `json:"id"`
+	Kind      string    `json:"kind"`
+	Amount    string    `json:"amount"`
+	SandboxID string    `json:"sandbox_id,omitempty"`
+	Note      string    `json:"note,omitempty"`
+	Actor     string    `json:"actor,omitempty"`
+	At        time.Time `json:"at"`
+}
+
+// LedgerList is the body of GET /v1/balance/ledger, newest first.
+type LedgerList struct {
+	Entries []LedgerEntry `json:"entries"`
+}
+
+// TeamSecret is a team's stored secret: its name and times, never its
+// value (the API has no way to read a value back).
+type TeamSecret struct {
+	Name      string    `json:"name"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// TeamSecretList is the body of GET /v1/secrets.
+type TeamSecretList struct {
+	Secrets []TeamSecret `json:"secrets"`
+}
+
+// PutSecretRequest is the body of PUT /v1/secrets/{name}.
+type PutSecretRequest struct {
+	Value string `json:"value"`
 }
 
 // CreateKeyRequest is the body of POST /v1/keys. TeamID defaults to the
@@ -1058,6 +1251,13 @@ type EvalSummary struct {
 	// write, run and delete are the steps of the attempt that completed;
 	// trial is the whole trial, retries included.
 	Phases map[string]PhaseStats `json:"phases,omitempty"`
+	// Tariff names the tariffs the run's sandboxes were metered at
+	// (comma-separated when several); BilledSeconds and Cost are their
+	// metered usage (GET /v1/usage?group_by=eval_run), absent when the
+	// server meters nothing.
+	Tariff        string  `json:"tariff,omitempty"`
+	BilledSeconds float64 `json:"billed_seconds,omitempty"`
+	Cost          string  `json:"cost,omitempty"`
 }
 
 // PhaseStats summarises the durations of one trial phase over a run.
@@ -1149,4 +1349,75 @@ const (
 	EvalEventProgress = "progress"
 	EvalEventEnd      = "end"
 	EvalEventError    = "error"
+)
+
+// AuditEvent is one row of the audit log (GET /v1/audit, admin key
+// only): a request that changes something (AuditAction*), who made it
+// (the team and key of its API key; Admin when that is an admin key), from
+// which address, what it acted on (Target: the id or name in its path, or
+// what it created) and how it ended (the HTTP status and, for a refusal,
+// the error code). Refused requests of authenticated callers are recorded
+// too; requests without a valid API key are not. No request body, env or
+// secret is ever recorded.
+type AuditEvent struct {
+	ID         string    `json:"id"`
+	At         time.Time `json:"at"`
+	TeamID     string    `json:"team_id"`
+	KeyID      string    `json:"key_id"`
+	KeyName    string    `json:"key_name"`
+	Admin      bool      `json:"admin"`
+	RemoteAddr string    `json:"remote_addr"`
+	Action     string    `json:"action"`
+	Target     string    `json:"target,omitempty"`
+	Status     int       `json:"status"`
+	Code       string    `json:"code,omitempty"`
+}
+
+// AuditList is a page of GET /v1/audit, newest first; NextCursor, when
+// set, is the cursor parameter of the next page.
+type AuditList struct {
+	Events     []AuditEvent `json:"events"`
+	NextCursor string       `json:"next_cursor,omitempty"`
+}
+
+// Audit actions (AuditEvent.Action): evalbox's own API, then E2B's.
+const (
+	AuditActionSandboxCreate      = "sandbox.create"
+	AuditActionSandboxDelete      = "sandbox.delete"
+	AuditActionSandboxBulkDelete  = "sandbox.bulk_delete"
+	AuditActionSandboxSetNetwork  = "sandbox.set_network"
+	AuditActionSandboxSetPorts    = "sandbox.set_ports"
+	AuditActionSandboxRotateToken = "sandbox.rotate_traffic_token"
+	AuditActionSandboxFork        = "sandbox.fork"
+	AuditActionSandboxPause       = "sandbox.pause"
+	AuditActionSandboxResume      = "sandbox.resume"
+	AuditActionSnapshotCreate     = "snapshot.create"
+	AuditActionSnapshotDelete     = "snapshot.delete"
+	AuditActionEvalCreate         = "eval.create"
+	AuditActionEvalDelete         = "eval.delete"
+	AuditActionEvalCancel         = "eval.cancel"
+	AuditActionTeamCreate         = "team.create"
+	AuditActionTeamUpdate         = "team.update"
+	AuditActionKeyCreate          = "key.create"
+	AuditActionKeyRevoke          = "key.revoke"
+	AuditActionTemplateBuild      = "template.build"
+	AuditActionTemplateImport     = "template.import"
+	AuditActionTemplateDelete     = "template.delete"
+	AuditActionTemplateTag        = "template.tag"
+	AuditActionSecretPut          = "secret.put"
+	AuditActionSecretDelete       = "secret.delete"
+	AuditActionTariffPut          = "tariff.put"
+	AuditActionTariffDelete       = "tariff.delete"
+	AuditActionBalanceTopUp       = "balance.top_up"
+	AuditActionE2BSandboxCreate   = "e2b.sandbox.create"
+	AuditActionE2BSandboxKill     = "e2b.sandbox.kill"
+	AuditActionE2BSandboxPause    = "e2b.sandbox.pause"
+	AuditActionE2BSandboxResume   = "e2b.sandbox.resume"
+	AuditActionE2BSandboxFork     = "e2b.sandbox.fork"
+	AuditActionE2BSnapshotCreate  = "e2b.snapshot.create"
+	AuditActionE2BTemplateCreate  = "e2b.template.create"
+	AuditActionE2BTemplateBuild   = "e2b.template.build"
+	AuditActionE2BTemplateDelete  = "e2b.template.delete"
+	AuditActionE2BTemplateTag     = "e2b.template.tag"
+	AuditActionE2BTemplateUntag   = "e2b.template.untag"
 )

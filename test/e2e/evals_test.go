@@ -92,6 +92,16 @@ func TestEvalHumanEvalExample(t *testing.T) {
 	if s.Runtime != client.RuntimeGVisor || !strings.HasPrefix(s.TemplateDigest, "sha256:") || s.RuntimeVersion == "" || s.Counts["passed"] != 3 || run.Done != 6 {
 		t.Errorf("summary %+v, run %+v", s, run)
 	}
+	// The run records its tariff and cost: its six sandboxes, each billed
+	// at least the minimum, as GET /v1/usage gives them.
+	if s.Tariff != "standard" || s.BilledSeconds < 6*60 || s.Cost == "" || s.Cost == "0" {
+		t.Errorf("summary tariff %q, billed %v, cost %q", s.Tariff, s.BilledSeconds, s.Cost)
+	}
+	if u, err := c.Usage(ctxT(t, time.Minute), client.UsageOptions{GroupBy: "eval_run"}); err != nil {
+		t.Error(err)
+	} else if line := usageLine(u, run.ID); line.Cost != s.Cost || line.Sandboxes != 6 {
+		t.Errorf("usage of the run %+v, summary cost %s", line, s.Cost)
+	}
 	rs := evalResults(t, c, run.ID)
 	want := []string{"failed", "timed_out", "failed", "passed", "passed", "passed"}
 	if len(rs) != len(want) {

@@ -506,9 +506,15 @@ func TestFleet(t *testing.T) {
 	t.Run("replica-lost", func(t *testing.T) {
 		c, _, key := newTeam(t, replica, client.Limits{MaxSandboxes: 10, MaxConcurrentExec: 10})
 		c2 := other(key)
-		// An agent episode's sandbox, created through the replica that dies.
+		// An agent episode's sandbox, created through the replica that dies,
+		// with a secret given and one the team stored (through the node
+		// contract: the node holds them, not the replica).
+		if _, err := c.PutSecret(ctxT(t, time.Minute), "EPISODE_KEY", "stored-k"); err != nil {
+			t.Fatal(err)
+		}
 		episode, err := c.CreateSandbox(ctxT(t, time.Minute), client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeNamespaces,
-			MemoryMB: 64, Timeout: 1800, Env: map[string]string{"EPISODE": "e-1"}})
+			MemoryMB: 64, Timeout: 1800, Env: map[string]string{"EPISODE": "e-1"},
+			Secrets: map[string]string{"EPISODE_TOKEN": "given-t"}, SecretRefs: []string{"EPISODE_KEY"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -527,9 +533,19 @@ func TestFleet(t *testing.T) {
 		t.Logf("replica r1 killed with %d of 164 samples judged", len(evalResults(t, c2, run.ID)))
 		// The episode goes on through the other replica, env and files
 		// as they were.
-		if r := mustExec(t, c2, episode.ID, client.ExecRequest{Cmd: `cat /tmp/state; echo "$EPISODE"`}); r.Stdout != "turn 3\ne-1\n" {
+		if r := mustExec(t, c2, episode.ID, client.ExecRequest{Cmd: `cat /tmp/state; echo "$EPISODE $EPISODE_TOKEN $EPISODE_KEY"`}); r.Stdout != "turn 3\ne-1 given-t stored-k\n" {
 			t.Errorf("the episode through the surviving replica: %+v", r)
 		}
+		// The other replica opens what the dead one sealed (one keyring).
+		sb3, err := c2.CreateSandbox(ctxT(t, time.Minute), client.CreateSandboxRequest{Template: "base", Runtime: client.RuntimeNamespaces,
+			MemoryMB: 64, SecretRefs: []string{"EPISODE_KEY"}})
+		if err != nil {
+			t.Fatalf("a secret_refs create through the other replica: %v", err)
+		}
+		if r := mustExec(t, c2, sb3.ID, client.ExecRequest{Cmd: `echo "$EPISODE_KEY"`}); r.Stdout != "stored-k\n" {
+			t.Errorf("the stored secret through the other replica: %+v", r)
+		}
+		deleteAll(t, c2, []*client.Sandbox{sb3})
 		run = waitEval(t, c2, run.ID, 20*time.Minute)
 		t.Logf("the run finished on r2 %v after the kill", time.Since(killed).Round(100*time.Millisecond))
 		checkRun(t, c2, run)
@@ -650,7 +666,10 @@ func startFleetReplicas(t *testing.T, n int, dsn string, k int, useTLS bool) ([]
 		args := []string{"--nodes", "kubernetes", "--kubeconfig", env.Kubeconfig,
 			"--namespace", ns, "--node-token-file", tokenFile, "--pids", "64"}
 		if dsn != "" {
-			args = append(args, "--database", dsn, "--replica-id", fmt.Sprintf("r%d", i+1), "--eval-lease", "3s")
+			// One keyring for the replicas of a database (the first one
+			// makes it), as docs/deploy-kubernetes.md mounts one Secret.
+			args = append(args, "--database", dsn, "--replica-id", fmt.Sprintf("r%d", i+1), "--eval-lease", "3s",
+				"--secrets-keys", filepath.Join(dir, "secrets.keys"))
 		}
 		if useTLS {
 			addr, err := freePort()

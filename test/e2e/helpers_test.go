@@ -119,8 +119,14 @@ func jsonOf(v any) (string, error) {
 // stdin, and returns its stdout, stderr and exit code.
 func runCLI(t *testing.T, ctx context.Context, key, stdin string, args ...string) (string, string, int) {
 	t.Helper()
+	return runCLIOn(t, srv, ctx, key, stdin, args...)
+}
+
+// runCLIOn is runCLI against server s.
+func runCLIOn(t *testing.T, s *server, ctx context.Context, key, stdin string, args ...string) (string, string, int) {
+	t.Helper()
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "evalbox"), args...)
-	cmd.Env = append(os.Environ(), "EVALBOX_API_URL="+srv.url, "EVALBOX_API_KEY="+key)
+	cmd.Env = append(os.Environ(), "EVALBOX_API_URL="+s.url, "EVALBOX_API_KEY="+key)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb

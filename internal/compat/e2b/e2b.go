@@ -114,7 +114,10 @@ type Config struct {
 	// the sandboxes' domain ("" = none: the SDKs then need
 	// E2B_SANDBOX_URL).
 	Domain string
-	Logger *slog.Logger
+	// Created, when set, is told the id of a sandbox a create made (the
+	// audit log's target).
+	Created func(ctx context.Context, id string)
+	Logger  *slog.Logger
 }
 
 // Handler serves the E2B routes.

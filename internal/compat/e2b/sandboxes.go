@@ -99,6 +99,9 @@ func (h *Handler) createSandbox(w http.ResponseWriter, r *http.Request, p auth.P
 		h.writeError(w, err)
 		return
 	}
+	if h.cfg.Created != nil {
+		h.cfg.Created(r.Context(), sb.ID)
+	}
 	body, err := h.sandboxBody(r, sb, req.TemplateID)
 	if err != nil {
 		h.writeError(w, err)

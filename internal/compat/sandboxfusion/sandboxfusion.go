@@ -564,6 +564,12 @@ func (h *Handler) authed(fn func(http.ResponseWriter, *http.Request, auth.Princi
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"detail": "missing or invalid evalbox API key (Authorization: Bearer KEY, X-API-Key, or the password of http://:KEY@host)"})
 			return
 		}
+		if ae := (*apierr.Error)(nil); errors.As(err, &ae) && ae.Code == client.CodeRateLimited {
+			// Over the team's request rate (internal/api's rate limits).
+			w.Header().Set("Retry-After", strconv.Itoa(ae.RetryAfter))
+			writeJSON(w, http.StatusTooManyRequests, map[string]string{"detail": ae.Message})
+			return
+		}
 		if err != nil {
 			h.log.Error("sandbox-fusion: authenticate", "err", err)
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"detail": "evalbox could not check the credentials; try again"})

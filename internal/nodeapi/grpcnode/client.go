@@ -120,7 +120,7 @@ func (c *Client) Pools(ctx context.Context) ([]nodeapi.PoolStatus, error) {
 }
 
 func (c *Client) Create(ctx context.Context, req nodeapi.CreateRequest) (nodeapi.SandboxInfo, error) {
-	resp, err := c.c.Create(ctx, &pb.CreateRequest{Spec: pbSpec(req.Spec), WaitNanos: int64(req.Wait), ContentDigest: req.ContentDigest, Env: req.Env,
+	resp, err := c.c.Create(ctx, &pb.CreateRequest{Spec: pbSpec(req.Spec), WaitNanos: int64(req.Wait), ContentDigest: req.ContentDigest, Env: req.Env, Secrets: req.Secrets,
 		Egress: pbEgress(req.Egress), Snapshot: req.Snapshot})
 	if err != nil {
 		return nodeapi.SandboxInfo{}, fromStatus(ctx, "create", err)

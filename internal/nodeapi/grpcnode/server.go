@@ -144,7 +144,7 @@ func (s *server) Pools(ctx context.Context, _ *pb.PoolsRequest) (*pb.PoolsRespon
 
 func (s *server) Create(ctx context.Context, req *pb.CreateRequest) (*pb.SandboxInfo, error) {
 	info, err := s.n.Create(ctx, nodeapi.CreateRequest{Spec: spec(req.GetSpec()), Wait: time.Duration(req.GetWaitNanos()),
-		ContentDigest: req.GetContentDigest(), Env: req.GetEnv(), Egress: egress(req.GetEgress()), Snapshot: req.GetSnapshot()})
+		ContentDigest: req.GetContentDigest(), Env: req.GetEnv(), Secrets: req.GetSecrets(), Egress: egress(req.GetEgress()), Snapshot: req.GetSnapshot()})
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -564,6 +564,47 @@ func suite(t *testing.T, n nodeapi.Node, runtimes []string) {
 		}
 	})
 
+	t.Run("stats and throttle", func(t *testing.T) {
+		// The CPU-abuse rule's measure and throttle, on every runtime: a
+		// spinning process's CPU time shows in Stats, and Throttle lowers
+		// the quota Stats reports (never above the shape's).
+		for _, rt := range runtimes {
+			t.Run(rt, func(t *testing.T) {
+				sid := create(t, n, rt)
+				st0, err := n.Stats(t.Context(), sid)
+				if err != nil || st0.CPU != testShape.CPU || st0.SampledAt.IsZero() {
+					t.Fatalf("stats %+v %v", st0, err)
+				}
+				if _, err := n.StartProcess(t.Context(), sid, nodeapi.ExecRequest{Shell: "while :; do :; done"}); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Second)
+				st1, err := n.Stats(t.Context(), sid)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if f, ok := st1.Fraction(st0); !ok || f < 0.2 {
+					t.Errorf("a spinning sandbox used %.2f of its quota (%+v, %+v)", f, st0, st1)
+				}
+				if err := n.Throttle(t.Context(), sid, testShape.CPU/2); err != nil {
+					t.Fatal(err)
+				}
+				if st, err := n.Stats(t.Context(), sid); err != nil || st.CPU != testShape.CPU/2 {
+					t.Errorf("stats after a throttle %+v %v", st, err)
+				}
+				if err := n.Throttle(t.Context(), sid, 2*testShape.CPU); apierr.Code(err) != client.CodeBadRequest {
+					t.Errorf("a throttle above the shape: %v, want bad_request", err)
+				}
+			})
+		}
+		if _, err := n.Stats(t.Context(), "sb-nope"); !errors.Is(err, nodeapi.ErrSandboxNotFound) {
+			t.Errorf("stats of an unknown sandbox: %v", err)
+		}
+		if err := n.Throttle(t.Context(), "sb-nope", 0.5); !errors.Is(err, nodeapi.ErrSandboxNotFound) {
+			t.Errorf("throttle of an unknown sandbox: %v", err)
+		}
+	})
+
 	t.Run("exec stdin", func(t *testing.T) {
 		var out, errb bytes.Buffer
 		in := strings.Repeat("line of input\n", 10000)

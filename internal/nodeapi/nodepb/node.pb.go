@@ -102,7 +102,7 @@ func (x ErrorDetail_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ErrorDetail_Kind.Descriptor instead.
 func (ErrorDetail_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{62, 0}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{66, 0}
 }
 
 type SnapshotRequest struct {
@@ -1230,7 +1230,11 @@ type CreateRequest struct {
 	Egress *Egress `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
 	// When set, a snapshot of the node's the sandbox is restored from; spec
 	// is the snapshot's.
-	Snapshot      string `protobuf:"bytes,7,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Snapshot string `protobuf:"bytes,7,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// Environment variables with secret values: every exec and process gets
+	// them over env (under its own env). The node keeps them in memory only,
+	// never in a file or a snapshot. Never logged.
+	Secrets       map[string]string `protobuf:"bytes,8,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1312,6 +1316,13 @@ func (x *CreateRequest) GetSnapshot() string {
 		return x.Snapshot
 	}
 	return ""
+}
+
+func (x *CreateRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
 }
 
 // Egress rules as the API received them (netrules entries); the node
@@ -1457,6 +1468,200 @@ func (*SetEgressResponse) Descriptor() ([]byte, []int) {
 	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
+type StatsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatsRequest) Reset() {
+	*x = StatsRequest{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatsRequest) ProtoMessage() {}
+
+func (x *StatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
+func (*StatsRequest) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *StatsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type SandboxStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// CPU time of the sandbox's host cgroup since it started.
+	CpuUsageNs int64 `protobuf:"varint,1,opt,name=cpu_usage_ns,json=cpuUsageNs,proto3" json:"cpu_usage_ns,omitempty"`
+	// The CPU quota in force, in cores (0: none).
+	Cpu               float64 `protobuf:"fixed64,2,opt,name=cpu,proto3" json:"cpu,omitempty"`
+	SampledAtUnixNano int64   `protobuf:"varint,3,opt,name=sampled_at_unix_nano,json=sampledAtUnixNano,proto3" json:"sampled_at_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *SandboxStats) Reset() {
+	*x = SandboxStats{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxStats) ProtoMessage() {}
+
+func (x *SandboxStats) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxStats.ProtoReflect.Descriptor instead.
+func (*SandboxStats) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SandboxStats) GetCpuUsageNs() int64 {
+	if x != nil {
+		return x.CpuUsageNs
+	}
+	return 0
+}
+
+func (x *SandboxStats) GetCpu() float64 {
+	if x != nil {
+		return x.Cpu
+	}
+	return 0
+}
+
+func (x *SandboxStats) GetSampledAtUnixNano() int64 {
+	if x != nil {
+		return x.SampledAtUnixNano
+	}
+	return 0
+}
+
+type ThrottleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Cpu           float64                `protobuf:"fixed64,2,opt,name=cpu,proto3" json:"cpu,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ThrottleRequest) Reset() {
+	*x = ThrottleRequest{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ThrottleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ThrottleRequest) ProtoMessage() {}
+
+func (x *ThrottleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ThrottleRequest.ProtoReflect.Descriptor instead.
+func (*ThrottleRequest) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ThrottleRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ThrottleRequest) GetCpu() float64 {
+	if x != nil {
+		return x.Cpu
+	}
+	return 0
+}
+
+type ThrottleResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ThrottleResponse) Reset() {
+	*x = ThrottleResponse{}
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ThrottleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ThrottleResponse) ProtoMessage() {}
+
+func (x *ThrottleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ThrottleResponse.ProtoReflect.Descriptor instead.
+func (*ThrottleResponse) Descriptor() ([]byte, []int) {
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{29}
+}
+
 type SandboxInfo struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	Id                string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1473,7 +1678,7 @@ type SandboxInfo struct {
 
 func (x *SandboxInfo) Reset() {
 	*x = SandboxInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[26]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1690,7 @@ func (x *SandboxInfo) String() string {
 func (*SandboxInfo) ProtoMessage() {}
 
 func (x *SandboxInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[26]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1703,7 @@ func (x *SandboxInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxInfo.ProtoReflect.Descriptor instead.
 func (*SandboxInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{26}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SandboxInfo) GetId() string {
@@ -1552,7 +1757,7 @@ type DestroyRequest struct {
 
 func (x *DestroyRequest) Reset() {
 	*x = DestroyRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[27]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1564,7 +1769,7 @@ func (x *DestroyRequest) String() string {
 func (*DestroyRequest) ProtoMessage() {}
 
 func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[27]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1577,7 +1782,7 @@ func (x *DestroyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyRequest.ProtoReflect.Descriptor instead.
 func (*DestroyRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{27}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DestroyRequest) GetSandboxId() string {
@@ -1595,7 +1800,7 @@ type DestroyResponse struct {
 
 func (x *DestroyResponse) Reset() {
 	*x = DestroyResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[28]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1812,7 @@ func (x *DestroyResponse) String() string {
 func (*DestroyResponse) ProtoMessage() {}
 
 func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[28]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1825,7 @@ func (x *DestroyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroyResponse.ProtoReflect.Descriptor instead.
 func (*DestroyResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{28}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{32}
 }
 
 type WaitRequest struct {
@@ -1632,7 +1837,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[29]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1849,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[29]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1862,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{29}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WaitRequest) GetSandboxId() string {
@@ -1677,7 +1882,7 @@ type SandboxEnd struct {
 
 func (x *SandboxEnd) Reset() {
 	*x = SandboxEnd{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[30]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +1894,7 @@ func (x *SandboxEnd) String() string {
 func (*SandboxEnd) ProtoMessage() {}
 
 func (x *SandboxEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[30]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +1907,7 @@ func (x *SandboxEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxEnd.ProtoReflect.Descriptor instead.
 func (*SandboxEnd) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{30}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SandboxEnd) GetReason() string {
@@ -1739,7 +1944,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[31]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1751,7 +1956,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[31]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1764,7 +1969,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{31}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ExecRequest) GetArgv() []string {
@@ -1854,7 +2059,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[32]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +2071,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[32]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +2084,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{32}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -1909,7 +2114,7 @@ type ExecClientMessage struct {
 
 func (x *ExecClientMessage) Reset() {
 	*x = ExecClientMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[33]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2126,7 @@ func (x *ExecClientMessage) String() string {
 func (*ExecClientMessage) ProtoMessage() {}
 
 func (x *ExecClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[33]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2139,7 @@ func (x *ExecClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecClientMessage.ProtoReflect.Descriptor instead.
 func (*ExecClientMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{33}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExecClientMessage) GetMessage() isExecClientMessage_Message {
@@ -1992,7 +2197,7 @@ type OutputMessage struct {
 
 func (x *OutputMessage) Reset() {
 	*x = OutputMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[34]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2004,7 +2209,7 @@ func (x *OutputMessage) String() string {
 func (*OutputMessage) ProtoMessage() {}
 
 func (x *OutputMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[34]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2017,7 +2222,7 @@ func (x *OutputMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputMessage.ProtoReflect.Descriptor instead.
 func (*OutputMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{34}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *OutputMessage) GetMessage() isOutputMessage_Message {
@@ -2095,7 +2300,7 @@ type ExitInfo struct {
 
 func (x *ExitInfo) Reset() {
 	*x = ExitInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[35]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2107,7 +2312,7 @@ func (x *ExitInfo) String() string {
 func (*ExitInfo) ProtoMessage() {}
 
 func (x *ExitInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[35]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2120,7 +2325,7 @@ func (x *ExitInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitInfo.ProtoReflect.Descriptor instead.
 func (*ExitInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{35}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ExitInfo) GetStatus() string {
@@ -2216,7 +2421,7 @@ type ProcInfo struct {
 
 func (x *ProcInfo) Reset() {
 	*x = ProcInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2433,7 @@ func (x *ProcInfo) String() string {
 func (*ProcInfo) ProtoMessage() {}
 
 func (x *ProcInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[36]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2446,7 @@ func (x *ProcInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcInfo.ProtoReflect.Descriptor instead.
 func (*ProcInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{36}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ProcInfo) GetId() string {
@@ -2303,7 +2508,7 @@ type StartProcessRequest struct {
 
 func (x *StartProcessRequest) Reset() {
 	*x = StartProcessRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2315,7 +2520,7 @@ func (x *StartProcessRequest) String() string {
 func (*StartProcessRequest) ProtoMessage() {}
 
 func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[37]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2328,7 +2533,7 @@ func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
 func (*StartProcessRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{37}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StartProcessRequest) GetSandboxId() string {
@@ -2354,7 +2559,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2366,7 +2571,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[38]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2379,7 +2584,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{38}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -2398,7 +2603,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2410,7 +2615,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[39]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2423,7 +2628,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{39}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcInfo {
@@ -2443,7 +2648,7 @@ type AttachProcessRequest struct {
 
 func (x *AttachProcessRequest) Reset() {
 	*x = AttachProcessRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2455,7 +2660,7 @@ func (x *AttachProcessRequest) String() string {
 func (*AttachProcessRequest) ProtoMessage() {}
 
 func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[40]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2468,7 +2673,7 @@ func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProcessRequest.ProtoReflect.Descriptor instead.
 func (*AttachProcessRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{40}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AttachProcessRequest) GetSandboxId() string {
@@ -2495,7 +2700,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2507,7 +2712,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[41]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2520,7 +2725,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{41}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WaitProcessRequest) GetSandboxId() string {
@@ -2548,7 +2753,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2560,7 +2765,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[42]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2573,7 +2778,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{42}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -2605,7 +2810,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2617,7 +2822,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[43]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2630,7 +2835,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{43}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{47}
 }
 
 type WriteStdinRequest struct {
@@ -2645,7 +2850,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2657,7 +2862,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[44]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2670,7 +2875,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{44}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -2709,7 +2914,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2721,7 +2926,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[45]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2734,7 +2939,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{45}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{49}
 }
 
 type FileInfo struct {
@@ -2753,7 +2958,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2765,7 +2970,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[46]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2778,7 +2983,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{46}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2844,7 +3049,7 @@ type WriteFileStart struct {
 
 func (x *WriteFileStart) Reset() {
 	*x = WriteFileStart{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2856,7 +3061,7 @@ func (x *WriteFileStart) String() string {
 func (*WriteFileStart) ProtoMessage() {}
 
 func (x *WriteFileStart) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[47]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2869,7 +3074,7 @@ func (x *WriteFileStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileStart.ProtoReflect.Descriptor instead.
 func (*WriteFileStart) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{47}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *WriteFileStart) GetSandboxId() string {
@@ -2927,7 +3132,7 @@ type WriteFileMessage struct {
 
 func (x *WriteFileMessage) Reset() {
 	*x = WriteFileMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2939,7 +3144,7 @@ func (x *WriteFileMessage) String() string {
 func (*WriteFileMessage) ProtoMessage() {}
 
 func (x *WriteFileMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[48]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2952,7 +3157,7 @@ func (x *WriteFileMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileMessage.ProtoReflect.Descriptor instead.
 func (*WriteFileMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{48}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WriteFileMessage) GetMessage() isWriteFileMessage_Message {
@@ -3006,7 +3211,7 @@ type OpenFileRequest struct {
 
 func (x *OpenFileRequest) Reset() {
 	*x = OpenFileRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3018,7 +3223,7 @@ func (x *OpenFileRequest) String() string {
 func (*OpenFileRequest) ProtoMessage() {}
 
 func (x *OpenFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[49]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3031,7 +3236,7 @@ func (x *OpenFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenFileRequest.ProtoReflect.Descriptor instead.
 func (*OpenFileRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{49}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *OpenFileRequest) GetSandboxId() string {
@@ -3061,7 +3266,7 @@ type OpenFileMessage struct {
 
 func (x *OpenFileMessage) Reset() {
 	*x = OpenFileMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3073,7 +3278,7 @@ func (x *OpenFileMessage) String() string {
 func (*OpenFileMessage) ProtoMessage() {}
 
 func (x *OpenFileMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[50]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3086,7 +3291,7 @@ func (x *OpenFileMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenFileMessage.ProtoReflect.Descriptor instead.
 func (*OpenFileMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{50}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *OpenFileMessage) GetMessage() isOpenFileMessage_Message {
@@ -3140,7 +3345,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3152,7 +3357,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[51]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3165,7 +3370,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{51}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -3192,7 +3397,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3204,7 +3409,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[52]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3217,7 +3422,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{52}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -3243,7 +3448,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3255,7 +3460,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[53]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3268,7 +3473,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{53}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListDirResponse) GetFiles() []*FileInfo {
@@ -3291,7 +3496,7 @@ type MkdirRequest struct {
 
 func (x *MkdirRequest) Reset() {
 	*x = MkdirRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3303,7 +3508,7 @@ func (x *MkdirRequest) String() string {
 func (*MkdirRequest) ProtoMessage() {}
 
 func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[54]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3316,7 +3521,7 @@ func (x *MkdirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MkdirRequest.ProtoReflect.Descriptor instead.
 func (*MkdirRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{54}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *MkdirRequest) GetSandboxId() string {
@@ -3365,7 +3570,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[55]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3377,7 +3582,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[55]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3390,7 +3595,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{55}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -3422,7 +3627,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[56]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3434,7 +3639,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[56]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3447,7 +3652,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{56}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{60}
 }
 
 type RenameRequest struct {
@@ -3461,7 +3666,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[57]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3473,7 +3678,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[57]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3486,7 +3691,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{57}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *RenameRequest) GetSandboxId() string {
@@ -3521,7 +3726,7 @@ type WatchDirRequest struct {
 
 func (x *WatchDirRequest) Reset() {
 	*x = WatchDirRequest{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[58]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3533,7 +3738,7 @@ func (x *WatchDirRequest) String() string {
 func (*WatchDirRequest) ProtoMessage() {}
 
 func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[58]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3546,7 +3751,7 @@ func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
 func (*WatchDirRequest) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{58}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *WatchDirRequest) GetSandboxId() string {
@@ -3583,7 +3788,7 @@ type WatchDirMessage struct {
 
 func (x *WatchDirMessage) Reset() {
 	*x = WatchDirMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[59]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3595,7 +3800,7 @@ func (x *WatchDirMessage) String() string {
 func (*WatchDirMessage) ProtoMessage() {}
 
 func (x *WatchDirMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[59]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3608,7 +3813,7 @@ func (x *WatchDirMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirMessage.ProtoReflect.Descriptor instead.
 func (*WatchDirMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{59}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *WatchDirMessage) GetMessage() isWatchDirMessage_Message {
@@ -3660,7 +3865,7 @@ type WatchDirStarted struct {
 
 func (x *WatchDirStarted) Reset() {
 	*x = WatchDirStarted{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[60]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3672,7 +3877,7 @@ func (x *WatchDirStarted) String() string {
 func (*WatchDirStarted) ProtoMessage() {}
 
 func (x *WatchDirStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[60]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3685,7 +3890,7 @@ func (x *WatchDirStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchDirStarted.ProtoReflect.Descriptor instead.
 func (*WatchDirStarted) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{60}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{64}
 }
 
 type WatchEvent struct {
@@ -3700,7 +3905,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[61]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3712,7 +3917,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[61]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3725,7 +3930,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{61}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *WatchEvent) GetType() string {
@@ -3761,7 +3966,7 @@ type ErrorDetail struct {
 
 func (x *ErrorDetail) Reset() {
 	*x = ErrorDetail{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[62]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3773,7 +3978,7 @@ func (x *ErrorDetail) String() string {
 func (*ErrorDetail) ProtoMessage() {}
 
 func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[62]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3786,7 +3991,7 @@ func (x *ErrorDetail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ErrorDetail.ProtoReflect.Descriptor instead.
 func (*ErrorDetail) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{62}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ErrorDetail) GetKind() ErrorDetail_Kind {
@@ -3860,7 +4065,7 @@ type CapacityError struct {
 
 func (x *CapacityError) Reset() {
 	*x = CapacityError{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[63]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3872,7 +4077,7 @@ func (x *CapacityError) String() string {
 func (*CapacityError) ProtoMessage() {}
 
 func (x *CapacityError) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[63]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3885,7 +4090,7 @@ func (x *CapacityError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityError.ProtoReflect.Descriptor instead.
 func (*CapacityError) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{63}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CapacityError) GetResource() string {
@@ -3947,7 +4152,7 @@ type PortOpen struct {
 
 func (x *PortOpen) Reset() {
 	*x = PortOpen{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[64]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3959,7 +4164,7 @@ func (x *PortOpen) String() string {
 func (*PortOpen) ProtoMessage() {}
 
 func (x *PortOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[64]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3972,7 +4177,7 @@ func (x *PortOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortOpen.ProtoReflect.Descriptor instead.
 func (*PortOpen) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{64}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *PortOpen) GetSandboxId() string {
@@ -4003,7 +4208,7 @@ type PortClientMessage struct {
 
 func (x *PortClientMessage) Reset() {
 	*x = PortClientMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[65]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4015,7 +4220,7 @@ func (x *PortClientMessage) String() string {
 func (*PortClientMessage) ProtoMessage() {}
 
 func (x *PortClientMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[65]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4028,7 +4233,7 @@ func (x *PortClientMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortClientMessage.ProtoReflect.Descriptor instead.
 func (*PortClientMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{65}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *PortClientMessage) GetMessage() isPortClientMessage_Message {
@@ -4101,7 +4306,7 @@ type PortServerMessage struct {
 
 func (x *PortServerMessage) Reset() {
 	*x = PortServerMessage{}
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[66]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4113,7 +4318,7 @@ func (x *PortServerMessage) String() string {
 func (*PortServerMessage) ProtoMessage() {}
 
 func (x *PortServerMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_evalbox_node_v1_node_proto_msgTypes[66]
+	mi := &file_evalbox_node_v1_node_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4126,7 +4331,7 @@ func (x *PortServerMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortServerMessage.ProtoReflect.Descriptor instead.
 func (*PortServerMessage) Descriptor() ([]byte, []int) {
-	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{66}
+	return file_evalbox_node_v1_node_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *PortServerMessage) GetMessage() isPortServerMessage_Message {
@@ -4257,7 +4462,7 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x06target\x18\x03 \x01(\x03R\x06target\x12\x14\n" +
 	"\x05ready\x18\x04 \x01(\x03R\x05ready\"B\n" +
 	"\rPoolsResponse\x121\n" +
-	"\x05pools\x18\x01 \x03(\v2\x1b.evalbox.node.v1.PoolStatusR\x05pools\"\xe5\x02\n" +
+	"\x05pools\x18\x01 \x03(\v2\x1b.evalbox.node.v1.PoolStatusR\x05pools\"\xe8\x03\n" +
 	"\rCreateRequest\x12)\n" +
 	"\x04spec\x18\x01 \x01(\v2\x15.evalbox.node.v1.SpecR\x04spec\x12#\n" +
 	"\rtemplate_name\x18\x02 \x01(\tR\ftemplateName\x12\x1d\n" +
@@ -4266,8 +4471,12 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x0econtent_digest\x18\x04 \x01(\tR\rcontentDigest\x129\n" +
 	"\x03env\x18\x05 \x03(\v2'.evalbox.node.v1.CreateRequest.EnvEntryR\x03env\x12/\n" +
 	"\x06egress\x18\x06 \x01(\v2\x17.evalbox.node.v1.EgressR\x06egress\x12\x1a\n" +
-	"\bsnapshot\x18\a \x01(\tR\bsnapshot\x1a6\n" +
+	"\bsnapshot\x18\a \x01(\tR\bsnapshot\x12E\n" +
+	"\asecrets\x18\b \x03(\v2+.evalbox.node.v1.CreateRequest.SecretsEntryR\asecrets\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"2\n" +
 	"\x06Egress\x12\x14\n" +
@@ -4277,7 +4486,20 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12/\n" +
 	"\x06egress\x18\x02 \x01(\v2\x17.evalbox.node.v1.EgressR\x06egress\"\x13\n" +
-	"\x11SetEgressResponse\"\xd5\x01\n" +
+	"\x11SetEgressResponse\"-\n" +
+	"\fStatsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"s\n" +
+	"\fSandboxStats\x12 \n" +
+	"\fcpu_usage_ns\x18\x01 \x01(\x03R\n" +
+	"cpuUsageNs\x12\x10\n" +
+	"\x03cpu\x18\x02 \x01(\x01R\x03cpu\x12/\n" +
+	"\x14sampled_at_unix_nano\x18\x03 \x01(\x03R\x11sampledAtUnixNano\"B\n" +
+	"\x0fThrottleRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x10\n" +
+	"\x03cpu\x18\x02 \x01(\x01R\x03cpu\"\x12\n" +
+	"\x10ThrottleResponse\"\xd5\x01\n" +
 	"\vSandboxInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aruntime\x18\x02 \x01(\tR\aruntime\x12'\n" +
@@ -4497,7 +4719,7 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12!\n" +
 	"\vclose_write\x18\x03 \x01(\bH\x00R\n" +
 	"closeWriteB\t\n" +
-	"\amessage2\xa6\x12\n" +
+	"\amessage2\xbe\x13\n" +
 	"\x04Node\x12O\n" +
 	"\bRuntimes\x12 .evalbox.node.v1.RuntimesRequest\x1a!.evalbox.node.v1.RuntimesResponse\x12M\n" +
 	"\bCapacity\x12 .evalbox.node.v1.CapacityRequest\x1a\x1f.evalbox.node.v1.CapacityStatus\x12g\n" +
@@ -4524,7 +4746,9 @@ const file_evalbox_node_v1_node_proto_rawDesc = "" +
 	"\x06Rename\x12\x1e.evalbox.node.v1.RenameRequest\x1a\x19.evalbox.node.v1.FileInfo\x12P\n" +
 	"\bWatchDir\x12 .evalbox.node.v1.WatchDirRequest\x1a .evalbox.node.v1.WatchDirMessage0\x01\x12Y\n" +
 	"\vConnectPort\x12\".evalbox.node.v1.PortClientMessage\x1a\".evalbox.node.v1.PortServerMessage(\x010\x01\x12R\n" +
-	"\tSetEgress\x12!.evalbox.node.v1.SetEgressRequest\x1a\".evalbox.node.v1.SetEgressResponse\x12K\n" +
+	"\tSetEgress\x12!.evalbox.node.v1.SetEgressRequest\x1a\".evalbox.node.v1.SetEgressResponse\x12E\n" +
+	"\x05Stats\x12\x1d.evalbox.node.v1.StatsRequest\x1a\x1d.evalbox.node.v1.SandboxStats\x12O\n" +
+	"\bThrottle\x12 .evalbox.node.v1.ThrottleRequest\x1a!.evalbox.node.v1.ThrottleResponse\x12K\n" +
 	"\bSnapshot\x12 .evalbox.node.v1.SnapshotRequest\x1a\x1d.evalbox.node.v1.SnapshotInfo\x12a\n" +
 	"\x0eDeleteSnapshot\x12&.evalbox.node.v1.DeleteSnapshotRequest\x1a'.evalbox.node.v1.DeleteSnapshotResponse\x12F\n" +
 	"\x05Pause\x12\x1d.evalbox.node.v1.PauseRequest\x1a\x1e.evalbox.node.v1.PauseResponse\x12I\n" +
@@ -4543,7 +4767,7 @@ func file_evalbox_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_evalbox_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
+var file_evalbox_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
 var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(ErrorDetail_Kind)(0),            // 0: evalbox.node.v1.ErrorDetail.Kind
 	(*SnapshotRequest)(nil),          // 1: evalbox.node.v1.SnapshotRequest
@@ -4572,49 +4796,54 @@ var file_evalbox_node_v1_node_proto_goTypes = []any{
 	(*Egress)(nil),                   // 24: evalbox.node.v1.Egress
 	(*SetEgressRequest)(nil),         // 25: evalbox.node.v1.SetEgressRequest
 	(*SetEgressResponse)(nil),        // 26: evalbox.node.v1.SetEgressResponse
-	(*SandboxInfo)(nil),              // 27: evalbox.node.v1.SandboxInfo
-	(*DestroyRequest)(nil),           // 28: evalbox.node.v1.DestroyRequest
-	(*DestroyResponse)(nil),          // 29: evalbox.node.v1.DestroyResponse
-	(*WaitRequest)(nil),              // 30: evalbox.node.v1.WaitRequest
-	(*SandboxEnd)(nil),               // 31: evalbox.node.v1.SandboxEnd
-	(*ExecRequest)(nil),              // 32: evalbox.node.v1.ExecRequest
-	(*ExecStart)(nil),                // 33: evalbox.node.v1.ExecStart
-	(*ExecClientMessage)(nil),        // 34: evalbox.node.v1.ExecClientMessage
-	(*OutputMessage)(nil),            // 35: evalbox.node.v1.OutputMessage
-	(*ExitInfo)(nil),                 // 36: evalbox.node.v1.ExitInfo
-	(*ProcInfo)(nil),                 // 37: evalbox.node.v1.ProcInfo
-	(*StartProcessRequest)(nil),      // 38: evalbox.node.v1.StartProcessRequest
-	(*ListProcessesRequest)(nil),     // 39: evalbox.node.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),    // 40: evalbox.node.v1.ListProcessesResponse
-	(*AttachProcessRequest)(nil),     // 41: evalbox.node.v1.AttachProcessRequest
-	(*WaitProcessRequest)(nil),       // 42: evalbox.node.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),     // 43: evalbox.node.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),    // 44: evalbox.node.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),        // 45: evalbox.node.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),       // 46: evalbox.node.v1.WriteStdinResponse
-	(*FileInfo)(nil),                 // 47: evalbox.node.v1.FileInfo
-	(*WriteFileStart)(nil),           // 48: evalbox.node.v1.WriteFileStart
-	(*WriteFileMessage)(nil),         // 49: evalbox.node.v1.WriteFileMessage
-	(*OpenFileRequest)(nil),          // 50: evalbox.node.v1.OpenFileRequest
-	(*OpenFileMessage)(nil),          // 51: evalbox.node.v1.OpenFileMessage
-	(*StatRequest)(nil),              // 52: evalbox.node.v1.StatRequest
-	(*ListDirRequest)(nil),           // 53: evalbox.node.v1.ListDirRequest
-	(*ListDirResponse)(nil),          // 54: evalbox.node.v1.ListDirResponse
-	(*MkdirRequest)(nil),             // 55: evalbox.node.v1.MkdirRequest
-	(*RemoveRequest)(nil),            // 56: evalbox.node.v1.RemoveRequest
-	(*RemoveResponse)(nil),           // 57: evalbox.node.v1.RemoveResponse
-	(*RenameRequest)(nil),            // 58: evalbox.node.v1.RenameRequest
-	(*WatchDirRequest)(nil),          // 59: evalbox.node.v1.WatchDirRequest
-	(*WatchDirMessage)(nil),          // 60: evalbox.node.v1.WatchDirMessage
-	(*WatchDirStarted)(nil),          // 61: evalbox.node.v1.WatchDirStarted
-	(*WatchEvent)(nil),               // 62: evalbox.node.v1.WatchEvent
-	(*ErrorDetail)(nil),              // 63: evalbox.node.v1.ErrorDetail
-	(*CapacityError)(nil),            // 64: evalbox.node.v1.CapacityError
-	(*PortOpen)(nil),                 // 65: evalbox.node.v1.PortOpen
-	(*PortClientMessage)(nil),        // 66: evalbox.node.v1.PortClientMessage
-	(*PortServerMessage)(nil),        // 67: evalbox.node.v1.PortServerMessage
-	nil,                              // 68: evalbox.node.v1.CreateRequest.EnvEntry
-	nil,                              // 69: evalbox.node.v1.ExecRequest.EnvEntry
+	(*StatsRequest)(nil),             // 27: evalbox.node.v1.StatsRequest
+	(*SandboxStats)(nil),             // 28: evalbox.node.v1.SandboxStats
+	(*ThrottleRequest)(nil),          // 29: evalbox.node.v1.ThrottleRequest
+	(*ThrottleResponse)(nil),         // 30: evalbox.node.v1.ThrottleResponse
+	(*SandboxInfo)(nil),              // 31: evalbox.node.v1.SandboxInfo
+	(*DestroyRequest)(nil),           // 32: evalbox.node.v1.DestroyRequest
+	(*DestroyResponse)(nil),          // 33: evalbox.node.v1.DestroyResponse
+	(*WaitRequest)(nil),              // 34: evalbox.node.v1.WaitRequest
+	(*SandboxEnd)(nil),               // 35: evalbox.node.v1.SandboxEnd
+	(*ExecRequest)(nil),              // 36: evalbox.node.v1.ExecRequest
+	(*ExecStart)(nil),                // 37: evalbox.node.v1.ExecStart
+	(*ExecClientMessage)(nil),        // 38: evalbox.node.v1.ExecClientMessage
+	(*OutputMessage)(nil),            // 39: evalbox.node.v1.OutputMessage
+	(*ExitInfo)(nil),                 // 40: evalbox.node.v1.ExitInfo
+	(*ProcInfo)(nil),                 // 41: evalbox.node.v1.ProcInfo
+	(*StartProcessRequest)(nil),      // 42: evalbox.node.v1.StartProcessRequest
+	(*ListProcessesRequest)(nil),     // 43: evalbox.node.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),    // 44: evalbox.node.v1.ListProcessesResponse
+	(*AttachProcessRequest)(nil),     // 45: evalbox.node.v1.AttachProcessRequest
+	(*WaitProcessRequest)(nil),       // 46: evalbox.node.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),     // 47: evalbox.node.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),    // 48: evalbox.node.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),        // 49: evalbox.node.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),       // 50: evalbox.node.v1.WriteStdinResponse
+	(*FileInfo)(nil),                 // 51: evalbox.node.v1.FileInfo
+	(*WriteFileStart)(nil),           // 52: evalbox.node.v1.WriteFileStart
+	(*WriteFileMessage)(nil),         // 53: evalbox.node.v1.WriteFileMessage
+	(*OpenFileRequest)(nil),          // 54: evalbox.node.v1.OpenFileRequest
+	(*OpenFileMessage)(nil),          // 55: evalbox.node.v1.OpenFileMessage
+	(*StatRequest)(nil),              // 56: evalbox.node.v1.StatRequest
+	(*ListDirRequest)(nil),           // 57: evalbox.node.v1.ListDirRequest
+	(*ListDirResponse)(nil),          // 58: evalbox.node.v1.ListDirResponse
+	(*MkdirRequest)(nil),             // 59: evalbox.node.v1.MkdirRequest
+	(*RemoveRequest)(nil),            // 60: evalbox.node.v1.RemoveRequest
+	(*RemoveResponse)(nil),           // 61: evalbox.node.v1.RemoveResponse
+	(*RenameRequest)(nil),            // 62: evalbox.node.v1.RenameRequest
+	(*WatchDirRequest)(nil),          // 63: evalbox.node.v1.WatchDirRequest
+	(*WatchDirMessage)(nil),          // 64: evalbox.node.v1.WatchDirMessage
+	(*WatchDirStarted)(nil),          // 65: evalbox.node.v1.WatchDirStarted
+	(*WatchEvent)(nil),               // 66: evalbox.node.v1.WatchEvent
+	(*ErrorDetail)(nil),              // 67: evalbox.node.v1.ErrorDetail
+	(*CapacityError)(nil),            // 68: evalbox.node.v1.CapacityError
+	(*PortOpen)(nil),                 // 69: evalbox.node.v1.PortOpen
+	(*PortClientMessage)(nil),        // 70: evalbox.node.v1.PortClientMessage
+	(*PortServerMessage)(nil),        // 71: evalbox.node.v1.PortServerMessage
+	nil,                              // 72: evalbox.node.v1.CreateRequest.EnvEntry
+	nil,                              // 73: evalbox.node.v1.CreateRequest.SecretsEntry
+	nil,                              // 74: evalbox.node.v1.ExecRequest.EnvEntry
 }
 var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	17, // 0: evalbox.node.v1.SnapshotInfo.spec:type_name -> evalbox.node.v1.Spec
@@ -4625,87 +4854,92 @@ var file_evalbox_node_v1_node_proto_depIdxs = []int32{
 	17, // 5: evalbox.node.v1.PoolStatus.spec:type_name -> evalbox.node.v1.Spec
 	21, // 6: evalbox.node.v1.PoolsResponse.pools:type_name -> evalbox.node.v1.PoolStatus
 	17, // 7: evalbox.node.v1.CreateRequest.spec:type_name -> evalbox.node.v1.Spec
-	68, // 8: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
+	72, // 8: evalbox.node.v1.CreateRequest.env:type_name -> evalbox.node.v1.CreateRequest.EnvEntry
 	24, // 9: evalbox.node.v1.CreateRequest.egress:type_name -> evalbox.node.v1.Egress
-	24, // 10: evalbox.node.v1.SetEgressRequest.egress:type_name -> evalbox.node.v1.Egress
-	69, // 11: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
-	32, // 12: evalbox.node.v1.ExecStart.request:type_name -> evalbox.node.v1.ExecRequest
-	33, // 13: evalbox.node.v1.ExecClientMessage.start:type_name -> evalbox.node.v1.ExecStart
-	36, // 14: evalbox.node.v1.OutputMessage.exit:type_name -> evalbox.node.v1.ExitInfo
-	36, // 15: evalbox.node.v1.ProcInfo.exit:type_name -> evalbox.node.v1.ExitInfo
-	32, // 16: evalbox.node.v1.StartProcessRequest.request:type_name -> evalbox.node.v1.ExecRequest
-	37, // 17: evalbox.node.v1.ListProcessesResponse.processes:type_name -> evalbox.node.v1.ProcInfo
-	48, // 18: evalbox.node.v1.WriteFileMessage.start:type_name -> evalbox.node.v1.WriteFileStart
-	47, // 19: evalbox.node.v1.OpenFileMessage.info:type_name -> evalbox.node.v1.FileInfo
-	47, // 20: evalbox.node.v1.ListDirResponse.files:type_name -> evalbox.node.v1.FileInfo
-	61, // 21: evalbox.node.v1.WatchDirMessage.started:type_name -> evalbox.node.v1.WatchDirStarted
-	62, // 22: evalbox.node.v1.WatchDirMessage.event:type_name -> evalbox.node.v1.WatchEvent
-	0,  // 23: evalbox.node.v1.ErrorDetail.kind:type_name -> evalbox.node.v1.ErrorDetail.Kind
-	64, // 24: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
-	65, // 25: evalbox.node.v1.PortClientMessage.open:type_name -> evalbox.node.v1.PortOpen
-	9,  // 26: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
-	11, // 27: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
-	14, // 28: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
-	18, // 29: evalbox.node.v1.Node.SetPool:input_type -> evalbox.node.v1.SetPoolRequest
-	20, // 30: evalbox.node.v1.Node.Pools:input_type -> evalbox.node.v1.PoolsRequest
-	23, // 31: evalbox.node.v1.Node.Create:input_type -> evalbox.node.v1.CreateRequest
-	28, // 32: evalbox.node.v1.Node.Destroy:input_type -> evalbox.node.v1.DestroyRequest
-	30, // 33: evalbox.node.v1.Node.Wait:input_type -> evalbox.node.v1.WaitRequest
-	34, // 34: evalbox.node.v1.Node.Exec:input_type -> evalbox.node.v1.ExecClientMessage
-	38, // 35: evalbox.node.v1.Node.StartProcess:input_type -> evalbox.node.v1.StartProcessRequest
-	39, // 36: evalbox.node.v1.Node.ListProcesses:input_type -> evalbox.node.v1.ListProcessesRequest
-	41, // 37: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
-	42, // 38: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
-	43, // 39: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
-	45, // 40: evalbox.node.v1.Node.WriteStdin:input_type -> evalbox.node.v1.WriteStdinRequest
-	49, // 41: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
-	50, // 42: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
-	52, // 43: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
-	53, // 44: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
-	55, // 45: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
-	56, // 46: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
-	58, // 47: evalbox.node.v1.Node.Rename:input_type -> evalbox.node.v1.RenameRequest
-	59, // 48: evalbox.node.v1.Node.WatchDir:input_type -> evalbox.node.v1.WatchDirRequest
-	66, // 49: evalbox.node.v1.Node.ConnectPort:input_type -> evalbox.node.v1.PortClientMessage
-	25, // 50: evalbox.node.v1.Node.SetEgress:input_type -> evalbox.node.v1.SetEgressRequest
-	1,  // 51: evalbox.node.v1.Node.Snapshot:input_type -> evalbox.node.v1.SnapshotRequest
-	3,  // 52: evalbox.node.v1.Node.DeleteSnapshot:input_type -> evalbox.node.v1.DeleteSnapshotRequest
-	5,  // 53: evalbox.node.v1.Node.Pause:input_type -> evalbox.node.v1.PauseRequest
-	7,  // 54: evalbox.node.v1.Node.Resume:input_type -> evalbox.node.v1.ResumeRequest
-	10, // 55: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
-	13, // 56: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
-	15, // 57: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
-	19, // 58: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
-	22, // 59: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
-	27, // 60: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
-	29, // 61: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
-	31, // 62: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
-	35, // 63: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
-	37, // 64: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
-	40, // 65: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
-	35, // 66: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
-	36, // 67: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
-	44, // 68: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
-	46, // 69: evalbox.node.v1.Node.WriteStdin:output_type -> evalbox.node.v1.WriteStdinResponse
-	47, // 70: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
-	51, // 71: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
-	47, // 72: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
-	54, // 73: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
-	47, // 74: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
-	57, // 75: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
-	47, // 76: evalbox.node.v1.Node.Rename:output_type -> evalbox.node.v1.FileInfo
-	60, // 77: evalbox.node.v1.Node.WatchDir:output_type -> evalbox.node.v1.WatchDirMessage
-	67, // 78: evalbox.node.v1.Node.ConnectPort:output_type -> evalbox.node.v1.PortServerMessage
-	26, // 79: evalbox.node.v1.Node.SetEgress:output_type -> evalbox.node.v1.SetEgressResponse
-	2,  // 80: evalbox.node.v1.Node.Snapshot:output_type -> evalbox.node.v1.SnapshotInfo
-	4,  // 81: evalbox.node.v1.Node.DeleteSnapshot:output_type -> evalbox.node.v1.DeleteSnapshotResponse
-	6,  // 82: evalbox.node.v1.Node.Pause:output_type -> evalbox.node.v1.PauseResponse
-	8,  // 83: evalbox.node.v1.Node.Resume:output_type -> evalbox.node.v1.ResumeResponse
-	55, // [55:84] is the sub-list for method output_type
-	26, // [26:55] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	73, // 10: evalbox.node.v1.CreateRequest.secrets:type_name -> evalbox.node.v1.CreateRequest.SecretsEntry
+	24, // 11: evalbox.node.v1.SetEgressRequest.egress:type_name -> evalbox.node.v1.Egress
+	74, // 12: evalbox.node.v1.ExecRequest.env:type_name -> evalbox.node.v1.ExecRequest.EnvEntry
+	36, // 13: evalbox.node.v1.ExecStart.request:type_name -> evalbox.node.v1.ExecRequest
+	37, // 14: evalbox.node.v1.ExecClientMessage.start:type_name -> evalbox.node.v1.ExecStart
+	40, // 15: evalbox.node.v1.OutputMessage.exit:type_name -> evalbox.node.v1.ExitInfo
+	40, // 16: evalbox.node.v1.ProcInfo.exit:type_name -> evalbox.node.v1.ExitInfo
+	36, // 17: evalbox.node.v1.StartProcessRequest.request:type_name -> evalbox.node.v1.ExecRequest
+	41, // 18: evalbox.node.v1.ListProcessesResponse.processes:type_name -> evalbox.node.v1.ProcInfo
+	52, // 19: evalbox.node.v1.WriteFileMessage.start:type_name -> evalbox.node.v1.WriteFileStart
+	51, // 20: evalbox.node.v1.OpenFileMessage.info:type_name -> evalbox.node.v1.FileInfo
+	51, // 21: evalbox.node.v1.ListDirResponse.files:type_name -> evalbox.node.v1.FileInfo
+	65, // 22: evalbox.node.v1.WatchDirMessage.started:type_name -> evalbox.node.v1.WatchDirStarted
+	66, // 23: evalbox.node.v1.WatchDirMessage.event:type_name -> evalbox.node.v1.WatchEvent
+	0,  // 24: evalbox.node.v1.ErrorDetail.kind:type_name -> evalbox.node.v1.ErrorDetail.Kind
+	68, // 25: evalbox.node.v1.ErrorDetail.capacity:type_name -> evalbox.node.v1.CapacityError
+	69, // 26: evalbox.node.v1.PortClientMessage.open:type_name -> evalbox.node.v1.PortOpen
+	9,  // 27: evalbox.node.v1.Node.Runtimes:input_type -> evalbox.node.v1.RuntimesRequest
+	11, // 28: evalbox.node.v1.Node.Capacity:input_type -> evalbox.node.v1.CapacityRequest
+	14, // 29: evalbox.node.v1.Node.TemplatesPresent:input_type -> evalbox.node.v1.TemplatesPresentRequest
+	18, // 30: evalbox.node.v1.Node.SetPool:input_type -> evalbox.node.v1.SetPoolRequest
+	20, // 31: evalbox.node.v1.Node.Pools:input_type -> evalbox.node.v1.PoolsRequest
+	23, // 32: evalbox.node.v1.Node.Create:input_type -> evalbox.node.v1.CreateRequest
+	32, // 33: evalbox.node.v1.Node.Destroy:input_type -> evalbox.node.v1.DestroyRequest
+	34, // 34: evalbox.node.v1.Node.Wait:input_type -> evalbox.node.v1.WaitRequest
+	38, // 35: evalbox.node.v1.Node.Exec:input_type -> evalbox.node.v1.ExecClientMessage
+	42, // 36: evalbox.node.v1.Node.StartProcess:input_type -> evalbox.node.v1.StartProcessRequest
+	43, // 37: evalbox.node.v1.Node.ListProcesses:input_type -> evalbox.node.v1.ListProcessesRequest
+	45, // 38: evalbox.node.v1.Node.AttachProcess:input_type -> evalbox.node.v1.AttachProcessRequest
+	46, // 39: evalbox.node.v1.Node.WaitProcess:input_type -> evalbox.node.v1.WaitProcessRequest
+	47, // 40: evalbox.node.v1.Node.SignalProcess:input_type -> evalbox.node.v1.SignalProcessRequest
+	49, // 41: evalbox.node.v1.Node.WriteStdin:input_type -> evalbox.node.v1.WriteStdinRequest
+	53, // 42: evalbox.node.v1.Node.WriteFile:input_type -> evalbox.node.v1.WriteFileMessage
+	54, // 43: evalbox.node.v1.Node.OpenFile:input_type -> evalbox.node.v1.OpenFileRequest
+	56, // 44: evalbox.node.v1.Node.Stat:input_type -> evalbox.node.v1.StatRequest
+	57, // 45: evalbox.node.v1.Node.ListDir:input_type -> evalbox.node.v1.ListDirRequest
+	59, // 46: evalbox.node.v1.Node.Mkdir:input_type -> evalbox.node.v1.MkdirRequest
+	60, // 47: evalbox.node.v1.Node.Remove:input_type -> evalbox.node.v1.RemoveRequest
+	62, // 48: evalbox.node.v1.Node.Rename:input_type -> evalbox.node.v1.RenameRequest
+	63, // 49: evalbox.node.v1.Node.WatchDir:input_type -> evalbox.node.v1.WatchDirRequest
+	70, // 50: evalbox.node.v1.Node.ConnectPort:input_type -> evalbox.node.v1.PortClientMessage
+	25, // 51: evalbox.node.v1.Node.SetEgress:input_type -> evalbox.node.v1.SetEgressRequest
+	27, // 52: evalbox.node.v1.Node.Stats:input_type -> evalbox.node.v1.StatsRequest
+	29, // 53: evalbox.node.v1.Node.Throttle:input_type -> evalbox.node.v1.ThrottleRequest
+	1,  // 54: evalbox.node.v1.Node.Snapshot:input_type -> evalbox.node.v1.SnapshotRequest
+	3,  // 55: evalbox.node.v1.Node.DeleteSnapshot:input_type -> evalbox.node.v1.DeleteSnapshotRequest
+	5,  // 56: evalbox.node.v1.Node.Pause:input_type -> evalbox.node.v1.PauseRequest
+	7,  // 57: evalbox.node.v1.Node.Resume:input_type -> evalbox.node.v1.ResumeRequest
+	10, // 58: evalbox.node.v1.Node.Runtimes:output_type -> evalbox.node.v1.RuntimesResponse
+	13, // 59: evalbox.node.v1.Node.Capacity:output_type -> evalbox.node.v1.CapacityStatus
+	15, // 60: evalbox.node.v1.Node.TemplatesPresent:output_type -> evalbox.node.v1.TemplatesPresentResponse
+	19, // 61: evalbox.node.v1.Node.SetPool:output_type -> evalbox.node.v1.SetPoolResponse
+	22, // 62: evalbox.node.v1.Node.Pools:output_type -> evalbox.node.v1.PoolsResponse
+	31, // 63: evalbox.node.v1.Node.Create:output_type -> evalbox.node.v1.SandboxInfo
+	33, // 64: evalbox.node.v1.Node.Destroy:output_type -> evalbox.node.v1.DestroyResponse
+	35, // 65: evalbox.node.v1.Node.Wait:output_type -> evalbox.node.v1.SandboxEnd
+	39, // 66: evalbox.node.v1.Node.Exec:output_type -> evalbox.node.v1.OutputMessage
+	41, // 67: evalbox.node.v1.Node.StartProcess:output_type -> evalbox.node.v1.ProcInfo
+	44, // 68: evalbox.node.v1.Node.ListProcesses:output_type -> evalbox.node.v1.ListProcessesResponse
+	39, // 69: evalbox.node.v1.Node.AttachProcess:output_type -> evalbox.node.v1.OutputMessage
+	40, // 70: evalbox.node.v1.Node.WaitProcess:output_type -> evalbox.node.v1.ExitInfo
+	48, // 71: evalbox.node.v1.Node.SignalProcess:output_type -> evalbox.node.v1.SignalProcessResponse
+	50, // 72: evalbox.node.v1.Node.WriteStdin:output_type -> evalbox.node.v1.WriteStdinResponse
+	51, // 73: evalbox.node.v1.Node.WriteFile:output_type -> evalbox.node.v1.FileInfo
+	55, // 74: evalbox.node.v1.Node.OpenFile:output_type -> evalbox.node.v1.OpenFileMessage
+	51, // 75: evalbox.node.v1.Node.Stat:output_type -> evalbox.node.v1.FileInfo
+	58, // 76: evalbox.node.v1.Node.ListDir:output_type -> evalbox.node.v1.ListDirResponse
+	51, // 77: evalbox.node.v1.Node.Mkdir:output_type -> evalbox.node.v1.FileInfo
+	61, // 78: evalbox.node.v1.Node.Remove:output_type -> evalbox.node.v1.RemoveResponse
+	51, // 79: evalbox.node.v1.Node.Rename:output_type -> evalbox.node.v1.FileInfo
+	64, // 80: evalbox.node.v1.Node.WatchDir:output_type -> evalbox.node.v1.WatchDirMessage
+	71, // 81: evalbox.node.v1.Node.ConnectPort:output_type -> evalbox.node.v1.PortServerMessage
+	26, // 82: evalbox.node.v1.Node.SetEgress:output_type -> evalbox.node.v1.SetEgressResponse
+	28, // 83: evalbox.node.v1.Node.Stats:output_type -> evalbox.node.v1.SandboxStats
+	30, // 84: evalbox.node.v1.Node.Throttle:output_type -> evalbox.node.v1.ThrottleResponse
+	2,  // 85: evalbox.node.v1.Node.Snapshot:output_type -> evalbox.node.v1.SnapshotInfo
+	4,  // 86: evalbox.node.v1.Node.DeleteSnapshot:output_type -> evalbox.node.v1.DeleteSnapshotResponse
+	6,  // 87: evalbox.node.v1.Node.Pause:output_type -> evalbox.node.v1.PauseResponse
+	8,  // 88: evalbox.node.v1.Node.Resume:output_type -> evalbox.node.v1.ResumeResponse
+	58, // [58:89] is the sub-list for method output_type
+	27, // [27:58] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_evalbox_node_v1_node_proto_init() }
@@ -4713,33 +4947,33 @@ func file_evalbox_node_v1_node_proto_init() {
 	if File_evalbox_node_v1_node_proto != nil {
 		return
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[33].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[37].OneofWrappers = []any{
 		(*ExecClientMessage_Start)(nil),
 		(*ExecClientMessage_Stdin)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[34].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[38].OneofWrappers = []any{
 		(*OutputMessage_Stdout)(nil),
 		(*OutputMessage_Stderr)(nil),
 		(*OutputMessage_Exit)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[48].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[52].OneofWrappers = []any{
 		(*WriteFileMessage_Start)(nil),
 		(*WriteFileMessage_Data)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[50].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[54].OneofWrappers = []any{
 		(*OpenFileMessage_Info)(nil),
 		(*OpenFileMessage_Data)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[59].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[63].OneofWrappers = []any{
 		(*WatchDirMessage_Started)(nil),
 		(*WatchDirMessage_Event)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[65].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[69].OneofWrappers = []any{
 		(*PortClientMessage_Open)(nil),
 		(*PortClientMessage_Data)(nil),
 		(*PortClientMessage_CloseWrite)(nil),
 	}
-	file_evalbox_node_v1_node_proto_msgTypes[66].OneofWrappers = []any{
+	file_evalbox_node_v1_node_proto_msgTypes[70].OneofWrappers = []any{
 		(*PortServerMessage_Opened)(nil),
 		(*PortServerMessage_Data)(nil),
 		(*PortServerMessage_CloseWrite)(nil),
@@ -4750,7 +4984,7 @@ func file_evalbox_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_evalbox_node_v1_node_proto_rawDesc), len(file_evalbox_node_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   69,
+			NumMessages:   74,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -52,6 +52,8 @@ const (
 	Node_WatchDir_FullMethodName         = "/evalbox.node.v1.Node/WatchDir"
 	Node_ConnectPort_FullMethodName      = "/evalbox.node.v1.Node/ConnectPort"
 	Node_SetEgress_FullMethodName        = "/evalbox.node.v1.Node/SetEgress"
+	Node_Stats_FullMethodName            = "/evalbox.node.v1.Node/Stats"
+	Node_Throttle_FullMethodName         = "/evalbox.node.v1.Node/Throttle"
 	Node_Snapshot_FullMethodName         = "/evalbox.node.v1.Node/Snapshot"
 	Node_DeleteSnapshot_FullMethodName   = "/evalbox.node.v1.Node/DeleteSnapshot"
 	Node_Pause_FullMethodName            = "/evalbox.node.v1.Node/Pause"
@@ -117,6 +119,10 @@ type NodeClient interface {
 	// SetEgress replaces an outbound sandbox's egress rules (no egress:
 	// none, every public destination); open connections they deny are cut.
 	SetEgress(ctx context.Context, in *SetEgressRequest, opts ...grpc.CallOption) (*SetEgressResponse, error)
+	// Stats samples a sandbox's host CPU use and quota (the CPU-abuse rule);
+	// Throttle changes its CPU quota (a long-running sandbox's, halved).
+	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*SandboxStats, error)
+	Throttle(ctx context.Context, in *ThrottleRequest, opts ...grpc.CallOption) (*ThrottleResponse, error)
 	// Snapshots, pause and resume (docs/design/snapshots.md).
 	Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (*SnapshotInfo, error)
 	DeleteSnapshot(ctx context.Context, in *DeleteSnapshotRequest, opts ...grpc.CallOption) (*DeleteSnapshotResponse, error)
@@ -427,6 +433,26 @@ func (c *nodeClient) SetEgress(ctx context.Context, in *SetEgressRequest, opts .
 	return out, nil
 }
 
+func (c *nodeClient) Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*SandboxStats, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SandboxStats)
+	err := c.cc.Invoke(ctx, Node_Stats_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeClient) Throttle(ctx context.Context, in *ThrottleRequest, opts ...grpc.CallOption) (*ThrottleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ThrottleResponse)
+	err := c.cc.Invoke(ctx, Node_Throttle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *nodeClient) Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (*SnapshotInfo, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SnapshotInfo)
@@ -526,6 +552,10 @@ type NodeServer interface {
 	// SetEgress replaces an outbound sandbox's egress rules (no egress:
 	// none, every public destination); open connections they deny are cut.
 	SetEgress(context.Context, *SetEgressRequest) (*SetEgressResponse, error)
+	// Stats samples a sandbox's host CPU use and quota (the CPU-abuse rule);
+	// Throttle changes its CPU quota (a long-running sandbox's, halved).
+	Stats(context.Context, *StatsRequest) (*SandboxStats, error)
+	Throttle(context.Context, *ThrottleRequest) (*ThrottleResponse, error)
 	// Snapshots, pause and resume (docs/design/snapshots.md).
 	Snapshot(context.Context, *SnapshotRequest) (*SnapshotInfo, error)
 	DeleteSnapshot(context.Context, *DeleteSnapshotRequest) (*DeleteSnapshotResponse, error)
@@ -615,6 +645,12 @@ func (UnimplementedNodeServer) ConnectPort(grpc.BidiStreamingServer[PortClientMe
 }
 func (UnimplementedNodeServer) SetEgress(context.Context, *SetEgressRequest) (*SetEgressResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetEgress not implemented")
+}
+func (UnimplementedNodeServer) Stats(context.Context, *StatsRequest) (*SandboxStats, error) {
+	return nil, status.Error(codes.Unimplemented, "method Stats not implemented")
+}
+func (UnimplementedNodeServer) Throttle(context.Context, *ThrottleRequest) (*ThrottleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Throttle not implemented")
 }
 func (UnimplementedNodeServer) Snapshot(context.Context, *SnapshotRequest) (*SnapshotInfo, error) {
 	return nil, status.Error(codes.Unimplemented, "method Snapshot not implemented")
@@ -1038,6 +1074,42 @@ func _Node_SetEgress_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Node_Stats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StatsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).Stats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_Stats_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).Stats(ctx, req.(*StatsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Node_Throttle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ThrottleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServer).Throttle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Node_Throttle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServer).Throttle(ctx, req.(*ThrottleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Node_Snapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SnapshotRequest)
 	if err := dec(in); err != nil {
@@ -1188,6 +1260,14 @@ var Node_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetEgress",
 			Handler:    _Node_SetEgress_Handler,
+		},
+		{
+			MethodName: "Stats",
+			Handler:    _Node_Stats_Handler,
+		},
+		{
+			MethodName: "Throttle",
+			Handler:    _Node_Throttle_Handler,
 		},
 		{
 			MethodName: "Snapshot",

@@ -97,6 +97,10 @@ type Manager struct {
 	// sets no limits in (cpuset, devices, name=systemd, …), where runsc
 	// makes cgroups too: listed and removed, never created.
 	others []string
+	// cpuacct is the parent's directory in a v1 host's cpuacct hierarchy
+	// ("" when none is mounted): where CPUUsage reads the cgroups that
+	// runsc makes there (a manager never creates them).
+	cpuacct string
 }
 
 // Option configures New.
@@ -145,6 +149,9 @@ func New(parent string, opts ...Option) (*Manager, error) {
 		m, err := newV1(roots, unified, parent)
 		if err != nil {
 			return nil, err
+		}
+		if mp, ok := mounts.v1["cpuacct"]; ok {
+			m.cpuacct = filepath.Join(mp, parent)
 		}
 		// The other hierarchies: runsc makes its cgroups in all of them,
 		// under the same path, and a runsc killed before its delete leaves
@@ -534,6 +541,123 @@ func (c *Cgroup) OOMKills() (int64, error) {
 	return 0, nil
 }
 
+// ErrNoCPUAccounting is CPUUsage's error on a v1 host where the cgroup has
+// neither a cpuacct directory nor a cgroup2 one.
+var ErrNoCPUAccounting = errors.New("cgroups: no CPU accounting for the cgroup (no cpuacct hierarchy nor cgroup2 directory)")
+
+// CPUUsage returns the CPU time used by the cgroup's tasks, those of the
+// cgroups below it included, since the cgroup was made: cgroup v2's
+// cpu.stat usage_usec; on v1 cpuacct.usage where the cgroup has a cpuacct
+// directory (runsc makes one), else the usage_usec of its cgroup2
+// directory (WithUnified: cgroup2 counts CPU time without any controller).
+func (c *Cgroup) CPUUsage() (time.Duration, error) {
+	if c.m.version == V1 && c.m.cpuacct != "" {
+		b, err := os.ReadFile(filepath.Join(c.m.cpuacct, c.id, "cpuacct.usage"))
+		if err == nil {
+			n, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("cgroups: parse cpuacct.usage of %s: %w", c.id, err)
+			}
+			return time.Duration(n), nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) || c.unified == "" {
+			return 0, fmt.Errorf("cgroups: %w", err)
+		}
+	}
+	dir := c.unified
+	if c.m.version == V2 {
+		dir = c.dirs[0]
+	}
+	if dir == "" {
+		return 0, ErrNoCPUAccounting
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "cpu.stat"))
+	if err != nil {
+		return 0, fmt.Errorf("cgroups: %w", err)
+	}
+	return parseUsageUsec(b)
+}
+
+// parseUsageUsec reads usage_usec of a cgroup2 cpu.stat.
+func parseUsageUsec(b []byte) (time.Duration, error) {
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("cgroups: parse cpu.stat: %w", err)
+			}
+			return time.Duration(n) * time.Microsecond, nil
+		}
+	}
+	return 0, errors.New("cgroups: cpu.stat has no usage_usec")
+}
+
+// CPULimit returns the cgroup's CPU bandwidth limit in cores (0: none):
+// cpu.max on v2, cpu.cfs_quota_us over cpu.cfs_period_us on v1.
+func (c *Cgroup) CPULimit() (float64, error) {
+	dir := c.dir("cpu")
+	if c.m.version == V2 {
+		b, err := os.ReadFile(filepath.Join(dir, "cpu.max"))
+		if err != nil {
+			return 0, fmt.Errorf("cgroups: %w", err)
+		}
+		return parseCPUMax(b)
+	}
+	quota, err := readCgroupInt(filepath.Join(dir, "cpu.cfs_quota_us"))
+	if err != nil {
+		return 0, err
+	}
+	period, err := readCgroupInt(filepath.Join(dir, "cpu.cfs_period_us"))
+	if err != nil {
+		return 0, err
+	}
+	if quota <= 0 || period <= 0 {
+		return 0, nil // -1: no limit
+	}
+	return float64(quota) / float64(period), nil
+}
+
+// parseCPUMax reads a cgroup2 cpu.max ("max 100000" or "50000 100000").
+func parseCPUMax(b []byte) (float64, error) {
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, fmt.Errorf("cgroups: parse cpu.max %q", b)
+	}
+	if f[0] == "max" {
+		return 0, nil
+	}
+	quota, err1 := strconv.ParseInt(f[0], 10, 64)
+	period, err2 := strconv.ParseInt(f[1], 10, 64)
+	if err1 != nil || err2 != nil || period <= 0 {
+		return 0, fmt.Errorf("cgroups: parse cpu.max %q", b)
+	}
+	return float64(quota) / float64(period), nil
+}
+
+func readCgroupInt(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("cgroups: %w", err)
+	}
+	n, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("cgroups: parse %s: %w", path, err)
+	}
+	return n, nil
+}
+
+// SetCPULimit changes the cgroup's CPU bandwidth limit to cpu cores (> 0)
+// while its tasks run: the CPU-abuse rule's throttle.
+func (c *Cgroup) SetCPULimit(cpu float64) error {
+	if cpu <= 0 {
+		return fmt.Errorf("cgroups: %s: CPU limit %g is not positive", c.id, cpu)
+	}
+	if err := c.setLimits(Limits{CPU: cpu}); err != nil {
+		return fmt.Errorf("cgroups: %s: %w", c.id, err)
+	}
+	return nil
+}
+
 // KillAll SIGKILLs every process in the cgroup, including ones forked while
 // it runs, and returns once the cgroup has no live process or ctx is done.
 // A cgroup that does not exist is empty.
@@ -869,7 +993,7 @@ func parseMountinfo(r io.Reader) (cgroupMounts, error) {
 				m.v1All = append(m.v1All, mp)
 			}
 			for opt := range strings.SplitSeq(sf[2], ",") {
-				if slices.Contains(v1Controllers, opt) {
+				if slices.Contains(v1Controllers, opt) || opt == "cpuacct" {
 					if _, dup := m.v1[opt]; !dup {
 						m.v1[opt] = mp
 					}

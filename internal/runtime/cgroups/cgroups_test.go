@@ -329,7 +329,7 @@ func TestParseMountinfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"cpu": "/sys/fs/cgroup/cpu,cpuacct", "memory": "/sys/fs/cgroup/memory", "pids": "/sys/fs/cgroup/pids", "freezer": "/sys/fs/cgroup/freezer"}
+	want := map[string]string{"cpu": "/sys/fs/cgroup/cpu,cpuacct", "cpuacct": "/sys/fs/cgroup/cpu,cpuacct", "memory": "/sys/fs/cgroup/memory", "pids": "/sys/fs/cgroup/pids", "freezer": "/sys/fs/cgroup/freezer"}
 	if fmt.Sprint(m.v1) != fmt.Sprint(want) || m.v2 != "/sys/fs/cgroup/unified" {
 		t.Fatalf("hybrid: %+v", m)
 	}
@@ -472,5 +472,93 @@ func TestUnifiedDelegation(t *testing.T) {
 	}
 	if m.Exists("delegated") {
 		t.Fatal("exists after Remove")
+	}
+}
+
+// TestCPU measures a spinning process by the cgroup's CPU usage and halves
+// its CPU limit while it runs (the CPU-abuse rule's measure and throttle),
+// with and without the cgroup2 directory of a v1 host.
+func TestCPU(t *testing.T) {
+	requireRoot(t)
+	for _, unified := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unified=%v", unified), func(t *testing.T) {
+			var opts []Option
+			if unified {
+				opts = append(opts, WithUnified())
+			}
+			m, err := New(testParent(t), opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cleanupManager(t, m)
+			ctx := ctxT(t)
+			c, err := m.Create("cpu-1", Limits{CPU: 0.5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Destroy(context.Background()) })
+			if lim, err := c.CPULimit(); err != nil || lim != 0.5 {
+				t.Fatalf("CPULimit = %v, %v", lim, err)
+			}
+			if _, err := c.CPUUsage(); m.Version() == V1 && !m.Unified() {
+				// v1 without cgroup2: only runsc's cpuacct cgroups count.
+				if !errors.Is(err, ErrNoCPUAccounting) && !errors.Is(err, os.ErrNotExist) {
+					t.Fatalf("CPUUsage without accounting: %v", err)
+				}
+				return
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			attr := &syscall.SysProcAttr{}
+			inside, release, err := c.PrepareClone(attr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd, in := startBlocked(t, attr, "while :; do :; done")
+			release()
+			if !inside {
+				if err := c.AddProc(cmd.Process.Pid); err != nil {
+					t.Fatal(err)
+				}
+			}
+			io.WriteString(in, "go\n")
+			u0, _ := c.CPUUsage()
+			t0 := time.Now()
+			time.Sleep(time.Second)
+			u1, err := c.CPUUsage()
+			if err != nil {
+				t.Fatal(err)
+			}
+			rate := float64(u1-u0) / float64(time.Since(t0))
+			if rate < 0.2 || rate > 0.6 {
+				t.Errorf("a spinning process under a 0.5 CPU limit used %.2f CPU", rate)
+			}
+			if err := c.SetCPULimit(0.25); err != nil {
+				t.Fatal(err)
+			}
+			if lim, err := c.CPULimit(); err != nil || lim != 0.25 {
+				t.Fatalf("CPULimit after SetCPULimit = %v, %v", lim, err)
+			}
+			u0, t0 = u1, time.Now()
+			time.Sleep(time.Second)
+			u1, _ = c.CPUUsage()
+			if rate := float64(u1-u0) / float64(time.Since(t0)); rate > 0.35 {
+				t.Errorf("throttled to 0.25 CPU, it used %.2f", rate)
+			}
+			if err := c.KillAll(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestParseCPU(t *testing.T) {
+	if d, err := parseUsageUsec([]byte("usage_usec 1500\nuser_usec 1000\n")); err != nil || d != 1500*time.Microsecond {
+		t.Errorf("parseUsageUsec = %v, %v", d, err)
+	}
+	for in, want := range map[string]float64{"max 100000\n": 0, "50000 100000\n": 0.5, "200000 100000": 2} {
+		if got, err := parseCPUMax([]byte(in)); err != nil || got != want {
+			t.Errorf("parseCPUMax(%q) = %v, %v", in, got, err)
+		}
 	}
 }

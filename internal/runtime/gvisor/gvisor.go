@@ -579,6 +579,36 @@ func (s *sandbox) OOMKills() (int64, error) {
 	return cg.OOMKills()
 }
 
+// CPUUsage implements runtime.CPUController: runsc's cgroup of the
+// sandbox holds the Sentry, the gofer and the systrap stubs, which run
+// every instruction of the sandbox's processes.
+func (s *sandbox) CPUUsage() (time.Duration, error) {
+	cg, err := s.r.cg.Open(s.id)
+	if err != nil {
+		return 0, fmt.Errorf("gvisor: %w", err)
+	}
+	return cg.CPUUsage()
+}
+
+// CPULimit implements runtime.CPUController.
+func (s *sandbox) CPULimit() (float64, error) {
+	cg, err := s.r.cg.Open(s.id)
+	if err != nil {
+		return 0, fmt.Errorf("gvisor: %w", err)
+	}
+	return cg.CPULimit()
+}
+
+// SetCPULimit implements runtime.CPUController: the quota runsc wrote in
+// the sandbox's cgroup at its start, changed in place.
+func (s *sandbox) SetCPULimit(cpu float64) error {
+	cg, err := s.r.cg.Open(s.id)
+	if err != nil {
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	return cg.SetCPULimit(cpu)
+}
+
 // Usage implements runtime.Sandbox.
 func (s *sandbox) Usage(ctx context.Context) (runtime.Usage, error) {
 	var u runtime.Usage

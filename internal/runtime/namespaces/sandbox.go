@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/evalbox/evalbox/internal/netrules"
 	"github.com/evalbox/evalbox/internal/runtime"
@@ -194,6 +195,15 @@ var _ runtime.UpperExporter = (*Sandbox)(nil)
 
 // OOMKills implements runtime.Sandbox.
 func (s *Sandbox) OOMKills() (int64, error) { return s.cg.OOMKills() }
+
+// CPUUsage implements runtime.CPUController.
+func (s *Sandbox) CPUUsage() (time.Duration, error) { return s.cg.CPUUsage() }
+
+// CPULimit implements runtime.CPUController.
+func (s *Sandbox) CPULimit() (float64, error) { return s.cg.CPULimit() }
+
+// SetCPULimit implements runtime.CPUController.
+func (s *Sandbox) SetCPULimit(cpu float64) error { return s.cg.SetCPULimit(cpu) }
 
 // Usage reports the memory charged to the sandbox's cgroup and the summed
 // resident set size of its processes (shared pages counted once per

@@ -204,6 +204,18 @@ func (m *MemStore) SetPaused(ctx context.Context, teamID, id string, at *time.Ti
 	return m.update(teamID, id, func(r *client.Sandbox) { r.PausedAt = at })
 }
 
+// SetCPUAbuseWarned records the CPU-abuse rule's warning of a running
+// sandbox.
+func (m *MemStore) SetCPUAbuseWarned(ctx context.Context, id string, at time.Time) error {
+	return m.update(m.Row(id).TeamID, id, func(r *client.Sandbox) { r.CPUAbuseWarnedAt = &at })
+}
+
+// SetCPUThrottled records the CPU-abuse rule's throttle of a running
+// sandbox.
+func (m *MemStore) SetCPUThrottled(ctx context.Context, id string, at time.Time) error {
+	return m.update(m.Row(id).TeamID, id, func(r *client.Sandbox) { r.CPUThrottledAt = &at })
+}
+
 // InsertSnapshot stores a snapshot row.
 func (m *MemStore) InsertSnapshot(ctx context.Context, sn client.Snapshot) (client.Snapshot, error) {
 	m.mu.Lock()

@@ -17,6 +17,7 @@ PAIRS = [
     (evalbox.Network, evalbox.AsyncNetwork),
     (evalbox.Evals, evalbox.AsyncEvals),
     (evalbox.Templates, evalbox.AsyncTemplates),
+    (evalbox.Secrets, evalbox.AsyncSecrets),
 ]
 
 

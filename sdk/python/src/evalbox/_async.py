@@ -23,6 +23,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from datetime import datetime
 from types import TracebackType
 from typing import IO, Any, Literal, TypeVar, overload
 
@@ -32,6 +33,7 @@ from . import _core as core
 from . import _pool
 from .errors import CommandTimeoutError, EvalboxError
 from .models import (
+    BalanceInfo,
     CodeContext,
     CodeResult,
     CommandResult,
@@ -41,9 +43,11 @@ from .models import (
     FileInfo,
     ProcessInfo,
     SandboxInfo,
+    SecretInfo,
     SnapshotInfo,
     TemplateBuild,
     TemplateInfo,
+    UsageReport,
 )
 
 __all__ = [
@@ -53,6 +57,7 @@ __all__ = [
     "AsyncEvals",
     "AsyncFiles",
     "AsyncSandbox",
+    "AsyncSecrets",
     "AsyncSnapshots",
     "AsyncTemplates",
     "async_evals",
@@ -124,6 +129,23 @@ class AsyncClient:
         """``GET /v1/health``: ``{"status", "version", "runtimes"}``."""
         return await self._run(core.health(self._cfg))
 
+    async def usage(
+        self,
+        *,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        group_by: str | None = None,
+        team: str | None = None,
+    ) -> UsageReport:
+        """The team's metered usage in ``[start, end)`` (default the last 30 days), grouped by
+        ``tariff`` (default), ``sandbox``, ``template``, ``day`` or ``eval_run``; ``team`` (another
+        team's id or ``"all"``) needs an admin key."""
+        return await self._run(core.usage(self._cfg, start=start, end=end, group_by=group_by, team=team))
+
+    async def balance(self, *, team: str | None = None) -> BalanceInfo:
+        """The team's prepaid balance (``team``: another team's, with an admin key)."""
+        return await self._run(core.balance(self._cfg, team))
+
     async def execute(
         self,
         scripts: Iterable[str],
@@ -146,6 +168,11 @@ class AsyncClient:
     def snapshots(self) -> AsyncSnapshots:
         """This client's snapshots."""
         return AsyncSnapshots(self)
+
+    @property
+    def secrets(self) -> AsyncSecrets:
+        """This client's team's stored secrets."""
+        return AsyncSecrets(self)
 
     @property
     def templates(self) -> AsyncTemplates:
@@ -510,6 +537,32 @@ class AsyncSnapshots:
         await c._run(core.delete_snapshot(c._cfg, snapshot_id))
 
 
+class AsyncSecrets:
+    """The team's stored secrets (``client.secrets``): sandboxes get them by name, ``secret_refs=[name]``.
+
+    A value is sealed at rest by the server and can never be read back: the
+    API returns names only.
+    """
+
+    def __init__(self, client: AsyncClient | None = None) -> None:
+        self._c = client
+
+    async def set(self, name: str, value: str) -> SecretInfo:
+        """Store the secret ``name`` (an environment variable name), or replace its value."""
+        c = _client(self._c, None, None)
+        return await c._run(core.put_secret(c._cfg, name, value))
+
+    async def list(self) -> builtins.list[SecretInfo]:
+        """The team's secrets by name (no values)."""
+        c = _client(self._c, None, None)
+        return await c._run(core.list_secrets(c._cfg))
+
+    async def delete(self, name: str) -> None:
+        """Delete a secret; sandboxes that have it keep it until they end."""
+        c = _client(self._c, None, None)
+        await c._run(core.delete_secret(c._cfg, name))
+
+
 class AsyncTemplates:
     """The templates, async: :data:`evalbox.async_templates` or ``client.templates``."""
 
@@ -601,6 +654,8 @@ class AsyncSandbox:
         memory_mb: int | None = None,
         disk_mb: int | None = None,
         env: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        secret_refs: Sequence[str] | None = None,
         metadata: Mapping[str, str] | None = None,
         network: str | None = None,
         allow: Sequence[str] | None = None,
@@ -608,6 +663,8 @@ class AsyncSandbox:
         public_ports: Iterable[int] | None = None,
         wait: float | None = None,
         snapshot: str | None = None,
+        long_running: bool = False,
+        tariff: str | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
         client: AsyncClient | None = None,
@@ -631,6 +688,10 @@ class AsyncSandbox:
                 deny=deny,
                 public_ports=public_ports,
                 snapshot=snapshot,
+                secrets=secrets,
+                secret_refs=secret_refs,
+                long_running=long_running,
+                tariff=tariff,
             )
         )
         return cls(info, c)

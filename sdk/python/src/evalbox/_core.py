@@ -37,6 +37,7 @@ import tarfile
 import time
 from collections.abc import AsyncIterable, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import IO, Any, NamedTuple, TypeVar, cast
 from urllib.parse import quote
@@ -52,6 +53,7 @@ from .errors import (
     error_from_detail,
 )
 from .models import (
+    BalanceInfo,
     CodeContext,
     CodeResult,
     CommandResult,
@@ -61,9 +63,11 @@ from .models import (
     FileInfo,
     ProcessInfo,
     SandboxInfo,
+    SecretInfo,
     SnapshotInfo,
     TemplateBuild,
     TemplateInfo,
+    UsageReport,
 )
 
 T = TypeVar("T")
@@ -668,6 +672,10 @@ def create_sandbox(
     deny: Sequence[str] | None = None,
     public_ports: Iterable[int] | None = None,
     snapshot: str | None = None,
+    secrets: Mapping[str, str] | None = None,
+    secret_refs: Sequence[str] | None = None,
+    long_running: bool = False,
+    tariff: str | None = None,
 ) -> Op[SandboxInfo]:
     """``POST /v1/sandboxes``.
 
@@ -699,6 +707,16 @@ def create_sandbox(
         body["disk_mb"] = int(disk_mb)
     if env:
         body["env"] = dict(env)
+    if secrets:
+        body["secrets"] = dict(secrets)
+    if secret_refs:
+        if isinstance(secret_refs, str):
+            raise TypeError("secret_refs is a list of names, not a string")
+        body["secret_refs"] = list(secret_refs)
+    if long_running:
+        body["long_running"] = True
+    if tariff:
+        body["tariff"] = tariff
     if metadata:
         body["metadata"] = dict(metadata)
     net = network_body(network, allow, deny)
@@ -824,6 +842,59 @@ def resume_sandbox(cfg: Config, sandbox_id: str, *, wait: float | None) -> Op[Sa
     call = Call("POST", sandbox_path(sandbox_id, "/resume"), json=body, read_timeout=read_timeout)
     resp = yield from request(cfg, call)
     return SandboxInfo.from_json(resp.json())
+
+
+def usage(
+    cfg: Config,
+    *,
+    start: datetime | None,
+    end: datetime | None,
+    group_by: str | None,
+    team: str | None,
+) -> Op[UsageReport]:
+    """``GET /v1/usage``."""
+    params: list[tuple[str, str]] = []
+    for name, t in (("from", start), ("to", end)):
+        if t is not None:
+            if t.tzinfo is None:
+                raise ValueError(f"{name} must be timezone-aware")
+            params.append((name, t.isoformat()))
+    if group_by:
+        params.append(("group_by", group_by))
+    if team:
+        params.append(("team", team))
+    resp = yield from request(cfg, Call("GET", "/usage", params=tuple(params), retry=True))
+    return UsageReport.from_json(resp.json())
+
+
+def balance(cfg: Config, team: str | None) -> Op[BalanceInfo]:
+    """``GET /v1/balance``."""
+    params = (("team", team),) if team else ()
+    resp = yield from request(cfg, Call("GET", "/balance", params=params, retry=True))
+    return BalanceInfo.from_json(resp.json())
+
+
+def _secret_path(name: str) -> str:
+    if not name:
+        raise ValueError("empty secret name")
+    return "/secrets/" + quote(name, safe="")
+
+
+def put_secret(cfg: Config, name: str, value: str) -> Op[SecretInfo]:
+    """``PUT /v1/secrets/{name}``."""
+    resp = yield from request(cfg, Call("PUT", _secret_path(name), json={"value": value}, retry=True))
+    return SecretInfo.from_json(resp.json())
+
+
+def list_secrets(cfg: Config) -> Op[list[SecretInfo]]:
+    """``GET /v1/secrets``."""
+    resp = yield from request(cfg, Call("GET", "/secrets", retry=True))
+    return [SecretInfo.from_json(d) for d in resp.json()["secrets"]]
+
+
+def delete_secret(cfg: Config, name: str) -> Op[None]:
+    """``DELETE /v1/secrets/{name}``."""
+    yield from request(cfg, Call("DELETE", _secret_path(name), retry=True))
 
 
 def list_snapshots(cfg: Config) -> Op[list[SnapshotInfo]]:

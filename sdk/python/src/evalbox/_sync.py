@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import IO, Any, Literal, TypeVar, overload
 
@@ -21,6 +22,7 @@ import httpx
 from . import _core as core
 from .errors import CommandTimeoutError, EvalboxError
 from .models import (
+    BalanceInfo,
     CodeContext,
     CodeResult,
     CommandResult,
@@ -30,9 +32,11 @@ from .models import (
     FileInfo,
     ProcessInfo,
     SandboxInfo,
+    SecretInfo,
     SnapshotInfo,
     TemplateBuild,
     TemplateInfo,
+    UsageReport,
 )
 
 __all__ = [
@@ -42,6 +46,7 @@ __all__ = [
     "Evals",
     "Files",
     "Sandbox",
+    "Secrets",
     "Snapshots",
     "Templates",
     "evals",
@@ -107,6 +112,23 @@ class Client:
         """``GET /v1/health``: ``{"status", "version", "runtimes"}``."""
         return self._run(core.health(self._cfg))
 
+    def usage(
+        self,
+        *,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        group_by: str | None = None,
+        team: str | None = None,
+    ) -> UsageReport:
+        """The team's metered usage in ``[start, end)`` (default the last 30 days), grouped by
+        ``tariff`` (default), ``sandbox``, ``template``, ``day`` or ``eval_run``; ``team`` (another
+        team's id or ``"all"``) needs an admin key."""
+        return self._run(core.usage(self._cfg, start=start, end=end, group_by=group_by, team=team))
+
+    def balance(self, *, team: str | None = None) -> BalanceInfo:
+        """The team's prepaid balance (``team``: another team's, with an admin key)."""
+        return self._run(core.balance(self._cfg, team))
+
     def execute(
         self,
         scripts: Iterable[str],
@@ -129,6 +151,11 @@ class Client:
     def snapshots(self) -> Snapshots:
         """This client's snapshots."""
         return Snapshots(self)
+
+    @property
+    def secrets(self) -> Secrets:
+        """This client's team's stored secrets."""
+        return Secrets(self)
 
     @property
     def templates(self) -> Templates:
@@ -523,6 +550,32 @@ class Snapshots:
         c._run(core.delete_snapshot(c._cfg, snapshot_id))
 
 
+class Secrets:
+    """The team's stored secrets (``client.secrets``): sandboxes get them by name, ``secret_refs=[name]``.
+
+    A value is sealed at rest by the server and can never be read back: the
+    API returns names only.
+    """
+
+    def __init__(self, client: Client | None = None) -> None:
+        self._c = client
+
+    def set(self, name: str, value: str) -> SecretInfo:
+        """Store the secret ``name`` (an environment variable name), or replace its value."""
+        c = _client(self._c, None, None)
+        return c._run(core.put_secret(c._cfg, name, value))
+
+    def list(self) -> builtins.list[SecretInfo]:
+        """The team's secrets by name (no values)."""
+        c = _client(self._c, None, None)
+        return c._run(core.list_secrets(c._cfg))
+
+    def delete(self, name: str) -> None:
+        """Delete a secret; sandboxes that have it keep it until they end."""
+        c = _client(self._c, None, None)
+        c._run(core.delete_secret(c._cfg, name))
+
+
 class Templates:
     """The templates sandboxes are created from: :data:`evalbox.templates` or ``client.templates``."""
 
@@ -637,6 +690,8 @@ class Sandbox:
         memory_mb: int | None = None,
         disk_mb: int | None = None,
         env: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        secret_refs: Sequence[str] | None = None,
         metadata: Mapping[str, str] | None = None,
         network: str | None = None,
         allow: Sequence[str] | None = None,
@@ -644,6 +699,8 @@ class Sandbox:
         public_ports: Iterable[int] | None = None,
         wait: float | None = None,
         snapshot: str | None = None,
+        long_running: bool = False,
+        tariff: str | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
         client: Client | None = None,
@@ -658,6 +715,14 @@ class Sandbox:
             memory_mb: Memory limit in MiB; default the template's.
             disk_mb: Writable disk in MiB; default the template's.
             env: Default environment of every command (values are never returned).
+            secrets: Environment variables with secret values (an API key the
+                sandbox's code needs): every command gets them, over ``env``.
+                The server keeps no copy, returns their names only
+                (:attr:`SandboxInfo.secret_names`) and never logs them;
+                snapshots and forks do not keep them.
+            secret_refs: Names of the team's stored secrets
+                (``client.secrets.set``) given as ``secrets`` under the same
+                names; an unknown name raises :class:`~evalbox.NotFoundError`.
             metadata: Labels, for :meth:`list` and :meth:`kill_all`.
             network: ``none`` (default), ``outbound`` or ``rules`` (``rules`` when
                 ``allow`` or ``deny`` is given).
@@ -674,6 +739,14 @@ class Sandbox:
                 instead of a template: its files and, on gVisor, its running
                 processes; its template, runtime, shape and network (leave
                 those unset).
+            tariff: A tariff (``small``, ``standard``, ``large`` or an admin's): its
+                shape, which ``cpu``/``memory_mb``/``disk_mb`` may lower, not raise,
+                and the prices its usage is metered at; default the template's
+                shape at the server's default tariff.
+            long_running: Exempt it from the CPU-abuse stop: held above the
+                server's CPU threshold for its window (90 % of its ``cpu`` for
+                15 minutes by default) it is throttled to half its ``cpu``
+                instead of stopped (``end_reason`` ``cpu_abuse``).
             api_url: API URL (default ``$EVALBOX_API_URL``).
             api_key: API key (default ``$EVALBOX_API_KEY``).
             client: A :class:`Client` to use instead of ``api_url``/``api_key``.
@@ -696,6 +769,10 @@ class Sandbox:
                 deny=deny,
                 public_ports=public_ports,
                 snapshot=snapshot,
+                secrets=secrets,
+                secret_refs=secret_refs,
+                long_running=long_running,
+                tariff=tariff,
             )
         )
         return cls(info, c)

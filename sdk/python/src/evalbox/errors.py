@@ -120,12 +120,28 @@ class StorageQuotaExceededError(EvalboxError):
     """
 
 
+class InsufficientBalanceError(EvalboxError):
+    """402 ``insufficient_balance``: billing is on and the team's prepaid balance does not cover the sandbox.
+
+    Nothing was created. An admin tops the balance up (``evalbox balance
+    top-up``); ``GET /v1/balance`` shows it.
+    """
+
+
 class TooManySandboxesError(EvalboxError):
     """429 ``too_many_sandboxes``: the team is at its active-sandbox limit. Nothing was created."""
 
 
 class RateLimitedError(EvalboxError):
-    """429 ``rate_limited``: the team is at its concurrent-command limit. Nothing was run."""
+    """429 ``rate_limited``: over a rate or concurrency limit of the team. Nothing was done.
+
+    Either the team (or the API key) is over its request rate limit
+    (``requests_per_minute``, or ``creates_per_minute`` for a create; see
+    docs/limits.md), or it is at its concurrent-command limit. The request
+    passes after :attr:`retry_after` seconds (the server's ``Retry-After``,
+    rounded up to whole seconds); idempotent calls are retried after it by
+    themselves while ``max_retry_wait`` allows.
+    """
 
 
 class OutputBudgetExhaustedError(EvalboxError):
@@ -214,6 +230,7 @@ _BY_CODE: dict[str, type[EvalboxError]] = {
     "unavailable": ServiceUnavailableError,
     "insufficient_capacity": InsufficientCapacityError,
     "port_closed": PortClosedError,
+    "insufficient_balance": InsufficientBalanceError,
 }
 
 

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any
 
 __all__ = [
@@ -46,6 +47,8 @@ class SandboxInfo:
     runtime_version: str = ""
     env_keys: tuple[str, ...] = ()
     """Names (never values) of the sandbox's environment variables."""
+    secret_names: tuple[str, ...] = ()
+    """Names (never values) of the sandbox's secrets (``secrets`` and ``secret_refs`` of its create)."""
     ended_at: datetime | None = None
     end_reason: str = ""
     network_rules: NetworkRules | None = None
@@ -60,6 +63,14 @@ class SandboxInfo:
     """When it was paused, while it is."""
     snapshot: str = ""
     """The snapshot it was restored from, if any."""
+    long_running: bool = False
+    tariff: str = ""
+    """The tariff its usage is metered at."""
+    """Exempt from the CPU-abuse stop: throttled to half its CPU instead (docs/abuse.md)."""
+    cpu_abuse_warned_at: datetime | None = None
+    """When the CPU-abuse rule last warned it (80 % of the window above the threshold)."""
+    cpu_throttled_at: datetime | None = None
+    """When the CPU-abuse rule throttled it (a long-running sandbox) to half its CPU."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SandboxInfo:
@@ -67,6 +78,7 @@ class SandboxInfo:
         ended = d.get("ended_at")
         paused = d.get("paused_at")
         rules = d.get("network_rules")
+        warned, throttled = d.get("cpu_abuse_warned_at"), d.get("cpu_throttled_at")
         return cls(
             id=d["id"],
             team_id=d["team_id"],
@@ -84,6 +96,7 @@ class SandboxInfo:
             template_digest=d.get("template_digest", ""),
             runtime_version=d.get("runtime_version", ""),
             env_keys=tuple(d.get("env_keys") or ()),
+            secret_names=tuple(d.get("secret_names") or ()),
             ended_at=parse_time(ended) if ended else None,
             end_reason=d.get("end_reason", ""),
             network_rules=NetworkRules.from_json(rules) if rules else None,
@@ -92,6 +105,10 @@ class SandboxInfo:
             domain=d.get("domain", ""),
             paused_at=parse_time(paused) if paused else None,
             snapshot=d.get("snapshot", ""),
+            long_running=bool(d.get("long_running", False)),
+            tariff=d.get("tariff", ""),
+            cpu_abuse_warned_at=parse_time(warned) if warned else None,
+            cpu_throttled_at=parse_time(throttled) if throttled else None,
         )
 
 
@@ -143,6 +160,108 @@ class SnapshotInfo:
             runtime_version=d.get("runtime_version", ""),
             node_id=d.get("node_id", ""),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class UsageLine:
+    """One group of a :class:`UsageReport` (or its total): seconds metered and billed, and the cost."""
+
+    key: str
+    """A sandbox id, template, tariff, UTC day (``YYYY-MM-DD``) or eval run id; ``""`` in the total."""
+    sandboxes: int
+    running_seconds: float
+    paused_seconds: float
+    billed_seconds: float
+    """Running time billed: rounded up per sandbox, the minimum applied."""
+    billed_paused_seconds: float
+    vcpu_seconds: float
+    gib_seconds: float
+    cost: Decimal
+    """In the currency of the tariffs' prices."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> UsageLine:
+        """Parse a ``UsageLine`` JSON object."""
+        return cls(
+            key=d["key"],
+            sandboxes=int(d["sandboxes"]),
+            running_seconds=float(d["running_seconds"]),
+            paused_seconds=float(d["paused_seconds"]),
+            billed_seconds=float(d["billed_seconds"]),
+            billed_paused_seconds=float(d["billed_paused_seconds"]),
+            vcpu_seconds=float(d["vcpu_seconds"]),
+            gib_seconds=float(d["gib_seconds"]),
+            cost=Decimal(d["cost"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """Metered usage in ``[start, end)``, grouped (``UsageReport`` in ``api/openapi.yaml``)."""
+
+    start: datetime
+    end: datetime
+    group_by: str
+    groups: tuple[UsageLine, ...]
+    total: UsageLine
+    granularity_seconds: float
+    minimum_seconds: float
+    team_id: str = ""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> UsageReport:
+        """Parse a ``UsageReport`` JSON object."""
+        return cls(
+            start=parse_time(d["from"]),
+            end=parse_time(d["to"]),
+            group_by=d["group_by"],
+            groups=tuple(UsageLine.from_json(g) for g in d["groups"]),
+            total=UsageLine.from_json(d["total"]),
+            granularity_seconds=float(d["granularity_seconds"]),
+            minimum_seconds=float(d["minimum_seconds"]),
+            team_id=d.get("team_id", ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BalanceInfo:
+    """A team's prepaid balance (``Balance`` in ``api/openapi.yaml``)."""
+
+    team_id: str
+    balance: Decimal
+    """What the team has left: ``ledger`` less ``running``."""
+    ledger: Decimal
+    running: Decimal
+    billing: bool
+    """Whether the server holds teams to their balance (``serve --billing on``)."""
+    warned_at: datetime | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> BalanceInfo:
+        """Parse a ``Balance`` JSON object."""
+        warned = d.get("warned_at")
+        return cls(
+            team_id=d["team_id"],
+            balance=Decimal(d["balance"]),
+            ledger=Decimal(d["ledger"]),
+            running=Decimal(d["running"]),
+            billing=bool(d["billing"]),
+            warned_at=parse_time(warned) if warned else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SecretInfo:
+    """A team's stored secret (``TeamSecret`` in ``api/openapi.yaml``): its name, never its value."""
+
+    name: str
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SecretInfo:
+        """Parse a ``TeamSecret`` JSON object."""
+        return cls(name=d["name"], created_at=parse_time(d["created_at"]), updated_at=parse_time(d["updated_at"]))
 
 
 @dataclass(frozen=True, slots=True)
