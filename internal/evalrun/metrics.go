@@ -1,9 +1,9 @@
 package evalrun
 
 import (
-	"regexp"
-
+	"github.com/evalbox/evalbox/internal/eval"
 	"github.com/evalbox/evalbox/internal/trial"
+	"github.com/evalbox/evalbox/pkg/client"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -39,12 +39,17 @@ func (s *Service) RegisterMetrics(reg prometheus.Registerer, trials *trial.Metri
 	return nil
 }
 
-// statusLabel bounds a verdict's status label: statuses are the judges'
-// own words, never a sample's.
-var statusLabel = regexp.MustCompile(`^[a-z_]{1,32}$`)
+// statusLabels are the verdicts' statuses a label may have: the judges'
+// own words (internal/eval's, a judged program's), never anything else,
+// so that the label's values stay a fixed few.
+var statusLabels = map[string]bool{
+	string(eval.Passed): true, string(eval.Failed): true, string(eval.TimedOut): true, string(eval.InfraError): true,
+	client.TestWrongAnswer: true, client.TestTimeLimit: true, client.TestMemoryLimit: true, client.TestRuntimeError: true,
+	client.TestOutputLimit: true, client.TestNotRun: true, client.CompileError: true,
+}
 
 func (m *metrics) verdict(status string) {
-	if !statusLabel.MatchString(status) {
+	if !statusLabels[status] {
 		status = "other"
 	}
 	m.verdicts.WithLabelValues(status).Inc()
