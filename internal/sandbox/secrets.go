@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"regexp"
+	"strings"
 
 	"github.com/evalbox/evalbox/internal/limits"
 	"github.com/evalbox/evalbox/internal/secrets"
@@ -41,10 +42,8 @@ func ValidSecretValue(name, value string) error {
 	if len(value) > MaxSecretBytes {
 		return errorf(client.CodeBadRequest, "secret %s: value is over %d KiB", name, MaxSecretBytes>>10)
 	}
-	for i := 0; i < len(value); i++ {
-		if value[i] == 0 {
-			return errorf(client.CodeBadRequest, "secret %s: value has a NUL byte", name)
-		}
+	if strings.ContainsRune(value, 0) {
+		return errorf(client.CodeBadRequest, "secret %s: value has a NUL byte", name)
 	}
 	return nil
 }

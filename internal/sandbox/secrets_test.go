@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/evalbox/evalbox/internal/apierr"
 	"github.com/evalbox/evalbox/internal/secrets"
+	"github.com/evalbox/evalbox/internal/store"
 	"github.com/evalbox/evalbox/pkg/client"
 )
 
@@ -92,5 +94,44 @@ func TestResolveSecrets(t *testing.T) {
 	}
 	if got, err := none.resolveSecrets(ctx, "t1", client.CreateSandboxRequest{Secrets: map[string]string{"A": "a"}}); err != nil || got["A"] != "a" {
 		t.Fatalf("no vault, plain secrets = %v, %v", got, err)
+	}
+}
+
+type fakeTariffs struct {
+	by    map[string]store.Tariff
+	reads int
+}
+
+func (f *fakeTariffs) GetTariff(_ context.Context, name string) (store.Tariff, error) {
+	f.reads++
+	t, ok := f.by[name]
+	if !ok {
+		return store.Tariff{}, fmt.Errorf("tariff %s: %w", name, store.ErrNotFound)
+	}
+	return t, nil
+}
+
+// TestTariffAbuseLimits: a sandbox's tariff's own CPU-abuse threshold and
+// window, each the server's where it has none; no tariff or one without a
+// rule: the server's. Tariffs are read once per tariffTTL, unknown ones too.
+func TestTariffAbuseLimits(t *testing.T) {
+	half, minute, zero := 0.5, time.Minute, time.Duration(0)
+	ts := &fakeTariffs{by: map[string]store.Tariff{"strict": {Name: "strict", CPUAbuseThreshold: &half, CPUAbuseWindow: &minute},
+		"exempt": {Name: "exempt", CPUAbuseWindow: &zero}, "plain": {Name: "plain"}}}
+	s := &Service{cfg: Config{Tariffs: ts, CPUAbuse: CPUAbuseConfig{Threshold: 0.9, Window: 15 * time.Minute}}, tariffCache: map[string]cachedTariff{}}
+	for range 2 {
+		for tariff, want := range map[string]struct {
+			th float64
+			w  time.Duration
+			ok bool
+		}{"strict": {0.5, time.Minute, true}, "exempt": {0.9, 0, true}, "plain": {0, 0, false}, "": {0, 0, false}, "gone": {0, 0, false}} {
+			th, w, ok := s.tariffAbuseLimits(client.Sandbox{Tariff: tariff})
+			if th != want.th || w != want.w || ok != want.ok {
+				t.Errorf("tariff %q: %v %v %v, want %+v", tariff, th, w, ok, want)
+			}
+		}
+	}
+	if ts.reads != 4 {
+		t.Errorf("%d reads of the store for 4 tariffs asked twice, want 4 (cached)", ts.reads)
 	}
 }

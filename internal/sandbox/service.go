@@ -216,6 +216,10 @@ type Service struct {
 
 	teamMu    sync.Mutex
 	teamCache map[string]cachedTeam
+	// tariffCache holds tariffs read for creates and the CPU-abuse rule
+	// (tariff.go), as teamCache does teams.
+	tariffMu    sync.Mutex
+	tariffCache map[string]cachedTariff
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -259,8 +263,11 @@ func New(cfg Config, st Store, n nodeapi.Node, templates Templates, log *slog.Lo
 	s := &Service{
 		cfg: cfg, store: st, node: n, templates: templates, log: log,
 		sandboxSlots: quota.NewLimiter(), execSlots: quota.NewLimiter(), m: newMetrics(),
-		live: map[string]*entry{}, teamCache: map[string]cachedTeam{},
+		live: map[string]*entry{}, teamCache: map[string]cachedTeam{}, tariffCache: map[string]cachedTariff{},
 		stop: make(chan struct{}),
+	}
+	if s.cfg.CPUAbuse.Limits == nil && s.cfg.Tariffs != nil {
+		s.cfg.CPUAbuse.Limits = s.tariffAbuseLimits
 	}
 	s.wg.Add(1)
 	go s.reaper()

@@ -216,7 +216,7 @@ func (s *Service) Fork(ctx context.Context, teamID, id string, req client.ForkRe
 	// default's prices).
 	tariff := src.row.Tariff
 	if tariff != "" && s.cfg.Tariffs != nil {
-		t, err := s.cfg.Tariffs.GetTariff(ctx, tariff)
+		t, err := s.tariff(ctx, tariff)
 		if err != nil || src.row.CPU > t.CPU || src.row.MemoryMB > t.MemoryMB || src.row.DiskMB > t.DiskMB {
 			tariff = ""
 		}

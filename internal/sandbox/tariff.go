@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/evalbox/evalbox/internal/meter"
 	"github.com/evalbox/evalbox/internal/nodeapi"
@@ -34,7 +35,7 @@ func (s *Service) tariffOf(ctx context.Context, name string) (t store.Tariff, na
 			name = DefaultTariff
 		}
 	}
-	t, err = s.cfg.Tariffs.GetTariff(ctx, name)
+	t, err = s.tariff(ctx, name)
 	switch {
 	case errors.Is(err, store.ErrNotFound) && named:
 		return store.Tariff{}, true, false, errorf(client.CodeBadRequest, "tariff %q does not exist (GET /v1/tariffs lists them)", name)
@@ -44,6 +45,59 @@ func (s *Service) tariffOf(ctx context.Context, name string) (t store.Tariff, na
 		return store.Tariff{}, named, false, fmt.Errorf("sandbox: tariff %s: %w", name, err)
 	}
 	return t, named, true, nil
+}
+
+// tariffTTL is how long a tariff read is kept: a tariff's change applies
+// to creates (and to the CPU-abuse rule) within it.
+const tariffTTL = 5 * time.Second
+
+// cachedTariff is a tariff as read (err: store.ErrNotFound, kept too).
+type cachedTariff struct {
+	t   store.Tariff
+	err error
+	at  time.Time
+}
+
+// tariff returns the tariff of this name, cached for tariffTTL: creates
+// read it on their path, the CPU-abuse rule for every sandbox it samples.
+func (s *Service) tariff(ctx context.Context, name string) (store.Tariff, error) {
+	s.tariffMu.Lock()
+	c, ok := s.tariffCache[name]
+	s.tariffMu.Unlock()
+	if ok && time.Since(c.at) < tariffTTL {
+		return c.t, c.err
+	}
+	t, err := s.cfg.Tariffs.GetTariff(ctx, name)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return store.Tariff{}, err // not kept: the next call reads again
+	}
+	s.tariffMu.Lock()
+	s.tariffCache[name] = cachedTariff{t: t, err: err, at: time.Now()}
+	s.tariffMu.Unlock()
+	return t, err
+}
+
+// tariffAbuseLimits is CPUAbuseConfig.Limits when the service has
+// tariffs: a sandbox's tariff's own CPU-abuse threshold and window, each
+// the server's where the tariff has none (ok false: none of its own).
+func (s *Service) tariffAbuseLimits(row client.Sandbox) (float64, time.Duration, bool) {
+	if row.Tariff == "" {
+		return 0, 0, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	t, err := s.tariff(ctx, row.Tariff)
+	if err != nil || (t.CPUAbuseThreshold == nil && t.CPUAbuseWindow == nil) {
+		return 0, 0, false
+	}
+	th, w := s.cfg.CPUAbuse.Threshold, s.cfg.CPUAbuse.Window
+	if t.CPUAbuseThreshold != nil {
+		th = *t.CPUAbuseThreshold
+	}
+	if t.CPUAbuseWindow != nil {
+		w = *t.CPUAbuseWindow
+	}
+	return th, w, true
 }
 
 // applyTariff sets shape from a named tariff: each of cpu, memory_mb and

@@ -261,7 +261,6 @@ func Run(ctx context.Context, cfg Config) error {
 		return svc.EndTeam(ctx, teamID, reason)
 	}), cfg.Meter, log)
 	svcConf.Billing = mtr
-	svcConf.CPUAbuse.Limits = tariffAbuseLimits(st, svcConf.CPUAbuse.Threshold, svcConf.CPUAbuse.Window, 10*time.Second, log)
 
 	cat := cfg.Catalog
 	if cat.Mirror == "" {

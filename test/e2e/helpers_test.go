@@ -125,8 +125,14 @@ func runCLI(t *testing.T, ctx context.Context, key, stdin string, args ...string
 // runCLIOn is runCLI against server s.
 func runCLIOn(t *testing.T, s *server, ctx context.Context, key, stdin string, args ...string) (string, string, int) {
 	t.Helper()
+	return runCLIEnv(t, s, ctx, key, stdin, nil, args...)
+}
+
+// runCLIEnv is runCLIOn with env (KEY=VALUE) added to the CLI's environment.
+func runCLIEnv(t *testing.T, s *server, ctx context.Context, key, stdin string, env []string, args ...string) (string, string, int) {
+	t.Helper()
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "evalbox"), args...)
-	cmd.Env = append(os.Environ(), "EVALBOX_API_URL="+s.url, "EVALBOX_API_KEY="+key)
+	cmd.Env = append(append(os.Environ(), "EVALBOX_API_URL="+s.url, "EVALBOX_API_KEY="+key), env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -85,19 +84,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 
 	cli := func(key, stdin string, env []string, args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, filepath.Join(binDir, "evalbox"), args...)
-		cmd.Env = append(append(os.Environ(), "EVALBOX_API_URL="+s.url, "EVALBOX_API_KEY="+key), env...)
-		cmd.Stdin = strings.NewReader(stdin)
-		var out, errb strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return out.String(), errb.String(), code
+		return runCLIEnv(t, s, ctx, key, stdin, env, args...)
 	}
 	var cliOutput []string
 	mustCLI := func(key, stdin string, env []string, args ...string) string {
